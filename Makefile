@@ -1,0 +1,98 @@
+# kiln: make | make test | make test-asan | make fuzz | make help
+# CUDA objects are built only when nvcc is found (or NVCC= is set); the CPU
+# build never needs a GPU.
+
+BUILD    ?= build
+CC       ?= gcc
+OPT      ?= -O2
+CFLAGS   ?= $(OPT) -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -I$(BUILD)/gen -MMD -MP
+LDLIBS   += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
+NVCC     ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
+PYTHON   ?= python3
+
+SRC      := $(shell find src -name '*.c' | sort)
+CU_SRC   := $(shell find src -name '*.cu' | sort)
+MAIN     := src/main.c
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(filter-out $(MAIN),$(SRC))) $(BUILD)/gen/configs.o
+TEST_SRC := $(sort $(wildcard tests/*.c))
+TEST_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
+
+ifneq ($(NVCC),)
+ifneq ($(CU_SRC),)
+CFLAGS   += -DKILN_CUDA
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+LIB_OBJ  += $(patsubst %.cu,$(BUILD)/%.cu.o,$(CU_SRC))
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+endif
+
+.PHONY: all cpu test test-c test-server test-asan test-cuda fuzz bench clean help format
+all: $(BUILD)/kiln $(BUILD)/test-kiln
+
+cpu:
+	$(MAKE) NVCC= BUILD=build-cpu all
+
+$(BUILD)/kiln: $(BUILD)/src/main.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test-kiln: $(TEST_OBJ) $(LIB_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC -c -o $@ $<
+
+# the Qwen3 configs in configs/ are compiled in, so --dummy NAME works anywhere
+$(BUILD)/gen/configs.c: $(sort $(wildcard configs/*.json)) scripts/embed-configs.sh
+	@mkdir -p $(@D)
+	sh scripts/embed-configs.sh $(sort $(wildcard configs/*.json)) > $@
+
+$(BUILD)/gen/configs.o: $(BUILD)/gen/configs.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+test: all                       ## C tests (parsers, ops, parity, engine) then the server suite
+	./$(BUILD)/test-kiln
+	$(PYTHON) -m pytest -q tests/server
+
+test-c: $(BUILD)/test-kiln      ## only the C test runner (ARGS=group to pick groups)
+	./$(BUILD)/test-kiln $(ARGS)
+
+test-asan:                      ## the C suite under AddressSanitizer + UBSan
+	$(MAKE) NVCC= BUILD=build-asan OPT=-O1 \
+	  CFLAGS_EXTRA= CC="$(CC) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test-kiln
+
+test-cuda: all                  ## CUDA op and model tests (needs a GPU)
+	./$(BUILD)/test-kiln cuda
+
+fuzz:                           ## libFuzzer targets for the parsers (clang); FUZZ_TIME=seconds each
+	sh scripts/fuzz.sh $(FUZZ_TIME)
+
+bench: $(BUILD)/kiln            ## the default benchmark (profile a on --dummy qwen3-0.6b)
+	./$(BUILD)/kiln bench
+
+format:                         ## clang-format every C source
+	clang-format -i $(SRC) $(TEST_SRC) $(shell find src -name '*.h')
+
+clean:
+	rm -rf build build-cpu build-asan build-fuzz
+
+help:                           ## this list
+	@echo "kiln make targets:"
+	@echo "  make            build ./build/kiln and the test runner (CUDA too when nvcc is found)"
+	@echo "  make cpu        CPU-only build in build-cpu/"
+	@echo "  make test       all tests: C runner (parsers, kernels, HF parity, engine) + server pytest"
+	@echo "  make test-c     C runner only; ARGS='group ...' picks groups, ARGS=--list lists them"
+	@echo "  make test-asan  the C runner under ASan+UBSan"
+	@echo "  make test-cuda  CUDA op/model tests on a GPU machine"
+	@echo "  make fuzz       run the libFuzzer targets (FUZZ_TIME seconds each, default 60)"
+	@echo "  make bench      kiln bench with its defaults"
+	@echo "  make format     clang-format the sources"
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,142 @@
+/*
+ * backend.h: the op table every backend implements, and the two structures
+ * the forward pass hands to it: the KV cache storage and the batch.
+ *
+ * The model (src/model/) is written once against this table. Activations are
+ * opaque buffers from backend->alloc, `act_size` bytes per element (f32 on
+ * the CPU, bf16 on CUDA); the model never dereferences them. Ops may run
+ * asynchronously (CUDA stream order); `read` waits for them and converts to
+ * f32 on the host.
+ *
+ * Shapes: activations are row-major [n_tokens][width]. q is [n][n_head *
+ * head_dim], k and v are [n][n_head_kv * head_dim].
+ */
+#ifndef KILN_BACKEND_H
+#define KILN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/dtype.h"
+#include "model/weights.h"
+
+/*
+ * KV cache storage: a pool of pages, each holding page_size tokens of one
+ * layer's K (and V) for every KV head:
+ *
+ *   k[layer] -> page 0                       page 1 ...
+ *               +-----------------------+
+ *               | head 0: slot 0..P-1   |   each slot = head_dim elements
+ *               | head 1: slot 0..P-1   |
+ *               | ...                   |
+ *               +-----------------------+
+ *
+ *   element (layer, page, head, slot, d) is at
+ *   k[layer] + ((page * n_head_kv + head) * page_size + slot) * head_dim + d
+ *
+ * so one head's keys of one page are contiguous (what attention streams).
+ * A sequence's token t lives in page pages[t / page_size], slot
+ * t % page_size. Page ids index the same pool for every layer.
+ */
+struct kv_cache {
+    int n_layer, n_head_kv, head_dim, page_size, n_pages;
+    enum kiln_dtype dtype; /* F32, F16 or BF16 */
+    void **k, **v;         /* [n_layer] backend buffers of n_pages pages */
+};
+
+/*
+ * One forward step over a flattened batch: prefill chunks and decode tokens
+ * of several sequences side by side.
+ *
+ *   rows:   | seq 0: n new tokens    | seq 1: 1 token | seq 2: chunk ... |
+ *   seq s:  start = first row, n = its rows, n_past = tokens already in the
+ *           KV cache (its new tokens have positions n_past .. n_past+n-1
+ *           unless pos says otherwise), pages = its page table covering
+ *           n_past + n tokens.
+ *
+ * Logits are computed for the rows listed in out_rows only.
+ */
+struct kiln_seq_view {
+    int start, n, n_past;
+    const int32_t *pages;
+    int n_pages;
+};
+
+struct kiln_batch {
+    int n_tokens;
+    const int32_t *tokens; /* [n_tokens] */
+    const int32_t *pos;    /* [n_tokens] */
+    int n_seqs;
+    const struct kiln_seq_view *seqs;
+    int n_out;
+    const int32_t *out_rows; /* [n_out] rows whose logits are wanted */
+};
+
+struct kiln_backend {
+    const char *name;
+    size_t act_size; /* bytes per activation element */
+    void *ctx;       /* backend private state */
+
+    /* memory: NULL on failure; buffers hold activations or KV pages */
+    void *(*alloc)(struct kiln_backend *be, size_t bytes);
+    void (*free)(struct kiln_backend *be, void *p);
+    /* zero n bytes of a buffer */
+    void (*memzero)(struct kiln_backend *be, void *p, size_t bytes);
+    /* copies n activations to the host as f32 (waits for queued ops) */
+    void (*read)(struct kiln_backend *be, float *dst, const void *src, size_t n);
+    /* copies n f32 values from the host into an activation buffer */
+    void (*write)(struct kiln_backend *be, void *dst, const float *src, size_t n);
+
+    /* weights, once at load: upload / convert / repack; 0 or -1 with err */
+    int (*prepare_tensor)(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen);
+    int (*prepare_linear)(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen);
+    int (*prepare_rope)(struct kiln_backend *be, struct rope *r, char *err, size_t errlen);
+    void (*release_tensor)(struct kiln_backend *be, struct ktensor *t);
+    void (*release_linear)(struct kiln_backend *be, struct qlinear *w);
+    void (*release_rope)(struct kiln_backend *be, struct rope *r);
+
+    /* a forward begins: the backend may copy ids, positions, page tables */
+    int (*begin)(struct kiln_backend *be, const struct kiln_batch *b);
+
+    /* x[i] = table[tokens[i]] for the batch's tokens */
+    void (*embed)(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);
+    /* out[i] = x[i] / rms(x[i]) * w, over n rows of dim */
+    void (*rmsnorm)(struct kiln_backend *be, void *out, const void *x, const struct ktensor *w, int n, int dim, float eps);
+    /* x += y, then out = rmsnorm(x) (the residual add fused with the next norm) */
+    void (*add_rmsnorm)(struct kiln_backend *be, void *x, void *out, const void *y, const struct ktensor *w, int n, int dim,
+                        float eps);
+    /* out[n][n_out] = x[n][n_in] W^T + b */
+    void (*matmul)(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+    /* per head: optional RMSNorm over head_dim (qn/kn NULL: none), then RoPE
+     * at the batch positions; q and k updated in place */
+    void (*qk_norm_rope)(struct kiln_backend *be, void *q, void *k, const struct ktensor *qn, const struct ktensor *kn,
+                         const struct rope *rope, const struct kiln_batch *b, int n_head, int n_head_kv, int head_dim,
+                         float eps);
+    /* writes the batch's new k, v rows into the layer's pages */
+    void (*kv_write)(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k, const void *v,
+                     const struct kiln_batch *b);
+    /* causal GQA attention of the batch's queries over each sequence's cache
+     * (its n_past cached tokens plus its new ones, already written) */
+    void (*attention)(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
+                      const struct kiln_batch *b, int n_head, float scale);
+    /* out = silu(gate) * up, n rows of width ffn */
+    void (*swiglu)(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn);
+    /* x += y over n elements */
+    void (*add)(struct kiln_backend *be, void *x, const void *y, size_t n);
+    /* out = MoE(x), n rows of dim */
+    void (*moe)(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
+    /* out[i] = x[rows[i]] */
+    void (*gather_rows)(struct kiln_backend *be, void *out, const void *x, const int32_t *rows, int n_rows, int dim);
+
+    void (*destroy)(struct kiln_backend *be);
+};
+
+/* Creates a backend by name ("cpu", "cuda"); NULL with err if unavailable.
+ * n_threads <= 0 means all cores (CPU). */
+struct kiln_backend *backend_create(const char *name, int n_threads, char *err, size_t errlen);
+
+/* The best backend present: "cuda" when built with CUDA and a GPU answers,
+ * else "cpu". */
+const char *backend_default_name(void);
+
+#endif

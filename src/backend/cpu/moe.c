@@ -1,0 +1,80 @@
+/*
+ * moe.c: the sparse MoE FFN on the CPU (Qwen3-MoE semantics, as in
+ * transformers' Qwen3MoeSparseMoeBlock):
+ *
+ *   logits = router(x); p = softmax(logits) in f32; top-k of p;
+ *   if norm_topk: p_k /= sum(p_k);  y = sum_k p_k * expert_k(x)
+ *
+ * Decomposition: routing is per token (OpenMP over tokens). Then, expert by
+ * expert, the tokens routed to it are gathered into a dense block and go
+ * through the ordinary matmul (parallel over weight rows), so at prefill each
+ * expert's weights are streamed once for all of its tokens. Results are
+ * added back in expert order, which is the order transformers sums them.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/base.h"
+
+void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct moe_ffn *m, int n, int dim) {
+    float *out = out_;
+    const float *x = x_;
+    const int E = m->n_expert, K = m->n_used, F = m->ffn;
+    float *logits = kiln_malloc(sizeof(float) * (size_t)n * E);
+    int *sel = kiln_malloc(sizeof(int) * (size_t)n * K);
+    float *wsel = kiln_malloc(sizeof(float) * (size_t)n * K);
+    cpu_matmul(be, logits, x, &m->router, n);
+
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *l = logits + (size_t)i * E, mx = l[0], sum = 0;
+        for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        for (int e = 0; e < E; e++) sum += (l[e] = expf(l[e] - mx));
+        for (int e = 0; e < E; e++) l[e] /= sum;
+        /* top-k by repeated selection: K is small; ties go to the lower id */
+        float tot = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= sel[(size_t)i * K + j] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            sel[(size_t)i * K + k] = best;
+            wsel[(size_t)i * K + k] = l[best];
+            tot += l[best];
+        }
+        if (m->norm_topk)
+            for (int k = 0; k < K; k++) wsel[(size_t)i * K + k] /= tot;
+    }
+
+    memset(out, 0, sizeof(float) * (size_t)n * dim);
+    int *rows = kiln_malloc(sizeof(int) * (size_t)n);
+    float *rw = kiln_malloc(sizeof(float) * (size_t)n);
+    float *xg = kiln_malloc(sizeof(float) * (size_t)n * dim);
+    float *g = kiln_malloc(sizeof(float) * (size_t)n * F), *u = kiln_malloc(sizeof(float) * (size_t)n * F);
+    float *y = kiln_malloc(sizeof(float) * (size_t)n * dim);
+    for (int e = 0; e < E; e++) {
+        int c = 0;
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < K; k++)
+                if (sel[(size_t)i * K + k] == e) {
+                    rows[c] = i;
+                    rw[c++] = wsel[(size_t)i * K + k];
+                }
+        if (!c) continue;
+        for (int j = 0; j < c; j++) memcpy(xg + (size_t)j * dim, x + (size_t)rows[j] * dim, sizeof(float) * (size_t)dim);
+        cpu_matmul(be, g, xg, &m->gate[e], c);
+        cpu_matmul(be, u, xg, &m->up[e], c);
+        be->swiglu(be, g, g, u, c, F);
+        cpu_matmul(be, y, g, &m->down[e], c);
+        for (int j = 0; j < c; j++) {
+            float *o = out + (size_t)rows[j] * dim;
+            const float *yr = y + (size_t)j * dim;
+            for (int d = 0; d < dim; d++) o[d] += rw[j] * yr[d];
+        }
+    }
+    free(rows), free(rw), free(xg), free(g), free(u), free(y);
+    free(logits), free(sel), free(wsel);
+}

@@ -1,0 +1,61 @@
+/*
+ * sampler.h: turns one row of logits into a token, per request.
+ *
+ * Order of operations (as vLLM and transformers apply them):
+ *   1. penalties on the raw logits: repetition (prompt + output tokens,
+ *      transformers' rule: divide positive logits, multiply negative ones),
+ *      presence and frequency (output tokens only, OpenAI's rule);
+ *   2. temperature 0 (or top_k 1) means greedy: the first maximal logit;
+ *   3. otherwise divide by the temperature, softmax, then keep the top_k
+ *      most likely, then the smallest set whose mass reaches top_p, then
+ *      those with p >= min_p * p_max; renormalise and draw with the
+ *      request's own seeded generator.
+ */
+#ifndef KILN_SAMPLER_H
+#define KILN_SAMPLER_H
+
+#include <stdint.h>
+
+#include "base/base.h"
+
+struct kiln_sampling {
+    float temperature;        /* 0: greedy */
+    int top_k;                /* 0: off */
+    float top_p;              /* 1: off */
+    float min_p;              /* 0: off */
+    float repetition_penalty; /* 1: off */
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    uint64_t seed;
+};
+
+/* temperature 1, top_p 1, everything else off, seed 0 */
+struct kiln_sampling sampling_default(void);
+
+struct kiln_sampler {
+    struct kiln_sampling p;
+    struct kiln_rng rng;
+    int vocab;
+    uint32_t *count; /* [vocab] output-token counts, when penalties are on */
+    uint8_t *seen;   /* [vocab] prompt or output token, for the repetition penalty */
+    float *prob;     /* [vocab] scratch */
+    int32_t *idx;    /* [vocab] scratch */
+};
+
+void sampler_init(struct kiln_sampler *s, const struct kiln_sampling *p, int vocab);
+void sampler_free(struct kiln_sampler *s);
+/* Records the prompt (for the repetition penalty). */
+void sampler_set_prompt(struct kiln_sampler *s, const int32_t *ids, int n);
+/* Records an output token (for all penalties). Call after each sample. */
+void sampler_accept(struct kiln_sampler *s, int32_t id);
+/* Picks a token from logits[vocab]; logits are modified (penalties). */
+int32_t sampler_sample(struct kiln_sampler *s, float *logits);
+
+/* The kept set after top-k/top-p/min-p, for tests: writes the kept ids in
+ * descending probability to out and returns how many; prob gets their
+ * renormalised probabilities. */
+int sampler_candidates(struct kiln_sampler *s, float *logits, int32_t *out, float *prob);
+
+int32_t sampler_argmax(const float *logits, int n);
+
+#endif

@@ -1,0 +1,357 @@
+/*
+ * load.c: binds a model's weights by their Hugging Face names, from a
+ * checkpoint (safetensors, mmap'd, never copied) or from a seeded random
+ * generator (--dummy, like SGLang's --load-format dummy), then prepares them
+ * on the backend. One binding routine serves both sources, so a dummy model
+ * has exactly the tensors and shapes a real checkpoint of that config has.
+ *
+ * Every tensor's presence, rank, shape and dtype is checked before the model
+ * is used; any failure frees everything and reports the tensor by name.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "model/model.h"
+
+void rope_init(struct rope *r, const struct kiln_config *c);
+
+enum winit { W_LINEAR, W_NORM, W_BIAS };
+
+struct wsrc {
+    struct kiln_model *m;
+    const char *where;
+    int dummy;
+    enum kiln_dtype dtype; /* dummy weights' dtype */
+    uint64_t seed;
+    float std;
+    uint64_t counter;
+    char *err;
+    size_t errlen;
+};
+
+/* ==== dummy weights ==== */
+
+/* Fills n elements with uniform noise of standard deviation std (mean 1 for
+ * norm weights). Uniform, not normal, because it is cheap enough to fill 8B
+ * parameters in seconds; chunks are seeded independently so the result does
+ * not depend on the thread count. */
+static void fill_dummy(void *p, enum kiln_dtype t, int64_t n, uint64_t seed, float std, float mean) {
+    const int64_t chunk = 1 << 16;
+    const float a = std * 1.7320508f; /* U(-a, a) has std a / sqrt(3) */
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < (n + chunk - 1) / chunk; c++) {
+        struct kiln_rng r;
+        kiln_rng_seed(&r, seed * 0x9e3779b97f4a7c15ull + (uint64_t)c);
+        int64_t e = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+        for (int64_t i = c * chunk; i < e; i++) {
+            float v = mean + a * (float)(2.0 * kiln_rng_uniform(&r) - 1.0);
+            if (t == KILN_DTYPE_F32) ((float *)p)[i] = v;
+            else if (t == KILN_DTYPE_BF16) ((uint16_t *)p)[i] = kiln_f32_to_bf16(v);
+            else ((uint16_t *)p)[i] = kiln_f32_to_f16(v);
+        }
+    }
+}
+
+/* ==== the one getter both sources go through ==== */
+
+/* Binds name, of shape (rows, cols), or (cols) when rows == 0. */
+static int get(struct wsrc *s, struct ktensor *t, const char *name, int64_t rows, int64_t cols, enum winit init) {
+    int vec = rows == 0;
+    memset(t, 0, sizeof *t);
+    t->rows = vec ? 1 : rows;
+    t->cols = cols;
+    if (s->dummy) {
+        size_t nb = (size_t)(t->rows * cols) * dtype_size(s->dtype);
+        void *p = NULL;
+        if (posix_memalign(&p, 64, nb ? nb : 64))
+            return kiln_errf(s->err, s->errlen, "dummy weights: out of memory for %s (%zu bytes)", name, nb);
+        struct kiln_model *m = s->m;
+        m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
+        m->owned[m->n_owned++] = p;
+        fill_dummy(p, s->dtype, t->rows * cols, s->seed + ++s->counter, init == W_NORM ? 0.05f : s->std,
+                   init == W_NORM ? 1.0f : 0.0f);
+        t->dtype = s->dtype;
+        t->data = p;
+        return 0;
+    }
+    const struct st_tensor *st = st_find(&s->m->st, name);
+    if (!st) return kiln_errf(s->err, s->errlen, "%s: missing tensor '%s'", s->where, name);
+    int ok = vec ? (st->ndim == 1 && st->shape[0] == cols) : (st->ndim == 2 && st->shape[0] == rows && st->shape[1] == cols);
+    if (!ok) {
+        char got[128] = "", *p = got;
+        for (int i = 0; i < st->ndim && p < got + 100; i++) p += sprintf(p, "%s%lld", i ? ", " : "", (long long)st->shape[i]);
+        if (vec) return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has shape [%s], the config implies [%lld]", s->where, name, got, (long long)cols);
+        return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has shape [%s], the config implies [%lld, %lld]", s->where, name, got,
+                         (long long)rows, (long long)cols);
+    }
+    if (st->dtype != KILN_DTYPE_F32 && st->dtype != KILN_DTYPE_F16 && st->dtype != KILN_DTYPE_BF16)
+        return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has dtype %s; expected BF16, F16 or F32", s->where, name, dtype_name(st->dtype));
+    t->dtype = st->dtype;
+    t->data = st->data;
+    return 0;
+}
+
+static int get_linear(struct wsrc *s, struct qlinear *w, const char *prefix, int n_out, int n_in, int bias) {
+    char name[320];
+    memset(w, 0, sizeof *w);
+    w->n_out = n_out;
+    w->n_in = n_in;
+    w->fmt = KILN_WFMT_DENSE;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    if (get(s, &w->w, name, n_out, n_in, W_LINEAR)) return -1;
+    if (bias) {
+        snprintf(name, sizeof name, "%s.bias", prefix);
+        if (get(s, &w->bias, name, 0, n_out, W_BIAS)) return -1;
+    }
+    return 0;
+}
+
+static int bind(struct wsrc *s) {
+    struct kiln_model *m = s->m;
+    const struct kiln_config *c = &m->cfg;
+    char p[256];
+    int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+    if (get(s, &m->embed, "model.embed_tokens.weight", c->vocab, c->dim, W_LINEAR)) return -1;
+    if (get(s, &m->norm, "model.norm.weight", 0, c->dim, W_NORM)) return -1;
+    if (c->tie_embed) {
+        m->lm_head = (struct qlinear){.n_out = c->vocab, .n_in = c->dim, .fmt = KILN_WFMT_DENSE, .w = m->embed};
+        m->lm_head.w.be = NULL;
+    } else if (get_linear(s, &m->lm_head, "lm_head", c->vocab, c->dim, 0)) {
+        return -1;
+    }
+    m->layers = kiln_calloc((size_t)c->n_layer, sizeof *m->layers);
+    int ab = c->attn_bias || c->qkv_bias;
+    for (int l = 0; l < c->n_layer; l++) {
+        struct layer *L = &m->layers[l];
+#define P(fmt, ...) (snprintf(p, sizeof p, "model.layers.%d." fmt, l, ##__VA_ARGS__), p)
+        if (get(s, &L->attn_norm, P("input_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
+        if (get(s, &L->ffn_norm, P("post_attention_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
+        if (get_linear(s, &L->wq, P("self_attn.q_proj"), qd, c->dim, ab)) return -1;
+        if (get_linear(s, &L->wk, P("self_attn.k_proj"), kvd, c->dim, ab)) return -1;
+        if (get_linear(s, &L->wv, P("self_attn.v_proj"), kvd, c->dim, ab)) return -1;
+        if (get_linear(s, &L->wo, P("self_attn.o_proj"), c->dim, qd, c->attn_bias)) return -1;
+        if (c->qk_norm) {
+            if (get(s, &L->q_norm, P("self_attn.q_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
+            if (get(s, &L->k_norm, P("self_attn.k_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
+        }
+        L->is_moe = c->layer_moe[l];
+        if (L->is_moe) {
+            struct moe_ffn *e = &L->moe;
+            e->n_expert = c->n_expert;
+            e->n_used = c->n_expert_used;
+            e->ffn = c->moe_ffn;
+            e->norm_topk = c->norm_topk_prob;
+            if (get_linear(s, &e->router, P("mlp.gate"), c->n_expert, c->dim, 0)) return -1;
+            e->gate = kiln_calloc((size_t)c->n_expert, sizeof *e->gate);
+            e->up = kiln_calloc((size_t)c->n_expert, sizeof *e->up);
+            e->down = kiln_calloc((size_t)c->n_expert, sizeof *e->down);
+            for (int x = 0; x < c->n_expert; x++) {
+                if (get_linear(s, &e->gate[x], P("mlp.experts.%d.gate_proj", x), c->moe_ffn, c->dim, 0)) return -1;
+                if (get_linear(s, &e->up[x], P("mlp.experts.%d.up_proj", x), c->moe_ffn, c->dim, 0)) return -1;
+                if (get_linear(s, &e->down[x], P("mlp.experts.%d.down_proj", x), c->dim, c->moe_ffn, 0)) return -1;
+            }
+        } else {
+            if (get_linear(s, &L->gate, P("mlp.gate_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
+            if (get_linear(s, &L->up, P("mlp.up_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
+            if (get_linear(s, &L->down, P("mlp.down_proj"), c->dim, c->ffn, c->mlp_bias)) return -1;
+        }
+#undef P
+    }
+    return 0;
+}
+
+/* ==== preparing on the backend, and the walk over every weight ==== */
+
+/* Calls fn on every distinct linear of the model (lm_head once even when tied). */
+static int each_linear(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *), void *ctx) {
+    const struct kiln_config *c = &m->cfg;
+    if (fn(m, &m->lm_head, ctx)) return -1;
+    for (int l = 0; m->layers && l < c->n_layer; l++) {
+        struct layer *L = &m->layers[l];
+        struct qlinear *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->moe.router};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->w.data && fn(m, ws[i], ctx)) return -1;
+        for (int x = 0; L->moe.gate && x < L->moe.n_expert; x++) {
+            if (L->moe.gate[x].w.data && fn(m, &L->moe.gate[x], ctx)) return -1;
+            if (L->moe.up[x].w.data && fn(m, &L->moe.up[x], ctx)) return -1;
+            if (L->moe.down[x].w.data && fn(m, &L->moe.down[x], ctx)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int each_vector(struct kiln_model *m, int (*fn)(struct kiln_model *, struct ktensor *, void *), void *ctx) {
+    if (m->embed.data && fn(m, &m->embed, ctx)) return -1;
+    if (m->norm.data && fn(m, &m->norm, ctx)) return -1;
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
+        struct layer *L = &m->layers[l];
+        struct ktensor *ts[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i]->data && fn(m, ts[i], ctx)) return -1;
+    }
+    return 0;
+}
+
+struct errbuf {
+    char *err;
+    size_t errlen;
+};
+
+static int prep_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    struct errbuf *e = ctx;
+    return m->be->prepare_linear(m->be, w, e->err, e->errlen);
+}
+
+static int prep_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
+    struct errbuf *e = ctx;
+    return m->be->prepare_tensor(m->be, t, e->err, e->errlen);
+}
+
+static int rel_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    (void)ctx;
+    m->be->release_linear(m->be, w);
+    return 0;
+}
+
+static int rel_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
+    (void)ctx;
+    m->be->release_tensor(m->be, t);
+    return 0;
+}
+
+struct count {
+    int64_t params, bytes;
+};
+
+static int count_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    struct count *c = ctx;
+    if (w == &m->lm_head && m->cfg.tie_embed) return 0; /* shares the embedding */
+    c->params += (int64_t)w->n_out * w->n_in + (w->bias.data ? w->n_out : 0);
+    c->bytes += (int64_t)w->n_out * w->n_in * (int64_t)dtype_size(w->w.dtype) +
+                (w->bias.data ? w->n_out * (int64_t)dtype_size(w->bias.dtype) : 0);
+    return 0;
+}
+
+static int count_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
+    (void)m;
+    struct count *c = ctx;
+    c->params += t->rows * t->cols;
+    c->bytes += t->rows * t->cols * (int64_t)dtype_size(t->dtype);
+    return 0;
+}
+
+int64_t model_n_params(const struct kiln_model *m) {
+    struct count c = {0, 0};
+    each_linear((struct kiln_model *)m, count_lin, &c);
+    each_vector((struct kiln_model *)m, count_vec, &c);
+    return c.params;
+}
+
+int64_t model_n_bytes(const struct kiln_model *m) {
+    struct count c = {0, 0};
+    each_linear((struct kiln_model *)m, count_lin, &c);
+    each_vector((struct kiln_model *)m, count_vec, &c);
+    return c.bytes;
+}
+
+static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
+    m->be = be;
+    if (bind(s)) return -1;
+    rope_init(&m->rope, &m->cfg);
+    struct errbuf e = {err, errlen};
+    if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
+        return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
+    return 0;
+}
+
+int model_load_dir(struct kiln_model *m, const char *dir, struct kiln_backend *be, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    m->path = kiln_strdup(dir);
+    if (!kiln_is_dir(dir)) {
+        kiln_errf(err, errlen, "%s: not a directory (expected a Hugging Face checkpoint folder)", dir);
+        goto fail;
+    }
+    if (config_load_dir(&m->cfg, dir, err, errlen)) goto fail;
+    if (st_open_dir(&m->st, dir, err, errlen)) goto fail;
+    struct wsrc s = {.m = m, .where = dir, .err = err, .errlen = errlen};
+    if (finish_load(m, &s, be, err, errlen)) goto fail;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+/* ==== built-in configs: the JSON files of configs/, compiled in ==== */
+
+extern const struct {
+    const char *name;
+    const char *json;
+} kiln_builtin_configs[];
+
+const char *model_builtin_config(const char *name) {
+    for (int i = 0; kiln_builtin_configs[i].name; i++)
+        if (!strcasecmp(kiln_builtin_configs[i].name, name)) return kiln_builtin_configs[i].json;
+    return NULL;
+}
+
+void model_list_builtin(void (*fn)(const char *name, void *ctx), void *ctx) {
+    for (int i = 0; kiln_builtin_configs[i].name; i++) fn(kiln_builtin_configs[i].name, ctx);
+}
+
+int model_load_dummy(struct kiln_model *m, const char *name, enum kiln_dtype dtype, uint64_t seed,
+                     struct kiln_backend *be, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    char path[512];
+    snprintf(path, sizeof path, "dummy:%s", name);
+    m->path = kiln_strdup(path);
+    const char *json = model_builtin_config(name);
+    char *txt = NULL;
+    if (!json) {
+        if (!kiln_file_exists(name)) {
+            kiln_errf(err, errlen, "--dummy %s: neither a built-in config (qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b) nor a config.json file", name);
+            goto fail;
+        }
+        json = txt = kiln_read_file(name, NULL, err, errlen);
+        if (!txt) goto fail;
+    }
+    int rc = config_parse(&m->cfg, json, name, err, errlen);
+    free(txt);
+    if (rc) goto fail;
+    if (dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_F16 && dtype != KILN_DTYPE_BF16) {
+        kiln_errf(err, errlen, "--dummy: dtype %s is not one of bf16, f16, f32", dtype_name(dtype));
+        goto fail;
+    }
+    struct wsrc s = {.m = m, .where = m->path, .dummy = 1, .dtype = dtype, .seed = seed, .std = 0.02f, .err = err, .errlen = errlen};
+    if (finish_load(m, &s, be, err, errlen)) goto fail;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+void model_free(struct kiln_model *m) {
+    if (m->be) {
+        each_linear(m, rel_lin, NULL);
+        each_vector(m, rel_vec, NULL);
+        if (m->rope.inv_freq) m->be->release_rope(m->be, &m->rope);
+        void *ws[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->hb, m->hb2, m->out_x, m->out_logits};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]) m->be->free(m->be, ws[i]);
+    }
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
+        free(m->layers[l].moe.gate);
+        free(m->layers[l].moe.up);
+        free(m->layers[l].moe.down);
+    }
+    free(m->layers);
+    free(m->rope.inv_freq);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    st_close(&m->st);
+    config_free(&m->cfg);
+    free(m->path);
+    memset(m, 0, sizeof *m);
+}

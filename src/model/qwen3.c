@@ -1,0 +1,103 @@
+/*
+ * qwen3.c: the forward pass of the Qwen3 family (Qwen3, Qwen3-MoE, Qwen2,
+ * Llama), written once against the backend op table. The architectures
+ * differ only in switches the loader set: q/k norm (Qwen3), q/k/v bias
+ * (Qwen2; it rides inside the qlinear), sparse MoE layers (Qwen3-MoE).
+ *
+ * Per layer, mirroring transformers' Qwen3DecoderLayer:
+ *   xb = input_layernorm(x)
+ *   q, k, v = q_proj(xb), k_proj(xb), v_proj(xb)
+ *   q, k = rope(q_norm(q)), rope(k_norm(k))       # norms per head, Qwen3 only
+ *   att = softmax(q k^T / sqrt(head_dim), causal) v # GQA over the paged cache
+ *   x = x + o_proj(att)
+ *   xb = post_attention_layernorm(x)
+ *   x = x + down_proj(silu(gate_proj(xb)) * up_proj(xb))   # or the MoE block
+ * then logits = lm_head(norm(x)) for the rows that sample only.
+ */
+#include <math.h>
+
+#include "base/base.h"
+#include "model/model.h"
+
+/* Grows the activation workspace to hold n tokens. */
+static int ensure_ws(struct kiln_model *m, int n, int n_out, char *err, size_t errlen) {
+    const struct kiln_config *c = &m->cfg;
+    struct kiln_backend *be = m->be;
+    if (n_out > m->out_cap) {
+        if (m->out_logits) be->free(be, m->out_logits);
+        if (!(m->out_logits = be->alloc(be, (size_t)n_out * c->vocab * be->act_size))) {
+            m->out_cap = 0;
+            return kiln_errf(err, errlen, "%s: cannot allocate logits for %d rows", be->name, n_out);
+        }
+        m->out_cap = n_out;
+    }
+    if (n <= m->ws_cap) return 0;
+    void **ws[] = {&m->x, &m->xb, &m->q, &m->k, &m->v, &m->att, &m->hb, &m->hb2, &m->out_x};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (*ws[i]) be->free(be, *ws[i]), *ws[i] = NULL;
+    int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+    int hw = c->ffn > c->dim ? c->ffn : c->dim;
+    if (c->moe_ffn > hw) hw = c->moe_ffn;
+    size_t a = be->act_size, N = (size_t)n;
+    size_t sz[] = {N * c->dim, N * c->dim, N * qd, N * kvd, N * kvd, N * qd, N * hw, N * hw, N * c->dim};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (!(*ws[i] = be->alloc(be, sz[i] * a))) {
+            m->ws_cap = 0;
+            return kiln_errf(err, errlen, "%s: cannot allocate %zu bytes of activations for %d tokens", be->name, sz[i] * a, n);
+        }
+    m->ws_cap = n;
+    return 0;
+}
+
+int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_batch *b, float *logits, char *err,
+                  size_t errlen) {
+    const struct kiln_config *c = &m->cfg;
+    struct kiln_backend *be = m->be;
+    const int n = b->n_tokens, dim = c->dim, hd = c->head_dim;
+    const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    if (n <= 0) return kiln_errf(err, errlen, "forward: empty batch");
+    for (int i = 0; i < n; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab)
+            return kiln_errf(err, errlen, "token id %d is outside the vocabulary [0, %d)", b->tokens[i], c->vocab);
+    if (ensure_ws(m, n, b->n_out, err, errlen)) return -1;
+    if (be->begin(be, b)) return kiln_errf(err, errlen, "%s: cannot start the forward", be->name);
+
+    be->embed(be, m->x, &m->embed, b);
+    be->rmsnorm(be, m->xb, m->x, &m->layers[0].attn_norm, n, dim, eps);
+    for (int l = 0; l < c->n_layer; l++) {
+        struct layer *L = &m->layers[l];
+        /* attention */
+        be->matmul(be, m->q, m->xb, &L->wq, n);
+        be->matmul(be, m->k, m->xb, &L->wk, n);
+        be->matmul(be, m->v, m->xb, &L->wv, n);
+        be->qk_norm_rope(be, m->q, m->k, c->qk_norm ? &L->q_norm : NULL, c->qk_norm ? &L->k_norm : NULL, &m->rope, b,
+                         c->n_head, c->n_head_kv, hd, eps);
+        be->kv_write(be, kv, l, m->k, m->v, b);
+        be->attention(be, m->att, m->q, kv, l, b, c->n_head, scale);
+        be->matmul(be, m->xb, m->att, &L->wo, n);
+        /* x = x + o_proj(att); xb = post_attention_layernorm(x) */
+        be->add_rmsnorm(be, m->x, m->xb, m->xb, &L->ffn_norm, n, dim, eps);
+        /* feed-forward */
+        if (L->is_moe) {
+            be->moe(be, m->hb2, m->xb, &L->moe, n, dim);
+            be->add(be, m->x, m->hb2, (size_t)n * dim);
+            if (l + 1 < c->n_layer) be->rmsnorm(be, m->xb, m->x, &m->layers[l + 1].attn_norm, n, dim, eps);
+            continue;
+        }
+        be->matmul(be, m->hb, m->xb, &L->gate, n);
+        be->matmul(be, m->hb2, m->xb, &L->up, n);
+        be->swiglu(be, m->hb, m->hb, m->hb2, n, c->ffn);
+        be->matmul(be, m->xb, m->hb, &L->down, n);
+        if (l + 1 < c->n_layer)
+            be->add_rmsnorm(be, m->x, m->xb, m->xb, &m->layers[l + 1].attn_norm, n, dim, eps);
+        else
+            be->add(be, m->x, m->xb, (size_t)n * dim);
+    }
+    if (b->n_out == 0) return 0;
+    /* final norm and lm_head, only for the rows that sample */
+    be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
+    be->rmsnorm(be, m->out_x, m->out_x, &m->norm, b->n_out, dim, eps);
+    be->matmul(be, m->out_logits, m->out_x, &m->lm_head, b->n_out);
+    be->read(be, logits, m->out_logits, (size_t)b->n_out * c->vocab);
+    return 0;
+}

@@ -1,0 +1,74 @@
+/*
+ * test.c: the one C test runner. `build/test-kiln` runs the fast groups;
+ * `build/test-kiln NAME...` runs the named ones; `--list` lists them.
+ * Groups never time anything: speed belongs to `kiln bench`.
+ */
+#include "test.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+int test_n_pass, test_n_fail;
+
+void test_fail_at(const char *file, int line, const char *expr, const char *fmt, ...) {
+    test_n_fail++;
+    fprintf(stderr, "FAIL %s:%d: %s", file, line, expr);
+    if (fmt && *fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+}
+
+void test_skip(const char *why) { fprintf(stderr, "  skipped: %s\n", why); }
+
+#define GROUPS(X)                                                                         \
+    X(base, 1, "number conversions, rng, file helpers")                                   \
+    X(safetensors, 1, "safetensors parsing and its errors (truncated, overlapping, ...)") \
+    X(config, 1, "config.json in transformers 4.x and 5.x spellings, bad configs")        \
+    X(sampler, 1, "greedy, temperature, top-k/top-p/min-p sets, penalties, seeds")        \
+    X(ops, 1, "CPU ops against plain reference loops")                                    \
+    X(parity, 1, "HF transformers parity on every model fixture")                        \
+    X(kv, 1, "KV page pool")                                                              \
+    X(tokenizer, 1, "tokenizer.json BPE vectors, decode, streaming detokenizer")          \
+    X(template, 1, "chat template vectors, Jinja subset, errors")                         \
+    X(cuda, 0, "CUDA ops vs CPU ops and fixtures on a GPU (make test-cuda)")
+
+#define DECL(name, fast, desc) void test_##name(void);
+GROUPS(DECL)
+
+static const struct {
+    const char *name;
+    void (*fn)(void);
+    int fast;
+    const char *desc;
+} groups[] = {
+#define ROW(name, fast, desc) {#name, test_##name, fast, desc},
+    GROUPS(ROW)};
+
+int main(int argc, char **argv) {
+    int n = (int)(sizeof groups / sizeof groups[0]);
+    if (argc > 1 && !strcmp(argv[1], "--list")) {
+        for (int i = 0; i < n; i++) printf("%-12s %s%s\n", groups[i].name, groups[i].desc, groups[i].fast ? "" : " (not run by default)");
+        return 0;
+    }
+    if (getenv("KILN_TEST_VERBOSE")) kiln_log_level = KILN_LOG_DEBUG;
+    else kiln_log_level = -1; /* tests provoke errors on purpose: keep stderr for failures */
+    for (int i = 0; i < n; i++) {
+        int run = argc == 1 ? groups[i].fast : 0;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], groups[i].name);
+        if (!run) continue;
+        int p0 = test_n_pass, f0 = test_n_fail;
+        fprintf(stderr, "[%s] %s\n", groups[i].name, groups[i].desc);
+        groups[i].fn();
+        fprintf(stderr, "[%s] %d passed, %d failed\n", groups[i].name, test_n_pass - p0, test_n_fail - f0);
+    }
+    printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
+    return test_n_fail ? 1 : 0;
+}

@@ -1,0 +1,165 @@
+/*
+ * test_parity.c: kiln against Hugging Face transformers on every model
+ * fixture (tests/fixtures/, made by transformers 5.17 in float32 on the CPU
+ * with bf16-rounded weights):
+ *
+ *   - last-position logits of each prompt within max |delta| <= 1e-3;
+ *   - the top-8 ids at every position (a swap is allowed only between two
+ *     reference values closer than 1e-4, a true tie at this precision);
+ *   - the greedy continuation, token for token;
+ *   - the same last logits when the prompt is fed one token at a time
+ *     (decode from the cache) and in small prefill chunks.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "kiln.h"
+#include "test.h"
+
+struct ref {
+    cJSON *root;
+    float *last;
+    int n_prompts, vocab;
+};
+
+static int load_ref(const char *dir, struct ref *r) {
+    char p[512], err[256];
+    snprintf(p, sizeof p, "%s/reference.json", dir);
+    char *txt = kiln_read_file(p, NULL, err, sizeof err);
+    if (!txt) return -1;
+    r->root = cJSON_Parse(txt);
+    free(txt);
+    cJSON *ll = cJSON_GetObjectItem(r->root, "last_logits");
+    cJSON *shape = cJSON_GetObjectItem(ll, "shape");
+    r->n_prompts = cJSON_GetArrayItem(shape, 0)->valueint;
+    r->vocab = cJSON_GetArrayItem(shape, 1)->valueint;
+    snprintf(p, sizeof p, "%s/%s", dir, cJSON_GetObjectItem(ll, "file")->valuestring);
+    size_t len;
+    r->last = (float *)kiln_read_file(p, &len, err, sizeof err);
+    return r->last && len == sizeof(float) * (size_t)r->n_prompts * r->vocab ? 0 : -1;
+}
+
+static int32_t *json_ids(const cJSON *a, int *n) {
+    *n = cJSON_GetArraySize(a);
+    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    int i = 0;
+    for (const cJSON *x = a->child; x; x = x->next) ids[i++] = x->valueint;
+    return ids;
+}
+
+static float max_abs_diff(const float *a, const float *b, int n) {
+    float m = 0;
+    for (int i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = d; /* NaN propagates as a failure */
+    }
+    return m;
+}
+
+struct collect {
+    int32_t *ids;
+    int n;
+};
+
+static int collect(int32_t id, void *ctx) {
+    struct collect *c = ctx;
+    c->ids[c->n++] = id;
+    return 0;
+}
+
+static void check_model(const char *name) {
+    char dir[256], err[1024] = "";
+    snprintf(dir, sizeof dir, FIXTURES "/%s", name);
+    struct ref r = {0};
+    CHECK(load_ref(dir, &r) == 0, "%s: reference files", name);
+    if (!r.last) return;
+    struct kiln_engine_opts o = {.model = dir, .backend = "cpu", .max_total_tokens = 2048, .page_size = 16};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "%s: %s", name, err);
+    if (!e) {
+        cJSON_Delete(r.root);
+        free(r.last);
+        return;
+    }
+    const int V = kiln_engine_config(e)->vocab;
+    CHECK(V == r.vocab, "%s: vocab %d vs reference %d", name, V, r.vocab);
+    cJSON *prompts = cJSON_GetObjectItem(r.root, "prompts");
+    cJSON *topk = cJSON_GetObjectItem(r.root, "topk");
+    cJSON *greedy = cJSON_GetObjectItem(r.root, "greedy");
+    for (int p = 0; p < r.n_prompts; p++) {
+        int n;
+        int32_t *ids = json_ids(cJSON_GetArrayItem(prompts, p), &n);
+        float *lg = kiln_malloc(sizeof(float) * (size_t)n * V);
+        /* all positions, in chunks of 7 to cross chunk and page boundaries */
+        kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+        int rc = 0;
+        for (int off = 0; off < n && !rc; off += 7) {
+            int m = n - off < 7 ? n - off : 7;
+            rc = kiln_seq_eval(s, ids + off, m, lg + (size_t)off * V, 1, err, sizeof err);
+        }
+        CHECK(rc == 0, "%s prompt %d: %s", name, p, err);
+        kiln_seq_free(s);
+        float d = max_abs_diff(lg + (size_t)(n - 1) * V, r.last + (size_t)p * V, V);
+        CHECK(d <= 1e-3f, "%s prompt %d (%d tokens): last logits max |delta| %g > 1e-3", name, p, n, d);
+        if (getenv("KILN_TEST_VERBOSE")) fprintf(stderr, "  %s prompt %d (%d tokens): max |delta| %.3g\n", name, p, n, d);
+
+        /* top-8 at every position */
+        cJSON *tk = cJSON_GetArrayItem(topk, p);
+        cJSON *tids = cJSON_GetObjectItem(tk, "ids"), *tvals = cJSON_GetObjectItem(tk, "values");
+        int bad_pos = -1;
+        for (int t = 0; t < n && t < cJSON_GetArraySize(tids); t++) {
+            cJSON *ri = cJSON_GetArrayItem(tids, t), *rv = cJSON_GetArrayItem(tvals, t);
+            const float *row = lg + (size_t)t * V;
+            for (int j = 0; j < cJSON_GetArraySize(ri); j++) {
+                int id = cJSON_GetArrayItem(ri, j)->valueint;
+                float val = (float)cJSON_GetArrayItem(rv, j)->valuedouble;
+                /* our rank of id must be j, unless tied within 1e-4 */
+                int rank = 0;
+                for (int v = 0; v < V; v++) rank += row[v] > row[id] + 1e-4f;
+                int rank_hi = 0;
+                for (int v = 0; v < V; v++) rank_hi += row[v] >= row[id] - 1e-4f;
+                if (fabsf(row[id] - val) > 1e-3f || j < rank || j >= rank_hi) bad_pos = t;
+            }
+        }
+        CHECK(bad_pos < 0, "%s prompt %d: top-8 ids or values differ at position %d", name, p, bad_pos);
+
+        /* the same prompt fed one token at a time: decode from the cache */
+        s = kiln_seq_new(e, err, sizeof err);
+        float *one = kiln_malloc(sizeof(float) * (size_t)V);
+        rc = 0;
+        for (int t = 0; t < n && !rc; t++) rc = kiln_seq_eval(s, ids + t, 1, one, 0, err, sizeof err);
+        CHECK(rc == 0, "%s prompt %d stepwise: %s", name, p, err);
+        d = max_abs_diff(one, r.last + (size_t)p * V, V);
+        CHECK(d <= 1e-3f, "%s prompt %d: stepwise decode last logits max |delta| %g", name, p, d);
+        kiln_seq_free(s);
+
+        /* greedy continuation */
+        int ng;
+        int32_t *want = json_ids(cJSON_GetArrayItem(greedy, p), &ng);
+        struct collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
+        struct kiln_sampling sp = sampling_default();
+        sp.temperature = 0;
+        int got = kiln_generate(e, ids, n, ng, &sp, 1, collect, &c, err, sizeof err);
+        CHECK(got == ng, "%s prompt %d: generated %d of %d: %s", name, p, got, ng, err);
+        int first_diff = -1;
+        for (int i = 0; i < c.n && i < ng && first_diff < 0; i++)
+            if (c.ids[i] != want[i]) first_diff = i;
+        CHECK(first_diff < 0, "%s prompt %d: greedy continuation differs at step %d (%d vs reference %d)", name, p,
+              first_diff, first_diff >= 0 ? c.ids[first_diff] : 0, first_diff >= 0 ? want[first_diff] : 0);
+        free(c.ids);
+        free(want);
+        free(one);
+        free(lg);
+        free(ids);
+    }
+    kiln_engine_close(e);
+    cJSON_Delete(r.root);
+    free(r.last);
+}
+
+void test_parity(void) {
+    const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+}
