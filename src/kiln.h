@@ -50,6 +50,12 @@ int kiln_seq_len(const kiln_seq *s);
  * not NULL, receives the last token's logits [vocab], or every new token's
  * [n][vocab] when all_rows is set. */
 int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all_rows, char *err, size_t errlen);
+/* Several sequences in one forward (continuous batching in its simplest
+ * form): sequence i appends n[i] tokens ids[i]; logits[i*vocab..] receives
+ * its last token's logits (logits may be NULL). All or nothing: on error no
+ * sequence advances. */
+int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, char *err,
+                   size_t errlen);
 /* Forgets the cached tokens after the first n (n <= len). */
 void kiln_seq_truncate(kiln_seq *s, int n);
 

@@ -162,6 +162,45 @@ int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all
     return rc;
 }
 
+int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, char *err,
+                   size_t errlen) {
+    if (n_seqs <= 0) return kiln_errf(err, errlen, "nothing to evaluate");
+    kiln_engine *e = seqs[0]->e;
+    int total = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        if (seqs[i]->e != e || n[i] <= 0) return kiln_errf(err, errlen, "kiln_seqs_eval: bad sequence %d", i);
+        total += n[i];
+    }
+    int *old_pages = kiln_malloc(sizeof(int) * (size_t)n_seqs);
+    int32_t *tok = kiln_malloc(sizeof(int32_t) * (size_t)total), *pos = kiln_malloc(sizeof(int32_t) * (size_t)total);
+    int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)n_seqs);
+    struct kiln_seq_view *v = kiln_malloc(sizeof *v * (size_t)n_seqs);
+    int rc = 0, i, r = 0;
+    for (i = 0; i < n_seqs; i++) old_pages[i] = seqs[i]->n_pages;
+    for (i = 0; i < n_seqs && rc == 0; i++) rc = seq_reserve(seqs[i], n[i], err, errlen);
+    if (rc == 0) {
+        for (i = 0; i < n_seqs; i++) {
+            kiln_seq *s = seqs[i];
+            v[i] = (struct kiln_seq_view){.start = r, .n = n[i], .n_past = s->len, .pages = s->pages, .n_pages = s->n_pages};
+            for (int j = 0; j < n[i]; j++, r++) tok[r] = ids[i][j], pos[r] = s->len + j;
+            rows[i] = r - 1;
+        }
+        struct kiln_batch b = {.n_tokens = total, .tokens = tok, .pos = pos, .n_seqs = n_seqs, .seqs = v,
+                               .n_out = logits ? n_seqs : 0, .out_rows = rows};
+        rc = model_forward(&e->model, &e->kv.cache, &b, logits, err, errlen);
+    }
+    for (i = 0; i < n_seqs; i++) {
+        if (rc == 0) {
+            seqs[i]->len += n[i];
+        } else { /* give back pages reserved for this step */
+            for (int p = old_pages[i]; p < seqs[i]->n_pages; p++) kv_pool_release(&e->kv, seqs[i]->pages[p]);
+            seqs[i]->n_pages = old_pages[i];
+        }
+    }
+    free(old_pages), free(tok), free(pos), free(rows), free(v);
+    return rc;
+}
+
 int kiln_generate(kiln_engine *e, const int32_t *prompt, int n_prompt, int n_gen, const struct kiln_sampling *sp,
                   int ignore_eos, int (*on_token)(int32_t id, void *ctx), void *ctx, char *err, size_t errlen) {
     const int V = e->model.cfg.vocab;
