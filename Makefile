@@ -24,7 +24,7 @@ ifneq ($(CU_SRC),)
 CFLAGS   += -DKILN_CUDA
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 LIB_OBJ  += $(patsubst %.cu,$(BUILD)/%.cu.o,$(CU_SRC))
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 endif
 
@@ -46,7 +46,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC -c -o $@ $<
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 # the Qwen3 configs in configs/ are compiled in, so --dummy NAME works anywhere
 $(BUILD)/gen/configs.c: $(sort $(wildcard configs/*.json)) scripts/embed-configs.sh

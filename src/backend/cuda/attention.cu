@@ -1,0 +1,433 @@
+/*
+ * attention.cu: the KV cache write and causal GQA attention over the paged
+ * bf16 cache (layout in backend.h: one head's keys of one page contiguous).
+ *
+ * Two attention kernels, picked per forward by the longest sequence chunk:
+ *  - rows (decode, and chunks of at most ATT_ROWS_MAX tokens): split-K
+ *    flash-decoding. Each (row, query head) is split into n_split ranges of
+ *    its cached keys; a block computes one range with an online softmax and
+ *    writes (max, sum, unnormalised output) in f32; the last block of a
+ *    (row, head) to finish (an atomic counter) merges the ranges, so a
+ *    decode layer's attention is one launch. n_split depends on the batch shape only, never on the lengths
+ *    (which the kernels read from the device), so a decode step can be a
+ *    CUDA graph replayed at every length.
+ *  - flash (prefill): FlashAttention-2 on the tensor cores (mma.sync
+ *    m16n8k16 bf16, f32 accumulators), 64 query rows x one query head per
+ *    block, 64-key tiles gathered page by page into shared memory with
+ *    cp.async, two stages deep. Blocks run heaviest (longest causal span)
+ *    first. head_dim 16, 32, 64 or 128.
+ * Scores and softmax are f32; P is rounded to bf16 for the P.V product, as
+ * FlashAttention does.
+ */
+#include <math.h>
+
+#include "backend/cuda/cuda.cuh"
+
+#define ATT_ROWS_MAX 16
+#define FA_BM 64
+#define FA_BN 64
+
+/* ==== KV write ==== */
+
+/*
+ * k_kv_write: copies each new row's k and v heads into its page slot.
+ * Decomposition: one thread per (row, kv head, U-element chunk).
+ */
+template <int U>
+__global__ void k_kv_write(bf16 *__restrict__ kc, bf16 *__restrict__ vc, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                           const int *__restrict__ row_seq, const int *__restrict__ row_t, const int *__restrict__ seq,
+                           const int *__restrict__ pages, int n, int nkv, int hd, int P) {
+    pdl_wait();
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int per_head = hd / U, per_row = nkv * per_head;
+    if (idx >= (size_t)n * per_row) return;
+    const int row = (int)(idx / per_row), rem = (int)(idx % per_row), h = rem / per_head, d = (rem % per_head) * U;
+    const int s = row_seq[row], t = row_t[row];
+    const int page = pages[seq[4 * s + 3] + t / P], slot = t % P;
+    const size_t dst = (((size_t)page * nkv + h) * P + slot) * hd + d, src = ((size_t)row * nkv + h) * hd + d;
+    if (U == 8) {
+        *(uint4 *)(kc + dst) = *(const uint4 *)(k + src);
+        *(uint4 *)(vc + dst) = *(const uint4 *)(v + src);
+    } else {
+        kc[dst] = k[src];
+        vc[dst] = v[src];
+    }
+}
+
+void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k, const void *v,
+                 const struct kiln_batch *b) {
+    CU_OP_ENTER(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    if (kv->dtype != KILN_DTYPE_BF16) {
+        fprintf(stderr, "kiln: cuda: the KV cache must be BF16 (got %s)\n", dtype_name(kv->dtype));
+        abort();
+    }
+    if (!c->bytes_kv)
+        c->bytes_kv = 2 * (size_t)kv->n_layer * kv->n_pages * kv->page_size * kv->n_head_kv * kv->head_dim * 2;
+    const int n = b->n_tokens, hd = kv->head_dim, nkv = kv->n_head_kv;
+    if (hd % 8 == 0) {
+        size_t tot = (size_t)n * nkv * hd / 8;
+        cu_launch(c->stream, k_kv_write<8>, (unsigned)((tot + 127) / 128), 128, 0, 
+            (bf16 *)kv->k[layer], (bf16 *)kv->v[layer], (const bf16 *)k, (const bf16 *)v, c->d_row_seq, c->d_row_t, c->d_seq,
+            c->d_pages, n, nkv, hd, kv->page_size);
+    } else {
+        size_t tot = (size_t)n * nkv * hd;
+        cu_launch(c->stream, k_kv_write<1>, (unsigned)((tot + 127) / 128), 128, 0, 
+            (bf16 *)kv->k[layer], (bf16 *)kv->v[layer], (const bf16 *)k, (const bf16 *)v, c->d_row_seq, c->d_row_t, c->d_seq,
+            c->d_pages, n, nkv, hd, kv->page_size);
+    }
+    CU_LAUNCHED();
+}
+
+/* ==== rows: split-K flash-decoding ==== */
+
+/*
+ * k_att_rows: block (row*n_head + h, split) of 4 warps. The split's key range
+ * [beg, end) of the row's len = row_t + 1 keys is dealt to the warps token by
+ * token (warp w takes beg+w, beg+w+4, ...); lane l holds EPL consecutive
+ * elements of the head (HD/EPL lanes active). Each warp keeps an online
+ * softmax (m, l, o); the 4 warps merge in shared memory, and the block writes
+ * [m, l, o[HD]] to part (or the normalised output when n_split == 1).
+ */
+template <int HD>
+__global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
+                                                  const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
+                                                  const int *__restrict__ row_seq, const int *__restrict__ row_t,
+                                                  const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
+                                                  int P, float sl2, int n_split, int *__restrict__ done) {
+    pdl_wait();
+    constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL;
+    const int rh = blockIdx.x, row = rh / n_head, h = rh % n_head, kh = h / (n_head / nkv), sp = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int s = row_seq[row], len = row_t[row] + 1, poff = seq[4 * s + 3];
+    const int chunk = (len + n_split - 1) / n_split, beg = sp * chunk, end = min(len, beg + chunk);
+    const bool act = lane < LANES;
+    float qv[EPL], o[EPL];
+    const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) * sl2 : 0.f, o[e] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    /* 4 consecutive tokens per warp step, all their loads issued before the
+     * first use: the loop is latency-bound otherwise */
+    for (int t0 = beg + warp * 4; t0 < end; t0 += 16) {
+        float kx[4][EPL], vx[4][EPL], d[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int t = t0 + u;
+            d[u] = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
+            if (t < end && act) {
+                const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int e = 0; e < EPL; e++) d[u] += qv[e] * kx[u][e];
+#pragma unroll
+        for (int x = 16; x; x >>= 1)
+#pragma unroll
+            for (int u = 0; u < 4; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], x);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (t0 + u >= end) d[u] = -INFINITY;
+        const float mn = fmaxf(fmaxf(m, fmaxf(d[0], d[1])), fmaxf(d[2], d[3])), corr = exp2f(m - mn);
+        float p[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) p[u] = exp2f(d[u] - mn);
+        l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
+        m = mn;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[e] = o[e] * corr + p[0] * vx[0][e] + p[1] * vx[1][e] + p[2] * vx[2][e] + p[3] * vx[3][e];
+    }
+    __shared__ float sm[4], sl[4], so[4][HD];
+    if (lane == 0) sm[warp] = m, sl[warp] = l;
+    if (act)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) so[warp][lane * EPL + e] = o[e];
+    __syncthreads();
+    const float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float w[4], L = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = sm[i] == -INFINITY ? 0.f : exp2f(sm[i] - M), L += w[i] * sl[i];
+    for (int d = threadIdx.x; d < HD; d += 128) {
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc += w[i] * so[i][d];
+        if (n_split == 1) out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc / L);
+        else part[((size_t)rh * n_split + sp) * (HD + 2) + 2 + d] = acc;
+    }
+    if (n_split == 1) return;
+    if (threadIdx.x == 0) {
+        part[((size_t)rh * n_split + sp) * (HD + 2)] = M;
+        part[((size_t)rh * n_split + sp) * (HD + 2) + 1] = L;
+    }
+    /* the last block of this (row, head) to finish merges all the splits,
+     * then resets the counter for the next launch (graph replays included) */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&done[rh], 1) == n_split - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float *pp = part + (size_t)rh * n_split * (HD + 2);
+    __shared__ float wsp[64];
+    __shared__ float MLs[2];
+    if (threadIdx.x < n_split) wsp[threadIdx.x] = __ldcg(pp + (size_t)threadIdx.x * (HD + 2));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float MM = -INFINITY, LL = 0.f;
+        for (int i = 0; i < n_split; i++) MM = fmaxf(MM, wsp[i]);
+        MLs[0] = MM;
+        for (int i = 0; i < n_split; i++) LL += wsp[i] == -INFINITY ? 0.f : exp2f(wsp[i] - MM) * __ldcg(pp + (size_t)i * (HD + 2) + 1);
+        MLs[1] = LL;
+    }
+    __syncthreads();
+    if (threadIdx.x < n_split) wsp[threadIdx.x] = wsp[threadIdx.x] == -INFINITY ? 0.f : exp2f(wsp[threadIdx.x] - MLs[0]);
+    __syncthreads();
+    const float invL = 1.f / MLs[1];
+    for (int d = threadIdx.x; d < HD; d += 128) {
+        float acc = 0.f;
+#pragma unroll 8
+        for (int i = 0; i < n_split; i++) acc += wsp[i] * __ldcg(pp + (size_t)i * (HD + 2) + 2 + d);
+        out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc * invL);
+    }
+    if (threadIdx.x == 0) done[rh] = 0;
+}
+
+/* ==== flash (prefill) on the tensor cores ==== */
+
+__device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned *r, const void *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    unsigned u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+/*
+ * k_flash: block (tile, query head); tile = (sequence, first row m0) from
+ * the tile list. Warp w owns query rows m0+16w .. m0+16w+15 (its Q fragments
+ * stay in registers); lane (g = lane/4, t = lane%4) holds rows g and g+8 of
+ * the m16n8 fragments. Per 64-key tile: S = Q K^T (ldmatrix from K rows),
+ * causal mask on absolute cache positions, online softmax over the quad,
+ * O += P V (P re-packed from the S accumulators as the A operand, V through
+ * ldmatrix.trans). Shared memory rows are padded by 16 bytes (conflict-free
+ * ldmatrix). Keys past the tile's last row are never loaded.
+ */
+template <int D>
+__global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                                               const bf16 *__restrict__ vc, const int *__restrict__ tiles,
+                                               const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
+                                               int P, float sl2) {
+    pdl_wait();
+    constexpr int LD = D + 8;
+    extern __shared__ uint4 smem_u4[];
+    bf16 *smem = (bf16 *)smem_u4;
+    /* stage st: K at smem + st * 2 * FA_BN * LD, V right after it */
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const int s = tiles[3 * tile], m0 = tiles[3 * tile + 1];
+    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
+    const int kh = h / (n_head / nkv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int qr0 = m0 + warp * 16 + g, qr1 = qr0 + 8;
+    const bf16 *q0 = q + ((size_t)(start + min(qr0, n - 1)) * n_head + h) * D;
+    const bf16 *q1 = q + ((size_t)(start + min(qr1, n - 1)) * n_head + h) * D;
+    unsigned qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        qa[ks][0] = *(const unsigned *)(q0 + ks * 16 + 2 * t4);
+        qa[ks][1] = *(const unsigned *)(q1 + ks * 16 + 2 * t4);
+        qa[ks][2] = *(const unsigned *)(q0 + ks * 16 + 8 + 2 * t4);
+        qa[ks][3] = *(const unsigned *)(q1 + ks * 16 + 8 + 2 * t4);
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
+    const int kv_end = n_past + min(m0 + FA_BM, n), n_kb = (kv_end + FA_BN - 1) / FA_BN;
+    const int p0 = n_past + qr0, p1 = n_past + qr1;
+
+    auto load = [&](int kb, int st) {
+        for (int i = threadIdx.x; i < FA_BN * D / 8; i += 128) {
+            const int key = i / (D / 8), dc = (i % (D / 8)) * 8, tk = kb * FA_BN + key;
+            bf16 *dk = smem + st * 2 * FA_BN * LD + key * LD + dc, *dv = dk + FA_BN * LD;
+            if (tk < kv_end) {
+                const size_t off = (((size_t)pages[poff + tk / P] * nkv + kh) * P + tk % P) * D + dc;
+                cp_async16(dk, kc + off);
+                cp_async16(dv, vc + off);
+            } else {
+                *(uint4 *)dk = make_uint4(0, 0, 0, 0);
+                *(uint4 *)dv = make_uint4(0, 0, 0, 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    load(0, 0);
+    for (int kb = 0; kb < n_kb; kb++) {
+        if (kb + 1 < n_kb) {
+            load(kb + 1, (kb + 1) & 1);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        const bf16 *K = smem + (kb & 1) * 2 * FA_BN * LD, *V = K + FA_BN * LD;
+        float sc[FA_BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < FA_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+        const int mat = lane >> 3, r8 = lane & 7;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+            for (int nt2 = 0; nt2 < FA_BN / 16; nt2++) {
+                unsigned b[4];
+                ldsm_x4(b, K + (nt2 * 16 + (mat >> 1) * 8 + r8) * LD + ks * 16 + (mat & 1) * 8);
+                mma16816(sc[2 * nt2], qa[ks], b[0], b[1]);
+                mma16816(sc[2 * nt2 + 1], qa[ks], b[2], b[3]);
+            }
+        /* scale (log2 domain) and causal mask, then the online softmax */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kb * FA_BN + nt * 8 + 2 * t4 + (e & 1);
+                const float v = key <= (e < 2 ? p0 : p1) ? sc[nt][e] * sl2 : -INFINITY;
+                sc[nt][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v);
+                else mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
+        const float a0 = exp2f(mr[0] - mn0), a1 = exp2f(mr[1] - mn1);
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; nt++) {
+            sc[nt][0] = exp2f(sc[nt][0] - mn0), sc[nt][1] = exp2f(sc[nt][1] - mn0);
+            sc[nt][2] = exp2f(sc[nt][2] - mn1), sc[nt][3] = exp2f(sc[nt][3] - mn1);
+            ls0 += sc[nt][0] + sc[nt][1], ls1 += sc[nt][2] + sc[nt][3];
+        }
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+        lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1;
+        mr[0] = mn0, mr[1] = mn1;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) o[dt][0] *= a0, o[dt][1] *= a0, o[dt][2] *= a1, o[dt][3] *= a1;
+#pragma unroll
+        for (int j = 0; j < FA_BN / 16; j++) {
+            unsigned pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]), pack_bf16(sc[2 * j][2], sc[2 * j][3]),
+                              pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]), pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+#pragma unroll
+            for (int dt2 = 0; dt2 < D / 16; dt2++) {
+                unsigned b[4];
+                ldsm_x4_t(b, V + (j * 16 + (mat & 1) * 8 + r8) * LD + dt2 * 16 + (mat >> 1) * 8);
+                mma16816(o[2 * dt2], pa, b[0], b[1]);
+                mma16816(o[2 * dt2 + 1], pa, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* this stage is refilled two tiles on */
+    }
+    const float i0 = 1.f / lr[0], i1 = 1.f / lr[1];
+    bf16 *o0 = out + ((size_t)(start + qr0) * n_head + h) * D, *o1 = out + ((size_t)(start + qr1) * n_head + h) * D;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        if (qr0 < n) *(unsigned *)(o0 + dt * 8 + 2 * t4) = pack_bf16(o[dt][0] * i0, o[dt][1] * i0);
+        if (qr1 < n) *(unsigned *)(o1 + dt * 8 + 2 * t4) = pack_bf16(o[dt][2] * i1, o[dt][3] * i1);
+    }
+}
+
+template <int D>
+static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                         float sl2) {
+    const size_t smem = (size_t)4 * FA_BN * (D + 8) * sizeof(bf16);
+    static bool attr_set = false;
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    dim3 grid((unsigned)c->n_fa_tiles, (unsigned)n_head);
+    cu_launch(c->stream, k_flash<D>, grid, 128, smem, out, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer], c->fa_tiles,
+                                               c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
+    CU_LAUNCHED();
+}
+
+template <int HD>
+static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                        float sl2) {
+    const int rows = c->n_tokens * n_head;
+    /* about ATT_SPLIT_TOKENS keys per split, from the longest sequence; begin()
+     * computed it and a graph is recorded per value, so replays stay valid */
+    const int n_split = c->att_split;
+    (void)rows;
+    float *part = NULL;
+    if (n_split > 1)
+        part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
+    if ((size_t)rows * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernel leaves it zeroed */
+        cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, (size_t)rows * sizeof(int));
+        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
+    }
+    dim3 grid((unsigned)rows, (unsigned)n_split);
+    cu_launch(c->stream, k_att_rows<HD>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
+                                                c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv,
+                                                kv->page_size, sl2, n_split, c->att_cnt);
+    CU_LAUNCHED();
+}
+
+void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const struct kv_cache *kv, int layer,
+                  const struct kiln_batch *b, int n_head, float scale) {
+    CU_OP_ENTER(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    bf16 *out = (bf16 *)out_;
+    const bf16 *q = (const bf16 *)q_;
+    const float sl2 = scale * 1.4426950408889634f;
+    const int hd = kv->head_dim;
+    if (c->max_seq_n > ATT_ROWS_MAX && !getenv("KILN_CUDA_NO_FLASH")) {
+        switch (hd) {
+        case 16: launch_flash<16>(c, out, q, kv, layer, n_head, sl2); return;
+        case 32: launch_flash<32>(c, out, q, kv, layer, n_head, sl2); return;
+        case 64: launch_flash<64>(c, out, q, kv, layer, n_head, sl2); return;
+        case 128: launch_flash<128>(c, out, q, kv, layer, n_head, sl2); return;
+        default: break;
+        }
+    }
+    switch (hd) {
+    case 16: launch_rows<16>(c, out, q, kv, layer, n_head, sl2); return;
+    case 32: launch_rows<32>(c, out, q, kv, layer, n_head, sl2); return;
+    case 64: launch_rows<64>(c, out, q, kv, layer, n_head, sl2); return;
+    case 128: launch_rows<128>(c, out, q, kv, layer, n_head, sl2); return;
+    case 256: launch_rows<256>(c, out, q, kv, layer, n_head, sl2); return;
+    default: fprintf(stderr, "kiln: cuda: head_dim %d is not supported\n", hd); abort();
+    }
+}

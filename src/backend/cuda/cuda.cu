@@ -1,0 +1,475 @@
+/*
+ * cuda.cu: the CUDA backend's op table, memory, weight upload, the per-forward
+ * batch upload (`begin`), and CUDA graphs for decode steps.
+ *
+ * Owns: the stream, the cuBLAS handle, device memory and its accounting,
+ * the device copy of each batch, and the graph cache. Kernels live in the
+ * other files, one op family each (gemm, norm, rope, attention, moe, misc).
+ *
+ * Decisions a reader would question:
+ *  - Weights are uploaded once at load, as bf16 (F16/F32 converted on the
+ *    device). The tied lm_head shares the embedding's upload.
+ *  - Decode steps are replayed from CUDA graphs. A step's ops are recorded
+ *    the second time a batch shape (n_tokens, n_seqs, n_out) is seen (the
+ *    first run is eager, which also sizes every scratch buffer), and replayed
+ *    from then on: `begin` uploads the new tokens/positions/page tables into
+ *    the same device buffer, every op returns at once, and `read` launches
+ *    the graph. Kernels of a graphed step take all batch contents (lengths,
+ *    pages, expert ids) from device memory, never from launch arguments.
+ *    Any `free` drops the graphs, since they hold raw pointers.
+ *    KILN_CUDA_GRAPHS=0 turns them off.
+ *  - Decode matmuls are queued and launched together at the next other op
+ *    (gemm.cu: q/k/v as one launch, gate/up fused with SwiGLU), and every
+ *    kernel uses programmatic dependent launch (cuda.cuh cu_launch): both cut
+ *    the fixed cost of the ~10 small launches per layer.
+ *  - Memory is reported once, after the first forward: weights, KV pool,
+ *    activations, and this backend's own workspace, separately.
+ * Switches for experiments: KILN_CUDA_GRAPHS=0, KILN_CUDA_DEFER=0,
+ * KILN_CUDA_PDL=0, KILN_CUDA_NO_FLASH=1 (prefill attention on the row kernel).
+ */
+#include <string.h>
+
+#include <unordered_map>
+
+#include "backend/cuda/cuda.cuh"
+
+/* decode steps of at most this many tokens may be captured as graphs; the
+ * ops they call must all be device-driven at these sizes (gemm.cu GEMV,
+ * attention.cu row kernel, moe.cu direct path) */
+#define GRAPH_MAX_TOKENS 8
+
+static cudaEvent_t meta_done;
+int cu_pdl = 1;
+/* sizes of the engine's buffers (activations, KV pages), for the accounting */
+static std::unordered_map<void *, size_t> buf_sizes;
+
+/* ==== memory ==== */
+
+static void graphs_drop(struct cuda_ctx *c) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+
+static void *cu_alloc(struct kiln_backend *be, size_t bytes) {
+    struct cuda_ctx *c = cu_ctx(be);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error so later calls work */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        kiln_log(KILN_LOG_ERROR, "cuda: cannot allocate %.2f GiB (%.2f GiB free of %.2f)", bytes / 1073741824.0,
+                 fr / 1073741824.0, tot / 1073741824.0);
+        return NULL;
+    }
+    c->bytes_buffers += bytes;
+    buf_sizes[p] = bytes;
+    return p;
+}
+
+static void cu_free(struct kiln_backend *be, void *p) {
+    cu_flush(cu_ctx(be));
+    struct cuda_ctx *c = cu_ctx(be);
+    if (!p) return;
+    graphs_drop(c);
+    auto it = buf_sizes.find(p);
+    if (it != buf_sizes.end()) c->bytes_buffers -= it->second, buf_sizes.erase(it);
+    CUDA_CHECK(cudaFree(p));
+}
+
+void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return *p;
+    if (c->mode == CU_CAPTURE) {
+        fprintf(stderr, "kiln: cuda: scratch grew during graph capture (a bug)\n");
+        abort();
+    }
+    graphs_drop(c);
+    if (*p) {
+        CUDA_CHECK(cudaFree(*p));
+        c->bytes_ws -= *cap;
+    }
+    bytes = bytes + bytes / 4 + 256;
+    CUDA_CHECK(cudaMalloc(p, bytes));
+    c->bytes_ws += bytes;
+    *cap = bytes;
+    return *p;
+}
+
+static void cu_memzero(struct kiln_backend *be, void *p, size_t bytes) {
+    cu_flush(cu_ctx(be));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cu_ctx(be)->stream));
+}
+
+__global__ void k_bf16_to_f32(float *out, const bf16 *in, size_t n) {
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+__global__ void k_f16_to_bf16(bf16 *out, const __half *in, size_t n) {
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16(__half2float(in[i]));
+}
+
+__global__ void k_f32_to_bf16(bf16 *out, const float *in, size_t n) {
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16(in[i]);
+}
+
+static void log_memory(struct cuda_ctx *c);
+
+/* the end of a forward: launch the captured graph, then copy out as f32 */
+static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t n) {
+    if (cu_ctx(be)->mode != CU_REPLAY) cu_flush(cu_ctx(be));
+    struct cuda_ctx *c = cu_ctx(be);
+    if (c->mode == CU_CAPTURE) {
+        cudaGraph_t g;
+        CUDA_CHECK(cudaStreamEndCapture(c->stream, &g));
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+        CUDA_CHECK(cudaGraphDestroy(g));
+        c->graphs[c->cur_graph].exec = exec;
+        c->mode = CU_REPLAY;
+    }
+    if (c->mode == CU_REPLAY) {
+        CUDA_CHECK(cudaGraphLaunch(c->graphs[c->cur_graph].exec, c->stream));
+        c->mode = CU_EAGER;
+    }
+    if (n) {
+        float *f = (float *)cu_scratch(c, (void **)&c->f32buf, &c->f32buf_cap, n * sizeof(float));
+        cu_launch(c->stream, k_bf16_to_f32, (unsigned)((n + 255) / 256), 256, 0, f, (const bf16 *)src, n);
+        CU_LAUNCHED();
+        CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (!c->logged) log_memory(c);
+}
+
+static void cu_write(struct kiln_backend *be, void *dst, const float *src, size_t n) {
+    cu_flush(cu_ctx(be));
+    struct cuda_ctx *c = cu_ctx(be);
+    uint16_t *h = (uint16_t *)kiln_malloc(n * 2 + 2);
+    for (size_t i = 0; i < n; i++) h[i] = kiln_f32_to_bf16(src[i]);
+    CUDA_CHECK(cudaMemcpyAsync(dst, h, n * 2, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    free(h);
+}
+
+/* ==== weights ==== */
+
+/* n elements of host data in dtype t -> a new bf16 device array */
+static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t, size_t n, char *err, size_t errlen) {
+    bf16 *d = NULL;
+    if (cudaMalloc(&d, n * 2 + 16) != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        kiln_errf(err, errlen, "cuda: out of device memory uploading %.1f MiB of weights (%.2f GiB uploaded, %.2f GiB free of %.2f)",
+                  n * 2 / 1048576.0, c->bytes_weights / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+        return NULL;
+    }
+    c->bytes_weights += n * 2;
+    if (t == KILN_DTYPE_BF16) {
+        CUDA_CHECK(cudaMemcpy(d, src, n * 2, cudaMemcpyHostToDevice));
+        return d;
+    }
+    size_t es = t == KILN_DTYPE_F32 ? 4 : 2;
+    void *tmp;
+    CUDA_CHECK(cudaMalloc(&tmp, n * es));
+    CUDA_CHECK(cudaMemcpy(tmp, src, n * es, cudaMemcpyHostToDevice));
+    unsigned g = (unsigned)((n + 255) / 256);
+    if (t == KILN_DTYPE_F32) cu_launch(c->stream, k_f32_to_bf16, g, 256, 0, d, (const float *)tmp, n);
+    else cu_launch(c->stream, k_f16_to_bf16, g, 256, 0, d, (const __half *)tmp, n);
+    CU_LAUNCHED();
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaFree(tmp));
+    return d;
+}
+
+static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t, size_t n) {
+    float *h = (float *)kiln_malloc(n * 4 + 4), *d;
+    for (size_t i = 0; i < n; i++)
+        h[i] = t == KILN_DTYPE_F32 ? ((const float *)src)[i]
+             : t == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(((const uint16_t *)src)[i])
+                                    : kiln_f16_to_f32(((const uint16_t *)src)[i]);
+    CUDA_CHECK(cudaMalloc(&d, n * 4 + 4));
+    CUDA_CHECK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+    c->bytes_weights += n * 4;
+    free(h);
+    return d;
+}
+
+static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
+
+/* vectors (norms) -> f32; matrices (the embedding) -> bf16 */
+static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (!dense_dtype(t->dtype)) return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
+    size_t n = (size_t)(t->rows * t->cols);
+    if (t->rows == 1) {
+        t->be = upload_f32(c, t->data, t->dtype, n);
+        return 0;
+    }
+    bf16 *d = upload_bf16(c, t->data, t->dtype, n, err, errlen);
+    if (!d) return -1;
+    t->be = d;
+    if (!c->embed_host) c->embed_host = t->data, c->embed_dev = d;
+    return 0;
+}
+
+static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (w->fmt != KILN_WFMT_DENSE || !dense_dtype(w->w.dtype))
+        return kiln_errf(err, errlen, "cuda: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
+    struct cu_linear *L = (struct cu_linear *)kiln_calloc(1, sizeof *L);
+    if (c->embed_host && w->w.data == c->embed_host) {
+        L->w = c->embed_dev;
+        L->shared = 1;
+    } else if (!(L->w = upload_bf16(c, w->w.data, w->w.dtype, (size_t)w->n_out * w->n_in, err, errlen))) {
+        free(L);
+        return -1;
+    }
+    if (w->bias.data) L->bias = upload_f32(c, w->bias.data, w->bias.dtype, (size_t)w->n_out);
+    w->be = L;
+    return 0;
+}
+
+static int cu_prepare_rope(struct kiln_backend *be, struct rope *r, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    r->be = upload_f32(cu_ctx(be), r->inv_freq, KILN_DTYPE_F32, (size_t)r->n_freq);
+    return 0;
+}
+
+static void cu_release_tensor(struct kiln_backend *be, struct ktensor *t) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (!t->be) return;
+    if (t->be == c->embed_dev) c->embed_host = NULL, c->embed_dev = NULL;
+    graphs_drop(c);
+    cudaFree(t->be);
+    t->be = NULL;
+}
+
+static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
+    cu_flush(cu_ctx(be));
+    struct cu_linear *L = (struct cu_linear *)w->be;
+    if (!L) return;
+    graphs_drop(cu_ctx(be));
+    if (!L->shared) cudaFree(L->w);
+    if (L->bias) cudaFree(L->bias);
+    free(L);
+    w->be = NULL;
+}
+
+static void cu_release_rope(struct kiln_backend *be, struct rope *r) {
+    (void)be;
+    if (r->be) cudaFree(r->be);
+    r->be = NULL;
+}
+
+/* ==== the batch ==== */
+
+static int tile_cmp(const void *a, const void *b) {
+    const int *x = (const int *)a, *y = (const int *)b;
+    return y[2] - x[2]; /* heaviest (longest causal span) first */
+}
+
+static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
+    cu_flush(cu_ctx(be));
+    struct cuda_ctx *c = cu_ctx(be);
+    if (c->mode == CU_CAPTURE) { /* a forward that never reached read(): drop its capture */
+        cudaGraph_t g;
+        cudaStreamEndCapture(c->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        c->graphs[c->cur_graph].seen = 0;
+    }
+    c->mode = CU_EAGER;
+    const int n = b->n_tokens, S = b->n_seqs, no = b->n_out;
+    size_t tot_pages = 0;
+    int max_n = 0, max_len = 0, n_tiles = 0;
+    for (int s = 0; s < S; s++) {
+        tot_pages += (size_t)b->seqs[s].n_pages;
+        if (b->seqs[s].n > max_n) max_n = b->seqs[s].n;
+        if (b->seqs[s].n_past + b->seqs[s].n > max_len) max_len = b->seqs[s].n_past + b->seqs[s].n;
+        n_tiles += (b->seqs[s].n + 63) / 64;
+    }
+    c->n_tokens = n, c->n_seqs = S, c->n_out = no, c->max_seq_n = max_n, c->max_len = max_len;
+    /* splits of ~ATT_SPLIT_TOKENS keys, rounded up to a power of two (at
+     * most 64) so that only a handful of decode graphs are ever recorded */
+    c->att_split = 1;
+    while (c->att_split < 64 && c->att_split * ATT_SPLIT_TOKENS < max_len) c->att_split *= 2;
+    c->out_rows_host = b->out_rows;
+    c->seqs_host = b->seqs;
+    size_t need = (size_t)4 * n + 4 * S + no + tot_pages + 3 * (size_t)n_tiles;
+    CUDA_CHECK(cudaEventSynchronize(meta_done)); /* the last upload has left meta_host */
+    if (need > c->meta_cap) {
+        graphs_drop(c);
+        if (c->meta) cudaFree(c->meta), cudaFreeHost(c->meta_host), c->bytes_ws -= c->meta_cap * 4;
+        c->meta_cap = need * 2 + 1024;
+        CUDA_CHECK(cudaMalloc(&c->meta, c->meta_cap * 4));
+        CUDA_CHECK(cudaMallocHost(&c->meta_host, c->meta_cap * 4));
+        c->bytes_ws += c->meta_cap * 4;
+    }
+    int *h = c->meta_host, *p = h;
+    memcpy(p, b->tokens, 4 * (size_t)n), p += n;
+    memcpy(p, b->pos, 4 * (size_t)n), p += n;
+    int *row_seq = p, *row_t = p + n;
+    p += 2 * n;
+    int *seq = p;
+    p += 4 * S;
+    memcpy(p, b->out_rows, 4 * (size_t)no), p += no;
+    int *pages = p, off = 0;
+    for (int s = 0; s < S; s++) {
+        const struct kiln_seq_view *v = &b->seqs[s];
+        seq[4 * s] = v->start, seq[4 * s + 1] = v->n, seq[4 * s + 2] = v->n_past, seq[4 * s + 3] = off;
+        for (int i = 0; i < v->n; i++) row_seq[v->start + i] = s, row_t[v->start + i] = v->n_past + i;
+        memcpy(pages + off, v->pages, 4 * (size_t)v->n_pages);
+        off += v->n_pages;
+    }
+    p += off;
+    /* prefill attention tiles: (seq, first row, weight), heaviest first */
+    int *tiles = p;
+    for (int s = 0, t = 0; s < S; s++)
+        for (int m0 = 0; m0 < b->seqs[s].n; m0 += 64, t++)
+            tiles[3 * t] = s, tiles[3 * t + 1] = m0, tiles[3 * t + 2] = b->seqs[s].n_past + m0;
+    if (n_tiles > 1) qsort(tiles, (size_t)n_tiles, 3 * sizeof(int), tile_cmp);
+    p += 3 * n_tiles;
+    int *d = c->meta;
+    c->d_tokens = d, c->d_pos = d + n, c->d_row_seq = d + 2 * n, c->d_row_t = d + 3 * n, c->d_seq = d + 4 * n;
+    c->d_out_rows = d + 4 * n + 4 * S, c->d_pages = d + 4 * n + 4 * S + no;
+    c->fa_tiles = d + (pages - h) + off, c->n_fa_tiles = n_tiles;
+    CUDA_CHECK(cudaMemcpyAsync(d, h, (size_t)(p - h) * 4, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
+
+    /* graphs: replay a known decode shape, record it the second time */
+    if (c->no_graphs || n > GRAPH_MAX_TOKENS || max_n > 1 || no == 0) return 0;
+    int gi = -1;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].n_tokens == n && c->graphs[i].n_seqs == S && c->graphs[i].n_out == no &&
+            c->graphs[i].att_split == c->att_split)
+            gi = i;
+    if (gi < 0) {
+        c->graphs = (struct cu_graph *)kiln_realloc(c->graphs, sizeof *c->graphs * (size_t)(c->n_graphs + 1));
+        gi = c->n_graphs++;
+        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, 0, NULL, NULL};
+    }
+    struct cu_graph *g = &c->graphs[gi];
+    c->cur_graph = gi;
+    if (g->exec) {
+        c->mode = CU_REPLAY;
+    } else if (g->seen++ >= 1) {
+        CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+        c->mode = CU_CAPTURE;
+    }
+    return 0;
+}
+
+static void log_memory(struct cuda_ctx *c) {
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    const double G = 1073741824.0;
+    kiln_log(KILN_LOG_INFO,
+             "cuda memory: weights %.2f GiB, KV pool %.2f GiB, activations %.2f GiB, backend workspace %.2f GiB; "
+             "device %.2f GiB used of %.2f",
+             c->bytes_weights / G, c->bytes_kv / G, (c->bytes_buffers - c->bytes_kv) / G, c->bytes_ws / G, (tot - fr) / G,
+             tot / G);
+    c->logged = 1;
+}
+
+/* ==== the table ==== */
+
+static void cu_destroy(struct kiln_backend *be) {
+    cu_flush(cu_ctx(be));
+    struct cuda_ctx *c = cu_ctx(be);
+    cudaStreamSynchronize(c->stream);
+    graphs_drop(c);
+    free(c->graphs);
+    for (int i = 0; i < c->n_moe_tabs; i++) cudaFree((void *)c->moe_tabs[i].gate);
+    free(c->moe_tabs);
+    void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->moe_buf, c->blas_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    if (c->meta_host) cudaFreeHost(c->meta_host);
+    if (c->moe_host) cudaFreeHost(c->moe_host);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(be);
+}
+
+extern "C" int cuda_available(void);
+extern "C" int cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n > 0;
+}
+
+extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen);
+extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        kiln_errf(err, errlen, "backend 'cuda': no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        return NULL;
+    }
+    CUDA_CHECK(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    struct kiln_backend *be = (struct kiln_backend *)kiln_calloc(1, sizeof *be);
+    struct cuda_ctx *c = (struct cuda_ctx *)kiln_calloc(1, sizeof *c);
+    c->n_sm = prop.multiProcessorCount;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    if (!meta_done) CUDA_CHECK(cudaEventCreateWithFlags(&meta_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
+    CUBLAS_CHECK(cublasCreate(&c->blas));
+    CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    const size_t blas_ws = 32u << 20;
+    CUDA_CHECK(cudaMalloc(&c->blas_ws, blas_ws));
+    c->bytes_ws += blas_ws;
+    CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
+    const char *g = getenv("KILN_CUDA_GRAPHS");
+    c->no_graphs = g && !strcmp(g, "0");
+    const char *df = getenv("KILN_CUDA_DEFER");
+    c->no_defer = df && !strcmp(df, "0");
+    const char *pdl = getenv("KILN_CUDA_PDL");
+    cu_pdl = !(pdl && !strcmp(pdl, "0")) && prop.major >= 9;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    kiln_log(KILN_LOG_INFO, "cuda: %s, sm_%d%d, %d SMs, %.1f GiB free of %.1f%s", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, fr / 1073741824.0, tot / 1073741824.0, c->no_graphs ? ", graphs off" : "");
+
+    be->name = "cuda";
+    be->act_size = 2;
+    be->ctx = c;
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->memzero = cu_memzero;
+    be->read = cu_read;
+    be->write = cu_write;
+    be->prepare_tensor = cu_prepare_tensor;
+    be->prepare_linear = cu_prepare_linear;
+    be->prepare_rope = cu_prepare_rope;
+    be->release_tensor = cu_release_tensor;
+    be->release_linear = cu_release_linear;
+    be->release_rope = cu_release_rope;
+    be->begin = cu_begin;
+    be->embed = cu_embed;
+    be->rmsnorm = cu_rmsnorm;
+    be->add_rmsnorm = cu_add_rmsnorm;
+    be->matmul = cu_matmul;
+    be->qk_norm_rope = cu_qk_norm_rope;
+    be->kv_write = cu_kv_write;
+    be->attention = cu_attention;
+    be->swiglu = cu_swiglu;
+    be->add = cu_add;
+    be->moe = cu_moe;
+    be->gather_rows = cu_gather_rows;
+    be->destroy = cu_destroy;
+    return be;
+}

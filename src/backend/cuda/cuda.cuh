@@ -1,0 +1,216 @@
+/*
+ * cuda.cuh: internals shared by the CUDA backend's files (not a public API).
+ *
+ * The CUDA backend keeps activations and KV pages in bf16 and accumulates in
+ * f32; norm weights, biases and rope frequencies are f32 on the device;
+ * linear weights are bf16 (F16/F32 checkpoints are converted once at upload).
+ * Everything runs in order on one stream owned by the backend.
+ *
+ * The batch (struct kiln_batch) is copied to the device once per forward by
+ * `begin`, into one buffer laid out as below, so that kernels find tokens,
+ * positions, the row -> (sequence, cache slot) map and the page tables
+ * without further copies. The offsets depend only on the batch's shape
+ * (n_tokens, n_seqs, n_out), which is what lets a captured CUDA graph be
+ * replayed for a later decode step of the same shape with new contents:
+ *
+ *   meta: | tokens[n] | pos[n] | row_seq[n] | row_t[n] | seq[4*S] | out_rows[n_out] | pages[...] |
+ *         seq[4*s+0..3] = start, n, n_past, offset of its page table in pages
+ *         row_t[i] = the cache slot (n_past + i) that row i writes and attends up to
+ */
+#ifndef KILN_CUDA_CUH
+#define KILN_CUDA_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "base/base.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* A fatal platform failure: print the call, where, the error, and abort. */
+#define CUDA_CHECK(x)                                                                                              \
+    do {                                                                                                           \
+        cudaError_t e_ = (x);                                                                                      \
+        if (e_ != cudaSuccess) {                                                                                   \
+            fprintf(stderr, "kiln: CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(e_), cudaGetErrorString(e_), \
+                    __FILE__, __LINE__, #x);                                                                       \
+            abort();                                                                                               \
+        }                                                                                                          \
+    } while (0)
+
+#define CUBLAS_CHECK(x)                                                                                  \
+    do {                                                                                                 \
+        cublasStatus_t s_ = (x);                                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+            fprintf(stderr, "kiln: cuBLAS error %d at %s:%d: %s\n", (int)s_, __FILE__, __LINE__, #x);    \
+            abort();                                                                                     \
+        }                                                                                                \
+    } while (0)
+
+/* A linear layer's prepared form (qlinear.be). */
+struct cu_linear {
+    bf16 *w;      /* (n_out, n_in) */
+    float *bias;  /* (n_out) or NULL */
+    int shared;   /* w belongs to another tensor (the tied embedding) */
+};
+
+/* Per-MoE-layer device tables of expert weight pointers, built on first use. */
+struct cu_moe_tab {
+    const void *key; /* the moe_ffn's host `gate` array */
+    const bf16 **gate, **up, **down; /* device arrays [n_expert] */
+};
+
+/* One captured decode step. */
+#define ATT_SPLIT_TOKENS 16
+
+struct cu_graph {
+    int n_tokens, n_seqs, n_out, att_split, seen;
+    const void *kv; /* the k[] array of the cache it attends to */
+    cudaGraphExec_t exec;
+};
+
+enum { CU_EAGER = 0, CU_CAPTURE, CU_REPLAY };
+
+struct cuda_ctx {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int n_sm;
+
+    /* the batch on the device (layout above) and its host staging copy */
+    int *meta, *meta_host;
+    size_t meta_cap; /* ints */
+    int *d_tokens, *d_pos, *d_row_seq, *d_row_t, *d_seq, *d_out_rows, *d_pages;
+    /* host copies of the batch's shape, for launch decisions */
+    int n_tokens, n_seqs, n_out, max_seq_n, max_len;
+    int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
+    const int32_t *out_rows_host;
+    const struct kiln_seq_view *seqs_host;
+    int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention tiles */
+
+    /* scratch: grown on demand, counted as workspace */
+    float *att_part;  size_t att_part_cap;  /* split-K partials */
+    int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row, head), kept zero between launches */
+    float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
+    void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
+    int *moe_host;    size_t moe_host_cap;  /* pinned: routing ids for the prefill grouping */
+
+    struct cu_moe_tab *moe_tabs;
+    int n_moe_tabs;
+
+    /* CUDA graphs for decode steps */
+    struct cu_graph *graphs;
+    int n_graphs, mode, cur_graph;
+    int no_graphs;
+
+    /* decode matmuls queued until the next non-matmul op (gemm.cu) */
+    struct {
+        void *out;
+        const struct cu_linear *L;
+        int n_out;
+    } pend[3];
+    const bf16 *pend_x;
+    int n_pend, pend_n, pend_n_in, no_defer;
+
+    /* memory accounting (bytes) */
+    size_t bytes_weights, bytes_buffers, bytes_ws, bytes_kv; /* kv: set at the first kv_write */
+    int logged;
+    /* the tied embedding, so lm_head shares its upload */
+    const void *embed_host;
+    bf16 *embed_dev;
+};
+
+static inline struct cuda_ctx *cu_ctx(struct kiln_backend *be) { return (struct cuda_ctx *)be->ctx; }
+
+/* grows a device scratch buffer (old contents dropped); counts workspace */
+void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
+
+/* ops, one family per file */
+void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+/* out (f32) [n][n_out] = x W^T: the MoE router */
+void cu_matmul_f32(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
+/* out [n][n_out] = x W^T without bias, bf16 out (grouped expert GEMMs) */
+void cu_gemm_bf16(struct cuda_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
+void cu_rmsnorm(struct kiln_backend *be, void *out, const void *x, const struct ktensor *w, int n, int dim, float eps);
+void cu_add_rmsnorm(struct kiln_backend *be, void *x, void *out, const void *y, const struct ktensor *w, int n, int dim,
+                    float eps);
+void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct ktensor *qn, const struct ktensor *kn,
+                     const struct rope *rope, const struct kiln_batch *b, int n_head, int n_head_kv, int head_dim,
+                     float eps);
+void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k, const void *v,
+                 const struct kiln_batch *b);
+void cu_attention(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
+                  const struct kiln_batch *b, int n_head, float scale);
+void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
+void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);
+void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn);
+void cu_add(struct kiln_backend *be, void *x, const void *y, size_t n);
+void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int32_t *rows, int n_rows, int dim);
+/* swiglu on raw device pointers (MoE) */
+void cu_swiglu_raw(struct cuda_ctx *c, bf16 *out, const bf16 *g, const bf16 *u, size_t n);
+/* the MoE decode path's fused kernels live in gemm.cu beside the GEMV */
+void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *gate,
+                    const bf16 *const *up, int n, int K, int ffn, int dim);
+void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const float *wsel, const bf16 *const *down,
+                 int n, int K, int ffn, int dim);
+
+/*
+ * Launches go through cu_launch, which marks them for programmatic dependent
+ * launch (PDL, sm_90): a kernel's blocks may be scheduled while the previous
+ * kernel drains, and wait in pdl_wait() until its results are visible. That
+ * hides most of the launch gap between the ~10 small kernels of a decode
+ * layer. Every kernel starts with pdl_wait() before reading anything.
+ * KILN_CUDA_PDL=0 turns it off.
+ */
+extern int cu_pdl;
+
+__device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = cu_pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "kiln: CUDA launch failed: %s (%s)\n", cudaGetErrorName(e), cudaGetErrorString(e));
+        abort();
+    }
+}
+
+/* checks the last launch (cheap; launch errors are bugs or a broken device) */
+#define CU_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+/* launches the queued decode matmuls (gemm.cu); every op but matmul calls it first */
+void cu_flush(struct cuda_ctx *c);
+/* the queued gate and up matmuls fused with out = silu(gate) * up; 0 if they do not match */
+int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn);
+
+/* skip the op when a captured graph will replay it */
+#define CU_SKIP_IF_REPLAY(be)                          \
+    do {                                               \
+        if (cu_ctx(be)->mode == CU_REPLAY) return;     \
+    } while (0)
+
+/* the start of every op but matmul: skip under replay, else flush the queue */
+#define CU_OP_ENTER(be)                                \
+    do {                                               \
+        if (cu_ctx(be)->mode == CU_REPLAY) return;     \
+        cu_flush(cu_ctx(be));                          \
+    } while (0)
+
+#endif

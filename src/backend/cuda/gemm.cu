@@ -1,0 +1,378 @@
+/*
+ * gemm.cu: y = x W^T + b with bf16 weights and activations, f32 accumulation.
+ *
+ * Two paths, picked by the number of activation rows n:
+ *  - n <= 8 (decode): our own GEMV. A step at batch 1 reads every weight
+ *    once and does two flops per byte, so it runs at memory bandwidth or
+ *    not at all: each lane streams 16-byte weight loads (4 in flight, cache
+ *    hint L1::no_allocate so the small x stays in L1), one warp per output row,
+ *    split-K across up to 8 warps of a block when the rows are too few to
+ *    fill the GPU (k_proj, v_proj, small models).
+ *  - n > 8 (prefill): cuBLAS GemmEx, bf16 in, f32 compute, bf16 (or f32) out;
+ *    bias added by a small kernel.
+ * The MoE decode path's fused expert GEMVs are here too, since they are the
+ * same loop reading expert pointers from a device table.
+ */
+#include "backend/cuda/cuda.cuh"
+
+#define GEMV_MAX_ROWS 8
+
+/* ==== the streaming inner loop ==== */
+
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float2 bf2(unsigned u) {
+    __nv_bfloat162 h;
+    memcpy(&h, &u, 4);
+    return __bfloat1622float2(h);
+}
+
+/* acc += dot of 8 bf16 weights with 8 bf16 activations */
+__device__ __forceinline__ float dot8(float acc, uint4 w, uint4 x) {
+    float2 a = bf2(w.x), b = bf2(x.x);
+    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    a = bf2(w.y), b = bf2(x.y);
+    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    a = bf2(w.z), b = bf2(x.z);
+    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    a = bf2(w.w), b = bf2(x.w);
+    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
+    return acc;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ T to_out(float v);
+template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 to_out<bf16>(float v) { return __float2bfloat16(v); }
+
+/* A lane's share of NB dot products between one weight row w and NB
+ * activation rows (x, row stride nch 16-byte chunks) over chunks
+ * [c, c1) with stride 32. */
+template <int NB>
+__device__ __forceinline__ void row_dots(float *acc, const uint4 *__restrict__ w, const uint4 *__restrict__ x, int nch,
+                                         int c, int c1) {
+    for (; c + 96 < c1; c += 128) {
+        uint4 wv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) wv[u] = ld_stream(w + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv[u], __ldg(x + (size_t)j * nch + c + 32 * u));
+    }
+#pragma unroll 3
+    for (; c < c1; c += 32) {
+        uint4 wv = ld_stream(w + c);
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv, __ldg(x + (size_t)j * nch + c));
+    }
+}
+
+/*
+ * k_gemv: for each job, out[j][row] = x[j] . W[row] + bias[row], j < NB.
+ * Up to 3 jobs that share x (q, k and v; or gate and up) run in one launch:
+ * the grid's blocks are dealt to the jobs in order (blk0 = a job's first
+ * block). GLU: one job with two weights (gate, up) whose rows are streamed
+ * together, writing out = silu(g) * u and out2 = u (both rounded as the
+ * separate ops would round them).
+ * Decomposition: a block of 8 warps owns 8/ks rows of one job; the ks warps
+ * of a row split its n_in/8 chunks into ks contiguous ranges; within a range
+ * lane l takes chunks l, l+32, ...; partial sums meet in shared memory.
+ * Needs n_in % 8 == 0 and 16-byte aligned rows.
+ */
+struct gemv_job {
+    const bf16 *w, *w2;
+    const float *bias, *bias2;
+    void *out, *out2;
+    int n_out, blk0;
+};
+struct gemv_jobs {
+    struct gemv_job j[3];
+    int nj;
+};
+
+template <int NB, typename OutT, bool GLU>
+__global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int ks) {
+    pdl_wait();
+    const int ji = (J.nj > 2 && (int)blockIdx.x >= J.j[2].blk0) ? 2 : (J.nj > 1 && (int)blockIdx.x >= J.j[1].blk0) ? 1 : 0;
+    const struct gemv_job jb = ji == 0 ? J.j[0] : ji == 1 ? J.j[1] : J.j[2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = ((int)blockIdx.x - jb.blk0) * (8 / ks) + warp / ks, part = warp % ks;
+    const int nch = n_in >> 3, per = (nch + ks - 1) / ks;
+    const int c0 = part * per, c1 = min(nch, c0 + per);
+    float acc[NB], acc2[NB];
+#pragma unroll
+    for (int j = 0; j < NB; j++) acc[j] = acc2[j] = 0.f;
+    if (row < jb.n_out) {
+        row_dots<NB>(acc, (const uint4 *)(jb.w + (size_t)row * n_in), (const uint4 *)x, nch, c0 + lane, c1);
+        if (GLU) row_dots<NB>(acc2, (const uint4 *)(jb.w2 + (size_t)row * n_in), (const uint4 *)x, nch, c0 + lane, c1);
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        acc[j] = warp_sum(acc[j]);
+        if (GLU) acc2[j] = warp_sum(acc2[j]);
+    }
+    __shared__ float red[8][2 * NB];
+    if (ks > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < NB; j++) red[warp][j] = acc[j], red[warp][NB + j] = acc2[j];
+        __syncthreads();
+        if (part == 0 && lane == 0)
+            for (int p = 1; p < ks; p++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) acc[j] += red[warp + p][j], acc2[j] += red[warp + p][NB + j];
+    }
+    if (part == 0 && lane == 0 && row < jb.n_out) {
+        const float b = jb.bias ? jb.bias[row] : 0.f;
+        if (!GLU) {
+#pragma unroll
+            for (int j = 0; j < NB; j++) ((OutT *)jb.out)[(size_t)j * jb.n_out + row] = to_out<OutT>(acc[j] + b);
+        } else {
+            const float b2 = jb.bias2 ? jb.bias2[row] : 0.f;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float g = __bfloat162float(__float2bfloat16(acc[j] + b));
+                const bf16 u = __float2bfloat16(acc2[j] + b2);
+                ((bf16 *)jb.out)[(size_t)j * jb.n_out + row] = __float2bfloat16(g / (1.f + __expf(-g)) * __bfloat162float(u));
+                ((bf16 *)jb.out2)[(size_t)j * jb.n_out + row] = u;
+            }
+        }
+    }
+}
+
+/* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
+ * n rows of x. Used only for odd shapes. */
+template <typename OutT>
+__global__ void k_gemv_any(OutT *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
+                           const float *__restrict__ bias, int n, int n_out, int n_in) {
+    pdl_wait();
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= n_out) return;
+    const bf16 *w = W + (size_t)row * n_in;
+    for (int j = 0; j < n; j++) {
+        float s = 0.f;
+        for (int i = lane; i < n_in; i += 32) s += __bfloat162float(w[i]) * __bfloat162float(x[(size_t)j * n_in + i]);
+        s = warp_sum(s);
+        if (lane == 0) out[(size_t)j * n_out + row] = to_out<OutT>(s + (bias ? bias[row] : 0.f));
+    }
+}
+
+static int gemv_ok(const bf16 *x, const bf16 *w, int n_in) { return n_in % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15); }
+
+/* launches jobs J (blk0 filled here) over n rows of x */
+template <typename OutT, bool GLU>
+static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in) {
+    /* enough warps in flight to cover the memory latency: about 48 per SM */
+    long rows = 0;
+    for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
+    int nch = n_in / 8, ks = 1;
+    while (ks < 8 && rows * ks < (long)c->n_sm * 48) ks *= 2;
+    while (ks > 1 && nch / ks < 128) ks /= 2; /* >= 4 chunks per lane: one full batch of loads in flight */
+    int blk = 0, rpb = 8 / ks;
+    for (int i = 0; i < J->nj; i++) J->j[i].blk0 = blk, blk += (J->j[i].n_out + rpb - 1) / rpb;
+#define GEMV_CASE(NB) \
+    case NB: cu_launch(c->stream, k_gemv<NB, OutT, GLU>, blk, 256, 0, *J, x, n_in, ks); break;
+    switch (n) {
+        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+    }
+#undef GEMV_CASE
+    CU_LAUNCHED();
+}
+
+template <typename OutT>
+static void gemv(struct cuda_ctx *c, OutT *out, const bf16 *x, const bf16 *w, const float *bias, int n, int n_out, int n_in) {
+    if (!gemv_ok(x, w, n_in)) {
+        cu_launch(c->stream, k_gemv_any<OutT>, (n_out + 7) / 8, 256, 0, out, x, w, bias, n, n_out, n_in);
+        CU_LAUNCHED();
+        return;
+    }
+    struct gemv_jobs J = {};
+    J.nj = 1;
+    J.j[0].w = w, J.j[0].bias = bias, J.j[0].out = out, J.j[0].n_out = n_out;
+    gemv_jobs_launch<OutT, false>(c, &J, x, n, n_in);
+}
+
+/* ==== deferred decode matmuls: q/k/v in one launch, gate/up fused with SwiGLU ==== */
+
+/* Launches the queued matmuls (all read the same x) as one multi-job GEMV.
+ * Every op other than matmul calls this first, so the queue is invisible. */
+void cu_flush(struct cuda_ctx *c) {
+    if (!c->n_pend) return;
+    struct gemv_jobs J = {};
+    J.nj = c->n_pend;
+    for (int i = 0; i < c->n_pend; i++) {
+        J.j[i].w = c->pend[i].L->w, J.j[i].bias = c->pend[i].L->bias, J.j[i].out = c->pend[i].out;
+        J.j[i].n_out = c->pend[i].n_out;
+    }
+    c->n_pend = 0;
+    gemv_jobs_launch<bf16, false>(c, &J, c->pend_x, c->pend_n, c->pend_n_in);
+}
+
+/* out = silu(gate) * up when gate and up are the two queued matmuls: one
+ * kernel streams both weights; returns 0 if the queue does not match */
+int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn) {
+    if (c->n_pend != 2 || c->pend[0].out != gate || c->pend[1].out != up || out != gate || c->pend_n != n ||
+        c->pend[0].n_out != ffn || c->pend[1].n_out != ffn)
+        return 0;
+    struct gemv_jobs J = {};
+    J.nj = 1;
+    J.j[0].w = c->pend[0].L->w, J.j[0].w2 = c->pend[1].L->w, J.j[0].bias = c->pend[0].L->bias, J.j[0].bias2 = c->pend[1].L->bias;
+    J.j[0].out = out, J.j[0].out2 = (void *)up, J.j[0].n_out = ffn;
+    c->n_pend = 0;
+    gemv_jobs_launch<bf16, true>(c, &J, c->pend_x, n, c->pend_n_in);
+    return 1;
+}
+
+/* ==== prefill: cuBLAS ==== */
+
+/* out[n][n_out] (bf16 or f32) = x[n][n_in] W^T; column-major view: out^T = W x^T */
+static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &one, w, CUDA_R_16BF, n_in, x, CUDA_R_16BF,
+                              n_in, &zero, out, ot, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* k_bias: out[i][r] += bias[r]; one thread per element */
+__global__ void k_bias(bf16 *out, const float *bias, int n_out, size_t total) {
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = __float2bfloat16(__bfloat162float(out[i]) + bias[i % n_out]);
+}
+
+void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
+    CU_SKIP_IF_REPLAY(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    const struct cu_linear *L = (const struct cu_linear *)w->be;
+    if (n <= GEMV_MAX_ROWS && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
+        /* queue it: matmuls that read the same x run as one launch */
+        int ok = c->n_pend < 3 && out != x;
+        if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in)) ok = 0;
+        for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
+        if (!ok) cu_flush(c);
+        c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = w->n_in;
+        c->pend[c->n_pend].out = out, c->pend[c->n_pend].L = L, c->pend[c->n_pend].n_out = w->n_out;
+        c->n_pend++;
+        return;
+    }
+    cu_flush(c);
+    if (n <= GEMV_MAX_ROWS) {
+        gemv<bf16>(c, (bf16 *)out, (const bf16 *)x, L->w, L->bias, n, w->n_out, w->n_in);
+        return;
+    }
+    blas_gemm(c, out, CUDA_R_16BF, (const bf16 *)x, L->w, n, w->n_out, w->n_in);
+    if (L->bias) {
+        size_t total = (size_t)n * w->n_out;
+        cu_launch(c->stream, k_bias, (unsigned)((total + 255) / 256), 256, 0, (bf16 *)out, L->bias, w->n_out, total);
+        CU_LAUNCHED();
+    }
+}
+
+void cu_matmul_f32(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
+    if (n <= GEMV_MAX_ROWS) gemv<float>(c, out, x, w, NULL, n, n_out, n_in);
+    else blas_gemm(c, out, CUDA_R_32F, x, w, n, n_out, n_in);
+}
+
+void cu_gemm_bf16(struct cuda_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
+    if (n <= GEMV_MAX_ROWS) gemv<bf16>(c, out, x, w, NULL, n, n_out, n_in);
+    else blas_gemm(c, out, CUDA_R_16BF, x, w, n, n_out, n_in);
+}
+
+/* ==== MoE decode: experts read straight from the routing result ==== */
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+/*
+ * k_moe_gate_up: h[p][r] = silu(gate_e[r] . x_i) * (up_e[r] . x_i) for each
+ * routed pair p = i*K + k with e = sel[p].
+ * Decomposition: grid.y = pair, a block of 8 warps owns 8 rows of that
+ * expert's gate and up, one warp per row (both matrices streamed together).
+ */
+__global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const bf16 *__restrict__ x, const int *__restrict__ sel,
+                                                     const bf16 *const *__restrict__ gate, const bf16 *const *__restrict__ up,
+                                                     int K, int ffn, int dim) {
+    pdl_wait();
+    const int p = blockIdx.y, i = p / K, e = sel[p];
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= ffn) return;
+    const int nch = dim >> 3;
+    const uint4 *xv = (const uint4 *)(x + (size_t)i * dim);
+    const uint4 *g = (const uint4 *)(gate[e] + (size_t)r * dim), *u = (const uint4 *)(up[e] + (size_t)r * dim);
+    float ag = 0.f, au = 0.f;
+    int c = lane;
+    for (; c + 32 < nch; c += 64) {
+        uint4 g0 = ld_stream(g + c), g1 = ld_stream(g + c + 32), u0 = ld_stream(u + c), u1 = ld_stream(u + c + 32);
+        uint4 x0 = __ldg(xv + c), x1 = __ldg(xv + c + 32);
+        ag = dot8(ag, g0, x0), ag = dot8(ag, g1, x1), au = dot8(au, u0, x0), au = dot8(au, u1, x1);
+    }
+    for (; c < nch; c += 32) {
+        uint4 x0 = __ldg(xv + c);
+        ag = dot8(ag, ld_stream(g + c), x0), au = dot8(au, ld_stream(u + c), x0);
+    }
+    ag = warp_sum(ag), au = warp_sum(au);
+    if (lane == 0) h[(size_t)p * ffn + r] = __float2bfloat16(silu(ag) * au);
+}
+
+/*
+ * k_moe_down: out[i][r] = sum_k wsel[i][k] * (down_e[r] . h[i*K+k]).
+ * Decomposition: grid.y = token, a block owns 4 output rows; warp w takes
+ * routed slots k = w, w+8, ... and all 4 rows (4 weight rows in flight);
+ * the weighted partials meet in shared memory, summed in slot order.
+ */
+#define MOE_DOWN_ROWS 4
+__global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const bf16 *__restrict__ h, const int *__restrict__ sel,
+                                                  const float *__restrict__ wsel, const bf16 *const *__restrict__ down, int K,
+                                                  int ffn, int dim) {
+    pdl_wait();
+    const int i = blockIdx.y, r0 = blockIdx.x * MOE_DOWN_ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nch = ffn >> 3;
+    __shared__ float red[8][MOE_DOWN_ROWS];
+    float tot[MOE_DOWN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = warp; k < K; k += 8) {
+        const int p = i * K + k, e = sel[p];
+        const uint4 *hv = (const uint4 *)(h + (size_t)p * ffn);
+        float acc[MOE_DOWN_ROWS] = {0.f, 0.f, 0.f, 0.f};
+        for (int c = lane; c < nch; c += 32) {
+            uint4 hx = __ldg(hv + c);
+#pragma unroll
+            for (int q = 0; q < MOE_DOWN_ROWS; q++)
+                if (r0 + q < dim) acc[q] = dot8(acc[q], ld_stream((const uint4 *)(down[e] + (size_t)(r0 + q) * ffn) + c), hx);
+        }
+        const float wk = wsel[p];
+#pragma unroll
+        for (int q = 0; q < MOE_DOWN_ROWS; q++) tot[q] += wk * warp_sum(acc[q]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < MOE_DOWN_ROWS; q++) red[warp][q] = tot[q];
+    __syncthreads();
+    if (threadIdx.x < MOE_DOWN_ROWS && r0 + (int)threadIdx.x < dim) {
+        float s = 0.f;
+        for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
+        out[(size_t)i * dim + r0 + threadIdx.x] = __float2bfloat16(s);
+    }
+}
+
+void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *gate,
+                    const bf16 *const *up, int n, int K, int ffn, int dim) {
+    dim3 grid((unsigned)((ffn + 7) / 8), (unsigned)(n * K));
+    cu_launch(c->stream, k_moe_gate_up, grid, 256, 0, h, x, sel, gate, up, K, ffn, dim);
+    CU_LAUNCHED();
+}
+
+void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const float *wsel, const bf16 *const *down,
+                 int n, int K, int ffn, int dim) {
+    dim3 grid((unsigned)((dim + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)n);
+    cu_launch(c->stream, k_moe_down, grid, 256, 0, out, h, sel, wsel, down, K, ffn, dim);
+    CU_LAUNCHED();
+}

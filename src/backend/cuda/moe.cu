@@ -1,0 +1,186 @@
+/*
+ * moe.cu: the sparse MoE FFN (Qwen3-MoE semantics, as cpu/moe.c):
+ *
+ *   logits = router(x) in f32; p = softmax(logits); top-k of p (ties to the
+ *   lower id); renormalise if norm_topk; y = sum_k p_k * expert_k(x)
+ *
+ * Routing stays on the device. Then two paths:
+ *  - direct (n <= MOE_DIRECT_MAX tokens, decode): each routed (token, slot)
+ *    streams its expert's gate/up rows straight from a device table of expert
+ *    pointers (gemm.cu k_moe_gate_up), and one kernel does the down
+ *    projections and the weighted sum (k_moe_down). No host round trip, so a
+ *    decode step stays one CUDA graph.
+ *  - grouped (prefill): the expert ids come back to the host (one sync per
+ *    layer), a counting sort groups the routed rows by expert, the rows are
+ *    gathered into one dense block, each expert runs three GEMMs on its
+ *    contiguous slice (cuBLAS; every expert's weights read once), and a
+ *    combine kernel sums each token's k results in slot order.
+ */
+#include "backend/cuda/cuda.cuh"
+
+#define MOE_DIRECT_MAX 8
+
+/* the per-layer device tables of expert pointers */
+static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn *m) {
+    for (int i = 0; i < c->n_moe_tabs; i++)
+        if (c->moe_tabs[i].key == (const void *)m->gate) return &c->moe_tabs[i];
+    const int E = m->n_expert;
+    const bf16 **h = (const bf16 **)kiln_malloc(sizeof(bf16 *) * 3 * (size_t)E);
+    for (int e = 0; e < E; e++) {
+        h[e] = ((const struct cu_linear *)m->gate[e].be)->w;
+        h[E + e] = ((const struct cu_linear *)m->up[e].be)->w;
+        h[2 * E + e] = ((const struct cu_linear *)m->down[e].be)->w;
+    }
+    const bf16 **d;
+    CUDA_CHECK(cudaMalloc(&d, sizeof(bf16 *) * 3 * (size_t)E));
+    CUDA_CHECK(cudaMemcpy(d, h, sizeof(bf16 *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
+    free(h);
+    c->bytes_ws += sizeof(bf16 *) * 3 * (size_t)E;
+    c->moe_tabs = (struct cu_moe_tab *)kiln_realloc(c->moe_tabs, sizeof *c->moe_tabs * (size_t)(c->n_moe_tabs + 1));
+    struct cu_moe_tab *t = &c->moe_tabs[c->n_moe_tabs++];
+    t->key = m->gate, t->gate = d, t->up = d + E, t->down = d + 2 * E;
+    return t;
+}
+
+/*
+ * k_route: softmax over E router logits and top-K by repeated warp argmax.
+ * Decomposition: one warp per token; the token's probabilities sit in the
+ * warp's slice of shared memory, lane l owning experts l, l+32, ...
+ */
+__global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const float *__restrict__ logits, int n, int E, int K,
+                        int norm_topk) {
+    pdl_wait();
+    extern __shared__ float sp[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = blockIdx.x * 8 + warp;
+    if (i >= n) return;
+    float *p = sp + warp * E;
+    const float *l = logits + (size_t)i * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += (p[e] = expf(l[e] - mx));
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.f / sum;
+    for (int e = lane; e < E; e += 32) p[e] *= inv;
+    __syncwarp();
+    float tot = 0.f;
+    for (int k = 0; k < K; k++) {
+        float bv = -1.f;
+        int be = E;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > bv) bv = p[e], be = e;
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+        }
+        if (lane == 0) sel[(size_t)i * K + k] = be, wsel[(size_t)i * K + k] = bv;
+        tot += bv;
+        __syncwarp();
+        if (lane == (be & 31)) p[be] = -2.f; /* taken */
+        __syncwarp();
+    }
+    if (norm_topk && lane < K) wsel[(size_t)i * K + lane] /= tot;
+    /* K > 32 does not occur (Qwen3: 8) */
+}
+
+/* k_gather: xg[j] = x[tok[j]], rows of dim (dim % 8 == 0); one block per row */
+__global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, const int *__restrict__ tok, int dim) {
+    pdl_wait();
+    const uint4 *s = (const uint4 *)(x + (size_t)tok[blockIdx.x] * dim);
+    uint4 *o = (uint4 *)(xg + (size_t)blockIdx.x * dim);
+    for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) o[c] = s[c];
+}
+
+/* k_combine: out[i][d] = sum_k wsel[i][k] * y[pos[i][k]][d]; one block per token */
+__global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, const int *__restrict__ pos,
+                          const float *__restrict__ wsel, int K, int dim) {
+    pdl_wait();
+    const int i = blockIdx.x;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < K; k++) s += wsel[(size_t)i * K + k] * __bfloat162float(y[(size_t)pos[(size_t)i * K + k] * dim + d]);
+        out[(size_t)i * dim + d] = __float2bfloat16(s);
+    }
+}
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe_ffn *m, int n, int dim) {
+    CU_OP_ENTER(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    const int E = m->n_expert, K = m->n_used, F = m->ffn;
+    const bf16 *x = (const bf16 *)x_;
+    if (dim % 8 || F % 8 || K > 32) {
+        fprintf(stderr, "kiln: cuda: MoE needs dim and expert ffn divisible by 8 and top-k <= 32 (got %d, %d, %d)\n", dim, F, K);
+        abort();
+    }
+    const struct cu_moe_tab *tab = moe_tab(c, m);
+    const size_t nk = (size_t)n * K;
+    const int direct = n <= MOE_DIRECT_MAX;
+    /* scratch: logits | sel | wsel | (direct: h) (grouped: pos | tok | xg | hg | hu | y) */
+    size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
+    size_t o_h = o_end, o_pos = o_end, o_tok = al256(o_pos + nk * 4), o_xg = al256(o_tok + nk * 4);
+    size_t o_hg = al256(o_xg + nk * dim * 2), o_hu = al256(o_hg + nk * F * 2), o_y = al256(o_hu + nk * F * 2);
+    size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_y + nk * dim * 2);
+    char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
+    float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
+    int *sel = (int *)(buf + o_sel);
+
+    cu_matmul_f32(c, logits, x, ((const struct cu_linear *)m->router.be)->w, n, E, dim);
+    cu_launch(c->stream, k_route, (n + 7) / 8, 256, (size_t)8 * E * sizeof(float), sel, wsel, logits, n, E, K, m->norm_topk);
+    CU_LAUNCHED();
+
+    if (direct) {
+        bf16 *h = (bf16 *)(buf + o_h);
+        cu_moe_gate_up(c, h, x, sel, tab->gate, tab->up, n, K, F, dim);
+        cu_moe_down(c, (bf16 *)out, h, sel, wsel, tab->down, n, K, F, dim);
+        return;
+    }
+
+    /* grouped: bring the expert ids to the host and sort the routed rows */
+    if (c->moe_host_cap < 3 * nk + (size_t)E + 1) {
+        if (c->moe_host) cudaFreeHost(c->moe_host);
+        c->moe_host_cap = 2 * (3 * nk + (size_t)E + 1);
+        CUDA_CHECK(cudaMallocHost(&c->moe_host, c->moe_host_cap * 4));
+    }
+    int *hsel = c->moe_host, *hpos = hsel + nk, *htok = hpos + nk, *cnt = htok + nk;
+    CUDA_CHECK(cudaMemcpyAsync(hsel, sel, nk * 4, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    memset(cnt, 0, sizeof(int) * (size_t)(E + 1));
+    for (size_t j = 0; j < nk; j++) cnt[hsel[j] + 1]++;
+    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e]; /* cnt[e] = first slot of expert e */
+    {
+        int *fill = (int *)kiln_malloc(sizeof(int) * (size_t)E);
+        memcpy(fill, cnt, sizeof(int) * (size_t)E);
+        for (size_t j = 0; j < nk; j++) {
+            int s = fill[hsel[j]]++;
+            hpos[j] = s;
+            htok[s] = (int)(j / K);
+        }
+        free(fill);
+    }
+    int *pos = (int *)(buf + o_pos), *tok = (int *)(buf + o_tok);
+    CUDA_CHECK(cudaMemcpyAsync(pos, hpos, nk * 4, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaMemcpyAsync(tok, htok, nk * 4, cudaMemcpyHostToDevice, c->stream));
+    bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
+    cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, tok, dim);
+    CU_LAUNCHED();
+    for (int e = 0; e < E; e++) {
+        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
+        if (!ne) continue;
+        cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->gate[e].be)->w, ne, F, dim);
+        cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->up[e].be)->w, ne, F, dim);
+    }
+    cu_swiglu_raw(c, hg, hg, hu, nk * F);
+    for (int e = 0; e < E; e++) {
+        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
+        if (!ne) continue;
+        cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ((const struct cu_linear *)m->down[e].be)->w, ne, dim, F);
+    }
+    cu_launch(c->stream, k_combine, n, 256, 0, (bf16 *)out, y, pos, wsel, K, dim);
+    CU_LAUNCHED();
+    /* the host copy of the ids is reused by the next layer: wait for the uploads */
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}

@@ -1,0 +1,580 @@
+/*
+ * test_cuda.c: the CUDA backend against the CPU backend and the fixtures.
+ * Needs a GPU; without one (or in a build without CUDA) the group reports
+ * that it skipped. `make test-cuda` runs it.
+ *
+ * (a) ops: every op of the table on random inputs of real model shapes
+ *     (Qwen3-8B: dim 4096, 32/8 heads of 128, ffn 12288; a Qwen3-MoE-like
+ *     layer), CUDA vs CPU, by relative error ||cuda - cpu|| / ||cpu||.
+ *     Inputs are bf16-representable so both backends see the same numbers;
+ *     the CUDA op then differs by its own bf16 rounding of the output
+ *     (relative 2^-9 per element) and f32 summation order: 1e-2 leaves a
+ *     margin of ~3x over the ~3e-3 that one rounding gives. Attention and
+ *     MoE round twice (P or the expert hidden state, then the output): 2e-2.
+ *
+ * (b) models: each fixture (transformers f32 reference) run on CUDA.
+ *     Tolerance on the logits: |delta| <= TOL_LOGIT * (max - min of the
+ *     reference logits), TOL_LOGIT = 0.04. Why: bf16 keeps 8 significant
+ *     bits, so each rounding of an activation is a relative error up to
+ *     2^-9 = 0.2%. A layer rounds the residual stream about 8 times on its
+ *     way (norm, q/k/v, attention, o_proj, add, norm, gate/up/swiglu, down,
+ *     add); independent roundings add like a random walk, so after L layers
+ *     the hidden state carries ~ sqrt(8 L) * 0.2% ~ 1% (L = 3..4 here),
+ *     and the lm_head output is itself rounded to bf16 (0.2% of |logit|).
+ *     Logits are sums over the hidden state, so their error relative to
+ *     their spread is of the same order: ~1-2% of the range, and 4% is
+ *     twice that. Top-1 must agree wherever the reference's top-1/top-2
+ *     margin exceeds the tolerance; greedy continuations must be identical
+ *     up to the first step whose margin (measured by the CPU backend, which
+ *     matches the reference to 1e-3) is within the tolerance.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "backend/backend.h"
+#include "base/base.h"
+#include "kiln.h"
+#include "test.h"
+
+#define TOL_OP 1e-2
+#define TOL_OP2 2e-2
+#define TOL_LOGIT 0.04f
+
+static int verbose(void) { return getenv("KILN_TEST_VERBOSE") != NULL; }
+
+/* ==== helpers ==== */
+
+static uint64_t rs = 0x243f6a8885a308d3ull;
+static float frand(void) { /* uniform [-1, 1), rounded to bf16 */
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    float v = (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+    return kiln_bf16_to_f32(kiln_f32_to_bf16(v));
+}
+
+static float *rand_vec(size_t n, float scale) {
+    float *v = kiln_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(frand() * scale));
+    return v;
+}
+
+/* a bf16 host tensor (rows, cols) of uniform noise * scale + mean */
+static struct ktensor rand_tensor(int64_t rows, int64_t cols, float scale, float mean) {
+    struct ktensor t = {.dtype = KILN_DTYPE_BF16, .rows = rows, .cols = cols};
+    uint16_t *d = kiln_malloc((size_t)(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; i++) d[i] = kiln_f32_to_bf16(mean + scale * frand());
+    t.data = d;
+    return t;
+}
+
+static struct qlinear rand_linear(int n_out, int n_in, int bias) {
+    struct qlinear w = {.n_out = n_out, .n_in = n_in, .fmt = KILN_WFMT_DENSE};
+    w.w = rand_tensor(n_out, n_in, 1.f / sqrtf((float)n_in), 0.f);
+    if (bias) w.bias = rand_tensor(1, n_out, 0.5f, 0.f);
+    return w;
+}
+
+struct pair {
+    struct kiln_backend *cpu, *gpu;
+};
+
+/* the same f32 host data in a buffer of each backend */
+static void put(struct pair *p, void **bc, void **bg, const float *h, size_t n) {
+    *bc = p->cpu->alloc(p->cpu, n * p->cpu->act_size);
+    *bg = p->gpu->alloc(p->gpu, n * p->gpu->act_size);
+    p->cpu->write(p->cpu, *bc, h, n);
+    p->gpu->write(p->gpu, *bg, h, n);
+}
+
+static void *alloc_both(struct pair *p, void **bg, size_t n) {
+    *bg = p->gpu->alloc(p->gpu, n * p->gpu->act_size);
+    p->gpu->memzero(p->gpu, *bg, n * p->gpu->act_size);
+    void *c = p->cpu->alloc(p->cpu, n * p->cpu->act_size);
+    memset(c, 0, n * p->cpu->act_size);
+    return c;
+}
+
+/* relative error of the CUDA buffer against the CPU buffer */
+static double compare(struct pair *p, const void *bc, const void *bg, size_t n, double *max_abs) {
+    float *a = kiln_malloc(n * 4), *b = kiln_malloc(n * 4);
+    p->cpu->read(p->cpu, a, bc, n);
+    p->gpu->read(p->gpu, b, bg, n);
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)b[i] - a[i];
+        if (!(fabs(d) <= mx)) mx = fabs(d); /* NaN fails */
+        num += d * d, den += (double)a[i] * a[i];
+    }
+    free(a), free(b);
+    if (max_abs) *max_abs = mx;
+    double r = sqrt(num / (den > 0 ? den : 1));
+    return mx != mx ? INFINITY : r;
+}
+
+static void check_rel(struct pair *p, const char *what, const void *bc, const void *bg, size_t n, double tol) {
+    double mx, r = compare(p, bc, bg, n, &mx);
+    if (verbose()) fprintf(stderr, "  %-44s rel %.2e  max|d| %.3g\n", what, r, mx);
+    CHECK(r <= tol, "%s: relative error %.3g > %.3g (max |delta| %.3g)", what, r, tol, mx);
+}
+
+static void free_both(struct pair *p, void *bc, void *bg) {
+    p->cpu->free(p->cpu, bc);
+    p->gpu->free(p->gpu, bg);
+}
+
+/* The CPU and CUDA backends each keep their prepared form in the same `be`
+ * field, so ops are run with per-backend copies of the descriptors. */
+struct lin2 {
+    struct qlinear c, g;
+};
+
+static struct lin2 lin_make(struct pair *p, int n_out, int n_in, int bias) {
+    char err[256];
+    struct lin2 l;
+    l.c = rand_linear(n_out, n_in, bias);
+    l.g = l.c;
+    l.c.bias.be = l.g.bias.be = NULL;
+    CHECK(p->cpu->prepare_linear(p->cpu, &l.c, err, sizeof err) == 0, "%s", err);
+    CHECK(p->gpu->prepare_linear(p->gpu, &l.g, err, sizeof err) == 0, "%s", err);
+    return l;
+}
+
+static void lin_free(struct pair *p, struct lin2 *l) {
+    p->cpu->release_linear(p->cpu, &l->c);
+    p->gpu->release_linear(p->gpu, &l->g);
+    free((void *)l->c.w.data);
+    free((void *)l->c.bias.data);
+}
+
+struct vec2 {
+    struct ktensor c, g;
+};
+
+static struct vec2 vec_make(struct pair *p, int64_t rows, int64_t cols, float scale, float mean) {
+    char err[256];
+    struct vec2 v;
+    v.c = rand_tensor(rows, cols, scale, mean);
+    v.g = v.c;
+    CHECK(p->cpu->prepare_tensor(p->cpu, &v.c, err, sizeof err) == 0, "%s", err);
+    CHECK(p->gpu->prepare_tensor(p->gpu, &v.g, err, sizeof err) == 0, "%s", err);
+    return v;
+}
+
+static void vec_free(struct pair *p, struct vec2 *v) {
+    p->cpu->release_tensor(p->cpu, &v->c);
+    p->gpu->release_tensor(p->gpu, &v->g);
+    free((void *)v->c.data);
+}
+
+/* a batch of one sequence of n tokens after n_past cached ones */
+struct bat {
+    struct kiln_batch b;
+    struct kiln_seq_view v[4];
+    int32_t tok[4096], pos[4096], rows[4096];
+};
+
+static void begin_both(struct pair *p, const struct kiln_batch *b) {
+    p->cpu->begin(p->cpu, b);
+    p->gpu->begin(p->gpu, b);
+}
+
+/* ==== (a) ops ==== */
+
+static void test_matmul(struct pair *p) {
+    const int shapes[][3] = {{1024, 4096, 0}, {4096, 12288, 0}, {12288, 4096, 1}, {1000, 100, 1}, {77, 200, 0}};
+    const int ns[] = {1, 2, 3, 5, 8, 9, 40};
+    struct bat B = {0};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        struct lin2 w = lin_make(p, shapes[s][0], shapes[s][1], shapes[s][2]);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            B.b.n_tokens = n;
+            float *x = rand_vec((size_t)n * w.c.n_in, 1.f);
+            void *xc, *xg, *yg, *yc = alloc_both(p, &yg, (size_t)n * w.c.n_out);
+            put(p, &xc, &xg, x, (size_t)n * w.c.n_in);
+            p->cpu->matmul(p->cpu, yc, xc, &w.c, n);
+            p->gpu->matmul(p->gpu, yg, xg, &w.g, n);
+            char what[96];
+            snprintf(what, sizeof what, "matmul %dx%d%s n=%d", w.c.n_out, w.c.n_in, w.c.bias.data ? "+b" : "", n);
+            check_rel(p, what, yc, yg, (size_t)n * w.c.n_out, TOL_OP);
+            free_both(p, xc, xg), free_both(p, yc, yg), free(x);
+        }
+        lin_free(p, &w);
+    }
+}
+
+static void test_norms(struct pair *p) {
+    const int n = 5, dim = 4096;
+    struct vec2 w = vec_make(p, 1, dim, 0.5f, 1.f);
+    float *x = rand_vec((size_t)n * dim, 2.f), *y = rand_vec((size_t)n * dim, 1.f);
+    void *xc, *xg, *yc, *yg, *oc, *og;
+    put(p, &xc, &xg, x, (size_t)n * dim);
+    put(p, &yc, &yg, y, (size_t)n * dim);
+    oc = alloc_both(p, &og, (size_t)n * dim);
+    p->cpu->rmsnorm(p->cpu, oc, xc, &w.c, n, dim, 1e-6f);
+    p->gpu->rmsnorm(p->gpu, og, xg, &w.g, n, dim, 1e-6f);
+    check_rel(p, "rmsnorm 5x4096", oc, og, (size_t)n * dim, TOL_OP);
+    /* fused add + norm, output aliasing y as the model does */
+    p->cpu->add_rmsnorm(p->cpu, xc, yc, yc, &w.c, n, dim, 1e-6f);
+    p->gpu->add_rmsnorm(p->gpu, xg, yg, yg, &w.g, n, dim, 1e-6f);
+    check_rel(p, "add_rmsnorm: x + y", xc, xg, (size_t)n * dim, TOL_OP);
+    check_rel(p, "add_rmsnorm: norm (out aliases y)", yc, yg, (size_t)n * dim, TOL_OP);
+    /* in place, as the final norm is */
+    p->cpu->rmsnorm(p->cpu, xc, xc, &w.c, n, dim, 1e-6f);
+    p->gpu->rmsnorm(p->gpu, xg, xg, &w.g, n, dim, 1e-6f);
+    check_rel(p, "rmsnorm in place", xc, xg, (size_t)n * dim, TOL_OP);
+    free_both(p, xc, xg), free_both(p, yc, yg), free_both(p, oc, og);
+    free(x), free(y);
+    vec_free(p, &w);
+}
+
+static void test_rope(struct pair *p) {
+    const int n = 7, nh = 32, nkv = 8, hd = 128;
+    struct rope r = {.n_freq = hd / 2, .attn_factor = 1.f};
+    r.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
+    for (int i = 0; i < hd / 2; i++) r.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
+    struct rope rc = r, rg = r;
+    char err[256];
+    p->cpu->prepare_rope(p->cpu, &rc, err, sizeof err);
+    p->gpu->prepare_rope(p->gpu, &rg, err, sizeof err);
+    struct vec2 qn = vec_make(p, 1, hd, 0.5f, 1.f), kn = vec_make(p, 1, hd, 0.5f, 1.f);
+    struct bat B = {0};
+    B.b.n_tokens = n, B.b.tokens = B.tok, B.b.pos = B.pos, B.b.n_seqs = 1, B.b.seqs = B.v;
+    B.v[0] = (struct kiln_seq_view){0, n, 0, NULL, 0};
+    for (int i = 0; i < n; i++) B.pos[i] = i == 0 ? 0 : (int)((frand() + 1) * 16000);
+    begin_both(p, &B.b);
+    for (int norm = 0; norm < 2; norm++) {
+        float *q = rand_vec((size_t)n * nh * hd, 2.f), *k = rand_vec((size_t)n * nkv * hd, 2.f);
+        void *qc, *qg, *kc, *kg;
+        put(p, &qc, &qg, q, (size_t)n * nh * hd);
+        put(p, &kc, &kg, k, (size_t)n * nkv * hd);
+        p->cpu->qk_norm_rope(p->cpu, qc, kc, norm ? &qn.c : NULL, norm ? &kn.c : NULL, &rc, &B.b, nh, nkv, hd, 1e-6f);
+        p->gpu->qk_norm_rope(p->gpu, qg, kg, norm ? &qn.g : NULL, norm ? &kn.g : NULL, &rg, &B.b, nh, nkv, hd, 1e-6f);
+        check_rel(p, norm ? "qk_norm_rope: q (norm + rope)" : "qk_norm_rope: q (rope only)", qc, qg, (size_t)n * nh * hd, TOL_OP);
+        check_rel(p, norm ? "qk_norm_rope: k (norm + rope)" : "qk_norm_rope: k (rope only)", kc, kg, (size_t)n * nkv * hd, TOL_OP);
+        free_both(p, qc, qg), free_both(p, kc, kg), free(q), free(k);
+    }
+    p->cpu->release_rope(p->cpu, &rc);
+    p->gpu->release_rope(p->gpu, &rg);
+    free(r.inv_freq);
+    vec_free(p, &qn), vec_free(p, &kn);
+}
+
+/* attention over a paged cache: fills n_past tokens per sequence, then runs
+ * the batch (decode rows, or prefill chunks that take the flash kernel) */
+static void attention_case(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new) {
+    const int nh = 32, nkv = 8, hd = 128, P = 16, n_pages = 256;
+    struct kv_cache kc = {1, nkv, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL}, kg = kc;
+    kg.dtype = KILN_DTYPE_BF16;
+    void *kcv[2], *kgv[2];
+    kc.k = &kcv[0], kc.v = &kcv[1], kg.k = &kgv[0], kg.v = &kgv[1];
+    size_t cache = (size_t)n_pages * P * nkv * hd;
+    kcv[0] = alloc_both(p, &kgv[0], cache);
+    kcv[1] = alloc_both(p, &kgv[1], cache);
+    /* page tables: a shuffled pool, so sequences own scattered pages */
+    int32_t perm[256];
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    static struct bat B;
+    int used = 0;
+    for (int phase = 0; phase < 2; phase++) {
+        memset(&B, 0, sizeof B);
+        int r = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            int past = phase ? n_past[s] : 0, n = phase ? n_new[s] : n_past[s];
+            int np = (n_past[s] + n_new[s] + P - 1) / P;
+            if (phase == 0) used += np;
+            int off = 0;
+            for (int t = 0; t < s; t++) off += (n_past[t] + n_new[t] + P - 1) / P;
+            B.v[s] = (struct kiln_seq_view){r, n, past, perm + off, np};
+            for (int i = 0; i < n; i++, r++) B.pos[r] = past + i, B.rows[r] = r;
+        }
+        B.b = (struct kiln_batch){r, B.tok, B.pos, n_seqs, B.v, 0, B.rows};
+        if (r == 0) continue;
+        float *k = rand_vec((size_t)r * nkv * hd, 1.f), *v = rand_vec((size_t)r * nkv * hd, 1.f);
+        void *kc_, *kg_, *vc_, *vg_;
+        put(p, &kc_, &kg_, k, (size_t)r * nkv * hd);
+        put(p, &vc_, &vg_, v, (size_t)r * nkv * hd);
+        begin_both(p, &B.b);
+        p->cpu->kv_write(p->cpu, &kc, 0, kc_, vc_, &B.b);
+        p->gpu->kv_write(p->gpu, &kg, 0, kg_, vg_, &B.b);
+        if (phase == 1) {
+            float *q = rand_vec((size_t)r * nh * hd, 1.f);
+            void *qc, *qg, *og, *oc = alloc_both(p, &og, (size_t)r * nh * hd);
+            put(p, &qc, &qg, q, (size_t)r * nh * hd);
+            /* a sharp softmax (scale 0.25) so errors in the weights show */
+            p->cpu->attention(p->cpu, oc, qc, &kc, 0, &B.b, nh, 0.25f);
+            p->gpu->attention(p->gpu, og, qg, &kg, 0, &B.b, nh, 0.25f);
+            check_rel(p, what, oc, og, (size_t)r * nh * hd, TOL_OP2);
+            free_both(p, qc, qg), free_both(p, oc, og), free(q);
+        }
+        free_both(p, kc_, kg_), free_both(p, vc_, vg_), free(k), free(v);
+    }
+    CHECK(used <= n_pages);
+    free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
+}
+
+static void test_attention(struct pair *p) {
+    int past1[] = {37, 0, 300, 1000}, new1[] = {1, 1, 1, 1};
+    attention_case(p, "attention decode, 4 seqs (split-K rows)", 4, past1, new1);
+    int past2[] = {20, 0}, new2[] = {150, 70};
+    attention_case(p, "attention prefill 150+70 after 20/0 (flash)", 2, past2, new2);
+    int past3[] = {700}, new3[] = {9};
+    attention_case(p, "attention chunk of 9 after 700 (rows)", 1, past3, new3);
+    int past4[] = {0}, new4[] = {1000};
+    attention_case(p, "attention prefill 1000 (flash)", 1, past4, new4);
+}
+
+static void test_misc(struct pair *p) {
+    const int n = 6, dim = 4096, ffn = 12288;
+    float *g = rand_vec((size_t)n * ffn, 4.f), *u = rand_vec((size_t)n * ffn, 1.f);
+    void *gc, *gg, *uc, *ug;
+    put(p, &gc, &gg, g, (size_t)n * ffn);
+    put(p, &uc, &ug, u, (size_t)n * ffn);
+    p->cpu->swiglu(p->cpu, gc, gc, uc, n, ffn);
+    p->gpu->swiglu(p->gpu, gg, gg, ug, n, ffn);
+    check_rel(p, "swiglu 6x12288 (in place)", gc, gg, (size_t)n * ffn, TOL_OP);
+    p->cpu->add(p->cpu, gc, uc, (size_t)n * ffn - 3);
+    p->gpu->add(p->gpu, gg, ug, (size_t)n * ffn - 3);
+    check_rel(p, "add (odd length)", gc, gg, (size_t)n * ffn, TOL_OP);
+    free_both(p, gc, gg), free_both(p, uc, ug), free(g), free(u);
+
+    struct vec2 table = vec_make(p, 1000, dim, 1.f, 0.f);
+    struct bat B = {0};
+    B.b.n_tokens = n, B.b.tokens = B.tok, B.b.pos = B.pos, B.b.n_seqs = 1, B.b.seqs = B.v;
+    B.v[0] = (struct kiln_seq_view){0, n, 0, NULL, 0};
+    for (int i = 0; i < n; i++) B.tok[i] = (int)((frand() + 1) * 499), B.pos[i] = i;
+    B.rows[0] = 1, B.rows[1] = 4, B.rows[2] = 5;
+    B.b.n_out = 3, B.b.out_rows = B.rows;
+    begin_both(p, &B.b);
+    void *xg, *xc = alloc_both(p, &xg, (size_t)n * dim), *og, *oc = alloc_both(p, &og, (size_t)3 * dim);
+    p->cpu->embed(p->cpu, xc, &table.c, &B.b);
+    p->gpu->embed(p->gpu, xg, &table.g, &B.b);
+    check_rel(p, "embed 6 tokens of a 1000x4096 table", xc, xg, (size_t)n * dim, 1e-6);
+    p->cpu->gather_rows(p->cpu, oc, xc, B.rows, 3, dim);
+    p->gpu->gather_rows(p->gpu, og, xg, B.rows, 3, dim);
+    check_rel(p, "gather_rows 1,4,5", oc, og, (size_t)3 * dim, 1e-6);
+    free_both(p, xc, xg), free_both(p, oc, og);
+    vec_free(p, &table);
+}
+
+static void test_moe(struct pair *p) {
+    const int E = 32, K = 8, dim = 1024, F = 768;
+    struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
+    struct lin2 router = lin_make(p, E, dim, 0);
+    struct lin2 *ex = kiln_malloc(sizeof(struct lin2) * 3 * E);
+    mc.gate = kiln_malloc(sizeof(struct qlinear) * E), mc.up = kiln_malloc(sizeof(struct qlinear) * E);
+    mc.down = kiln_malloc(sizeof(struct qlinear) * E);
+    mg.gate = kiln_malloc(sizeof(struct qlinear) * E), mg.up = kiln_malloc(sizeof(struct qlinear) * E);
+    mg.down = kiln_malloc(sizeof(struct qlinear) * E);
+    for (int e = 0; e < E; e++) {
+        ex[3 * e] = lin_make(p, F, dim, 0), ex[3 * e + 1] = lin_make(p, F, dim, 0), ex[3 * e + 2] = lin_make(p, dim, F, 0);
+        mc.gate[e] = ex[3 * e].c, mg.gate[e] = ex[3 * e].g;
+        mc.up[e] = ex[3 * e + 1].c, mg.up[e] = ex[3 * e + 1].g;
+        mc.down[e] = ex[3 * e + 2].c, mg.down[e] = ex[3 * e + 2].g;
+    }
+    /* router logits spread over a few units so the top-k is not near-tied */
+    mc.router = router.c, mg.router = router.g;
+    const int ns[] = {1, 4, 8, 100};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        int n = ns[k];
+        float *x = rand_vec((size_t)n * dim, 3.f);
+        void *xc, *xg, *og, *oc = alloc_both(p, &og, (size_t)n * dim);
+        put(p, &xc, &xg, x, (size_t)n * dim);
+        p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
+        p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
+        char what[96];
+        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped");
+        check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
+        free_both(p, xc, xg), free_both(p, oc, og), free(x);
+    }
+    for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[e]);
+    lin_free(p, &router);
+    free(ex), free(mc.gate), free(mc.up), free(mc.down), free(mg.gate), free(mg.up), free(mg.down);
+}
+
+/* ==== (b) models ==== */
+
+struct ref {
+    cJSON *root;
+    float *last;
+    int n_prompts, vocab;
+};
+
+static int load_ref(const char *dir, struct ref *r) {
+    char p[512], err[256];
+    snprintf(p, sizeof p, "%s/reference.json", dir);
+    char *txt = kiln_read_file(p, NULL, err, sizeof err);
+    if (!txt) return -1;
+    r->root = cJSON_Parse(txt);
+    free(txt);
+    cJSON *ll = cJSON_GetObjectItem(r->root, "last_logits");
+    cJSON *shape = cJSON_GetObjectItem(ll, "shape");
+    r->n_prompts = cJSON_GetArrayItem(shape, 0)->valueint;
+    r->vocab = cJSON_GetArrayItem(shape, 1)->valueint;
+    snprintf(p, sizeof p, "%s/%s", dir, cJSON_GetObjectItem(ll, "file")->valuestring);
+    size_t len;
+    r->last = (float *)kiln_read_file(p, &len, err, sizeof err);
+    return r->last && len == sizeof(float) * (size_t)r->n_prompts * r->vocab ? 0 : -1;
+}
+
+static int32_t *json_ids(const cJSON *a, int *n) {
+    *n = cJSON_GetArraySize(a);
+    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    int i = 0;
+    for (const cJSON *x = a->child; x; x = x->next) ids[i++] = x->valueint;
+    return ids;
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static float margin(const float *v, int n) {
+    int b = argmax(v, n);
+    float s = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != b && v[i] > s) s = v[i];
+    return v[b] - s;
+}
+
+struct collect {
+    int32_t *ids;
+    int n;
+};
+
+static int collect(int32_t id, void *ctx) {
+    struct collect *c = ctx;
+    c->ids[c->n++] = id;
+    return 0;
+}
+
+static void check_model(const char *name) {
+    char dir[256], err[1024] = "";
+    snprintf(dir, sizeof dir, FIXTURES "/%s", name);
+    struct ref r = {0};
+    CHECK(load_ref(dir, &r) == 0, "%s: reference files", name);
+    if (!r.last) return;
+    struct kiln_engine_opts o = {.model = dir, .backend = "cuda", .max_total_tokens = 2048, .page_size = 16};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "%s: %s", name, err);
+    o.backend = "cpu";
+    kiln_engine *ec = kiln_engine_open(&o, err, sizeof err);
+    CHECK(ec != NULL, "%s (cpu): %s", name, err);
+    if (!e || !ec) goto done;
+    const int V = r.vocab;
+    cJSON *prompts = cJSON_GetObjectItem(r.root, "prompts"), *topk = cJSON_GetObjectItem(r.root, "topk");
+    cJSON *greedy = cJSON_GetObjectItem(r.root, "greedy");
+    for (int p = 0; p < r.n_prompts; p++) {
+        const float *ref = r.last + (size_t)p * V;
+        float lo = ref[0], hi = ref[0];
+        for (int i = 0; i < V; i++) lo = fminf(lo, ref[i]), hi = fmaxf(hi, ref[i]);
+        const float tol = TOL_LOGIT * (hi - lo);
+        int n;
+        int32_t *ids = json_ids(cJSON_GetArrayItem(prompts, p), &n);
+        float *lg = kiln_malloc(sizeof(float) * (size_t)n * V), *one = kiln_malloc(sizeof(float) * (size_t)V);
+
+        /* the whole prompt in one forward (GEMM + flash attention when long) */
+        kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+        int rc = kiln_seq_eval(s, ids, n, lg, 1, err, sizeof err);
+        CHECK(rc == 0, "%s prompt %d: %s", name, p, err);
+        kiln_seq_free(s);
+        const float *last = lg + (size_t)(n - 1) * V;
+        float d = 0;
+        for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(last[i] - ref[i])) + (last[i] != last[i] ? INFINITY : 0);
+        CHECK(d <= tol, "%s prompt %d (%d tokens): last logits max |delta| %g > %g (%.0f%% of the range %g)", name, p, n, d,
+              tol, 100 * TOL_LOGIT, hi - lo);
+        if (verbose())
+            fprintf(stderr, "  %-18s prompt %d (%3d tokens): max |delta| %.4f = %.2f%% of the logit range %.3f\n", name, p, n, d,
+                    100 * d / (hi - lo), hi - lo);
+        /* top-1 at every position where the reference's margin is clear */
+        cJSON *tk = cJSON_GetArrayItem(topk, p);
+        cJSON *tids = cJSON_GetObjectItem(tk, "ids"), *tvals = cJSON_GetObjectItem(tk, "values");
+        int bad = -1, n_clear = 0;
+        for (int t = 0; t < n && t < cJSON_GetArraySize(tids); t++) {
+            cJSON *ri = cJSON_GetArrayItem(tids, t), *rv = cJSON_GetArrayItem(tvals, t);
+            float m = (float)(cJSON_GetArrayItem(rv, 0)->valuedouble - cJSON_GetArrayItem(rv, 1)->valuedouble);
+            if (m <= tol) continue;
+            n_clear++;
+            if (argmax(lg + (size_t)t * V, V) != cJSON_GetArrayItem(ri, 0)->valueint) bad = t;
+        }
+        CHECK(bad < 0, "%s prompt %d: top-1 differs at position %d although the reference margin exceeds %g", name, p, bad, tol);
+        if (verbose()) fprintf(stderr, "  %-18s prompt %d: top-1 agrees at all %d positions with a clear margin\n", name, p, n_clear);
+
+        /* one token at a time (decode kernels, CUDA graphs) */
+        s = kiln_seq_new(e, err, sizeof err);
+        rc = 0;
+        for (int t = 0; t < n && !rc; t++) rc = kiln_seq_eval(s, ids + t, 1, one, 0, err, sizeof err);
+        CHECK(rc == 0, "%s prompt %d stepwise: %s", name, p, err);
+        kiln_seq_free(s);
+        d = 0;
+        for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(one[i] - ref[i])) + (one[i] != one[i] ? INFINITY : 0);
+        CHECK(d <= tol, "%s prompt %d: stepwise decode last logits max |delta| %g > %g", name, p, d, tol);
+        if (verbose()) fprintf(stderr, "  %-18s prompt %d stepwise: max |delta| %.4f\n", name, p, d);
+
+        /* greedy continuation: identical until the first step whose margin
+         * (CPU logits on the reference's own prefix) is within tol */
+        int ng;
+        int32_t *want = json_ids(cJSON_GetArrayItem(greedy, p), &ng);
+        struct collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
+        struct kiln_sampling sp = sampling_default();
+        sp.temperature = 0;
+        int got = kiln_generate(e, ids, n, ng, &sp, 1, collect, &c, err, sizeof err);
+        CHECK(got == ng, "%s prompt %d: generated %d of %d: %s", name, p, got, ng, err);
+        int first = -1;
+        for (int i = 0; i < c.n && i < ng && first < 0; i++)
+            if (c.ids[i] != want[i]) first = i;
+        if (first >= 0) {
+            int32_t *pre = kiln_malloc(sizeof(int32_t) * (size_t)(n + ng));
+            memcpy(pre, ids, sizeof(int32_t) * (size_t)n);
+            memcpy(pre + n, want, sizeof(int32_t) * (size_t)first);
+            s = kiln_seq_new(ec, err, sizeof err);
+            rc = kiln_seq_eval(s, pre, n + first, one, 0, err, sizeof err);
+            kiln_seq_free(s);
+            float m = margin(one, V);
+            CHECK(rc == 0 && m <= tol, "%s prompt %d: greedy differs at step %d (%d vs %d) where the margin %g exceeds %g", name,
+                  p, first, c.ids[first], want[first], m, tol);
+            if (verbose())
+                fprintf(stderr, "  %-18s prompt %d greedy: first %d of %d identical; step %d is a near-tie (margin %.4f <= %.4f)\n",
+                        name, p, first, ng, first, m, tol);
+            free(pre);
+        } else if (verbose()) {
+            fprintf(stderr, "  %-18s prompt %d greedy: all %d tokens identical\n", name, p, ng);
+        }
+        free(c.ids), free(want), free(one), free(lg), free(ids);
+    }
+done:
+    kiln_engine_close(e);
+    kiln_engine_close(ec);
+    cJSON_Delete(r.root);
+    free(r.last);
+}
+
+void test_cuda(void) {
+    char err[256];
+    struct pair p = {NULL, NULL};
+    p.gpu = backend_create("cuda", 0, err, sizeof err);
+    if (!p.gpu) {
+        test_skip(err);
+        return;
+    }
+    p.cpu = backend_create("cpu", 0, err, sizeof err);
+    test_matmul(&p);
+    test_norms(&p);
+    test_rope(&p);
+    test_attention(&p);
+    test_misc(&p);
+    test_moe(&p);
+    p.cpu->destroy(p.cpu);
+    p.gpu->destroy(p.gpu);
+    const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny"};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+}
