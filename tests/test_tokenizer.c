@@ -10,7 +10,11 @@
  *   with HF tokenizers 0.23 from the same JSON;
  * - the streaming detokenizer on seeded random id sequences: every chunk is
  *   valid UTF-8 and the chunks concatenate to tok_decode;
- * - load and decode errors.
+ * - load and decode errors;
+ * - the JSON scanner that reads model.vocab / model.merges (json_scan.h):
+ *   escapes, \uXXXX and surrogate pairs, numbers, nesting, and errors for
+ *   malformed and truncated input (every prefix of a tokenizer.json), plus
+ *   the loader on escaped tokens, members in other orders, duplicate keys.
  *
  * The Qwen3 tokenizer is read from tests/fixtures/qwen3-dense-tiny (the real
  * Qwen3 tokenizer.json, sha256 aeb13307...).
@@ -22,6 +26,7 @@
 
 #include "base/base.h"
 #include "test.h"
+#include "tokenizer/json_scan.h"
 #include "tokenizer/tokenizer.h"
 
 /* ==== helpers ==== */
@@ -371,7 +376,313 @@ static void test_errors(void) {
     CHECK(!t && strstr(err, "tokenizer.json"), "%s", err);
 }
 
+/* ==== the JSON scanner ==== */
+
+/* js_string on the JSON text j: 0 and the bytes, or -1 and the error */
+static int scan_str(const char *j, uint8_t *out, size_t *len, struct js *s) {
+    js_init(s, j, 0, strlen(j), 0);
+    const uint8_t *o;
+    int rc = js_string(s, &o, len);
+    if (!rc) memcpy(out, o, *len);
+    js_free(s);
+    return rc;
+}
+
+static void test_json_scan(void) {
+    struct { const char *json, *want; size_t len; } ok[] = {
+        {"\"plain\"", "plain", 5},
+        {"\"\"", "", 0},
+        {"\"q\\\"b\\\\s\\/\\b\\f\\n\\r\\t\"", "q\"b\\s/\b\f\n\r\t", 11},
+        {"\"\\u0041\\u00e9\\u00E9\"", "A\xC3\xA9\xC3\xA9", 5},            /* 1 and 2 bytes, either case */
+        {"\"\\u4f60\\uFFFF\"", "\xE4\xBD\xA0\xEF\xBF\xBF", 6},           /* 3 bytes */
+        {"\"\\ud83d\\ude00!\"", "\xF0\x9F\x98\x80!", 5},                  /* a pair: 4 bytes */
+        {"\"\\uDBFF\\uDFFF\"", "\xF4\x8F\xBF\xBF", 4},                    /* U+10FFFF */
+        {"\"a\\u0000b\"", "a\0b", 3},                                       /* NUL kept, length exact */
+        {"\"\xC4\xA0raw \x01 bytes\"", "\xC4\xA0raw \x01 bytes", 13},      /* raw bytes as they are */
+        {"\"0123456789abcdef\\n0123456789abcdef\"", "0123456789abcdef\n0123456789abcdef", 33},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint8_t out[64];
+        size_t len = 0;
+        struct js s;
+        int rc = scan_str(ok[i].json, out, &len, &s);
+        CHECK(rc == 0 && len == ok[i].len && !memcmp(out, ok[i].want, len), "string %zu (%s): rc %d len %zu %s", i,
+              ok[i].json, rc, len, s.err ? s.err : "");
+    }
+    struct { const char *json, *err; size_t off; } bad[] = {
+        {"\"\\ud83d\"", "high surrogate", 1},          /* lone high surrogate */
+        {"\"\\ud83dx\\ude00\"", "high surrogate", 1}, /* not followed by \u */
+        {"\"\\ud83d\\u0041\"", "high surrogate", 1},  /* followed by a non-low \u */
+        {"\"ab\\ude00\"", "low surrogate", 3},          /* lone low surrogate */
+        {"\"\\u12G4\"", "\\u escape", 1},
+        {"\"\\u12\"", "\\u escape", 1},                /* cut by the closing quote */
+        {"\"\\x\"", "invalid escape", 1},
+        {"\"abc", "unterminated", 0},
+        {"\"abc\\", "unterminated", 0},                /* a backslash as the last byte */
+        {"\"abc\\\"", "unterminated", 0},
+        {"abc", "expected a string", 0},
+        {"", "end of input", 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t out[64];
+        size_t len;
+        struct js s;
+        int rc = scan_str(bad[i].json, out, &len, &s);
+        CHECK(rc == -1 && s.err && strstr(s.err, bad[i].err) && s.err_off == bad[i].off, "bad string %zu (%s): %s at %zu",
+              i, bad[i].json, s.err ? s.err : "(accepted)", s.err_off);
+    }
+
+    /* numbers read as cJSON does: plain integers, and the rest through strtod */
+    struct { const char *json; double v; } num[] = {
+        {"0", 0}, {"151643,", 151643}, {"-0", 0}, {"-12", -12}, {"2.5e3}", 2500}, {"1E-2]", 0.01},
+        {"007", 7}, {"123456789012345678", 123456789012345678.0}, {"1.", 1}, {"-.5", -0.5},
+    };
+    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++) {
+        struct js s;
+        js_init(&s, num[i].json, 0, strlen(num[i].json), 0);
+        double v = -99;
+        CHECK(js_number(&s, &v) == 0 && v == num[i].v, "number %s: %g %s", num[i].json, v, s.err ? s.err : "");
+    }
+    const char *nan_[] = {"-", "1e", "1e+", "1.2.3", "--1", "+1", ".5", "x",
+                          "1234567890123456789012345678901234567890123456789012345678901234"};
+    for (size_t i = 0; i < sizeof nan_ / sizeof nan_[0]; i++) {
+        struct js s;
+        js_init(&s, nan_[i], 0, strlen(nan_[i]), 0);
+        double v;
+        CHECK(js_number(&s, &v) == -1 && s.err, "not a number accepted: %s", nan_[i]);
+    }
+
+    /* js_skip: values, counts, and refusals */
+    struct { const char *json; int ok; size_t count; } sk[] = {
+        {" {\"a\": [1, 2, {\"b\": null}], \"c\": \"\\u00e9\", \"d\": true, \"e\": false}", 1, 4},
+        {"[]", 1, 0}, {"{}", 1, 0}, {"[[], {}, \"\", 0]", 1, 4}, {"\x01\x1f [1]\r\n", 1, 1},
+        {"[1,]", 0, 0}, {"[,1]", 0, 0}, {"{\"a\":1,}", 0, 0}, {"{\"a\" 1}", 0, 0}, {"{1:2}", 0, 0},
+        {"[1 2]", 0, 0}, {"[tru]", 0, 0}, {"[nul", 0, 0}, {"{\"a\":", 0, 0}, {"[\"\\ud800\"]", 0, 0},
+        {"", 0, 0}, {"]", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof sk / sizeof sk[0]; i++) {
+        struct js s;
+        js_init(&s, sk[i].json, 0, strlen(sk[i].json), 0);
+        size_t n = 99;
+        int rc = js_skip(&s, &n);
+        js_free(&s);
+        CHECK((rc == 0) == sk[i].ok && (!sk[i].ok || n == sk[i].count), "skip %zu (%s): rc %d count %zu %s", i,
+              sk[i].json, rc, n, s.err ? s.err : "");
+    }
+    /* nesting: 1000 containers deep is fine, 1001 is refused (cJSON's limit) */
+    for (int depth = 1000; depth <= 1001; depth++) {
+        char *b = kiln_malloc(2 * (size_t)depth);
+        memset(b, '[', (size_t)depth);
+        memset(b + depth, ']', (size_t)depth);
+        struct js s;
+        js_init(&s, b, 0, 2 * (size_t)depth, 0);
+        int rc = js_skip(&s, NULL);
+        CHECK(depth == 1000 ? rc == 0 : rc == -1 && strstr(s.err, "deep"), "depth %d: %s", depth, s.err ? s.err : "ok");
+        free(b);
+    }
+    /* the range is a hard limit: a value cut by it is an error, not a read beyond */
+    const char *cut = "[\"abc\", 12345]";
+    for (size_t n = 0; n < strlen(cut); n++) {
+        struct js s;
+        js_init(&s, cut, 0, n, 0);
+        CHECK(js_skip(&s, NULL) == -1 && s.err && s.err_off <= n, "cut at %zu accepted", n);
+    }
+}
+
+/* a valid synthetic tokenizer.json with the given pieces */
+static char *synth_with(const char *model_extra, const char *merges) {
+    return synth_json("null", bytelevel_pre, merges, model_extra, "");
+}
+
+static void test_load_json_scan(void) {
+    char err[256];
+    struct kiln_tokenizer *t;
+    int32_t w1[] = {97, 94, 97, 94, 98, 100, 18, -1}; /* "abc abc  a123", as in test_synthetic */
+
+    /* every prefix of a tokenizer.json is invalid JSON (the root object is
+     * not closed), and is refused with a message, never a crash; bytes after
+     * the root object are ignored, as cJSON does */
+    char *s = synth_with("", merges_pairs);
+    size_t n = strlen(s);
+    int refused = 0;
+    for (size_t i = 0; i < n; i++) {
+        t = tok_load_json(s, i, err, sizeof err);
+        refused += !t && strstr(err, "not valid JSON") != NULL;
+        tok_free(t);
+    }
+    CHECK(refused == (int)n, "%d of %zu prefixes refused as invalid JSON", refused, n);
+    t = tok_load_json(s, n, err, sizeof err);
+    CHECK(t != NULL, "%s", err);
+    tok_free(t);
+    char *tail = kiln_malloc(n + 16);
+    memcpy(tail, s, n);
+    memcpy(tail + n, " trailing ]]", 12);
+    t = tok_load_json(tail, n + 12, err, sizeof err);
+    CHECK(t != NULL, "trailing bytes: %s", err);
+    tok_free(t);
+    free(tail);
+
+    /* a UTF-8 BOM is skipped, as cJSON does */
+    char *bom = kiln_malloc(n + 4);
+    memcpy(bom, "\xEF\xBB\xBF", 3);
+    memcpy(bom + 3, s, n);
+    t = tok_load_json(bom, n + 3, err, sizeof err);
+    CHECK(t != NULL, "BOM: %s", err);
+    if (t) check_encode(t, "abc abc  a123", 13, w1, "BOM");
+    tok_free(t);
+    free(bom);
+
+    /* syntax errors anywhere, inside vocab or merges or after them, name the byte */
+    struct { const char *from, *to; } breaks[] = {
+        {"\"abc\":97", "\"abc\" 97"},             /* in the vocab */
+        {"[\"ab\",\"c\"]", "[\"ab\",\"c\",]"},    /* in the merges */
+        {"\"a\":64,", "\"a\":64x,"},
+        {"\"Ġab\":99", "\"Ġab\":\"\\ud800\""},
+        {"\"decoder\":{", "\"decoder\":{{"},
+    };
+    for (size_t i = 0; i < sizeof breaks / sizeof breaks[0]; i++) {
+        const char *at = strstr(s, breaks[i].from);
+        CHECK(at != NULL, "break %zu: '%s' not in the test file", i, breaks[i].from);
+        if (!at) continue;
+        size_t pre = (size_t)(at - s), fl = strlen(breaks[i].from), tl = strlen(breaks[i].to);
+        char *b = kiln_malloc(n + tl + 1);
+        memcpy(b, s, pre);
+        memcpy(b + pre, breaks[i].to, tl);
+        memcpy(b + pre + tl, at + fl, n - pre - fl + 1);
+        t = tok_load_json(b, strlen(b), err, sizeof err);
+        CHECK(!t && strstr(err, "not valid JSON (near byte "), "break %zu: %s", i, t ? "loaded" : err);
+        tok_free(t);
+        free(b);
+    }
+    free(s);
+
+    /* tokens spelled with escapes load as the same tokens: "a" as \u0061,
+     * "Ġ" (U+0120) as \u0120, in vocab keys and in both merge spellings */
+    const char *esc_merges[] = {
+        "[\"\\u0061 b\",\"ab c\",\"\\u0120 a\",\"\\u0120a b\",\"1 2\",\"b c\",\"\\u0120ab c\"]",
+        "[[\"\\u0061\",\"b\"],[\"ab\",\"c\"],[\"\\u0120\",\"a\"],[\"\\u0120a\",\"b\"],[\"1\",\"2\"],[\"b\",\"c\"],"
+        "[\"\\u0120ab\",\"\\u0063\"]]",
+    };
+    for (int v = 0; v < 2; v++) {
+        s = synth_with("", esc_merges[v]);
+        /* the vocab key "ab" as "\u0061\u0062" */
+        char *k = strstr(s, "\"ab\":96");
+        CHECK(k != NULL);
+        if (k) {
+            size_t off = (size_t)(k - s);
+            char *b = kiln_malloc(strlen(s) + 32);
+            memcpy(b, s, off);
+            strcpy(b + off, "\"\\u0061\\u0062\":96");
+            strcat(b, k + strlen("\"ab\":96"));
+            free(s);
+            s = b;
+        }
+        t = tok_load_json(s, strlen(s), err, sizeof err);
+        CHECK(t != NULL, "escaped tokens (%s): %s", v ? "pairs" : "strings", err);
+        if (t) {
+            check_encode(t, "abc abc  a123", 13, w1, v ? "escaped pairs" : "escaped strings");
+            CHECK(tok_token_id(t, "ab") == 96 && tok_token_id(t, "Ġab") == 99);
+            tok_free(t);
+        }
+        free(s);
+    }
+
+    /* a surrogate pair in a vocab key: a token outside the byte-level
+     * alphabet, kept as its UTF-8 (4 bytes) */
+    {
+        char *a = synth_with("", merges_str);
+        char *at = strstr(a, "\"xyz\":102");
+        CHECK(at != NULL);
+        if (at) {
+            size_t off = (size_t)(at - a);
+            char *b = kiln_malloc(strlen(a) + 32);
+            memcpy(b, a, off);
+            strcpy(b + off, "\"\\ud83d\\ude00\":102");
+            strcat(b, at + strlen("\"xyz\":102"));
+            t = tok_load_json(b, strlen(b), err, sizeof err);
+            CHECK(t != NULL, "surrogate key: %s", err);
+            if (t) {
+                size_t len;
+                const uint8_t *bytes = tok_id_bytes(t, 102, &len);
+                CHECK(bytes && len == 4 && !memcmp(bytes, "\xF0\x9F\x98\x80", 4));
+                tok_free(t);
+            }
+            free(b);
+        }
+        free(a);
+    }
+
+    /* merges before the vocab, and duplicate keys (the first one counts, as
+     * in cJSON): the same tokenizer */
+    {
+        char *a = synth_with("", merges_pairs);
+        char *v = strstr(a, "\"vocab\":"), *m = strstr(a, ",\"merges\":");
+        CHECK(v && m && v < m);
+        if (v && m) {
+            size_t vl = (size_t)(m - v), ml = strlen(m) - 2; /* ,"merges":[...] without the final }} */
+            char *b = kiln_malloc(strlen(a) + 256);
+            size_t off = (size_t)(v - a);
+            memcpy(b, a, off);
+            memcpy(b + off, m + 1, ml - 1); /* "merges":[...] */
+            b[off + ml - 1] = ',';
+            memcpy(b + off + ml, v, vl); /* "vocab":{...} */
+            strcpy(b + off + ml + vl, ",\"vocab\":{\"a\":5},\"merges\":[\"q q\"]}");
+            strcat(b, ",\"model\":{\"type\":\"WordPiece\"}}");
+            t = tok_load_json(b, strlen(b), err, sizeof err);
+            CHECK(t != NULL, "merges first, duplicate keys: %s", err);
+            if (t) check_encode(t, "abc abc  a123", 13, w1, "merges before vocab");
+            tok_free(t);
+            free(b);
+        }
+        free(a);
+    }
+
+    /* content errors keep their messages, and come after syntax errors */
+    struct { const char *extra, *merges, *vocab_from, *vocab_to, *want; } ce[] = {
+        {"", merges_str, "\"abc\":97", "\"abc\":\"97\"", "model.vocab['abc']: id is not a non-negative integer"},
+        {"", merges_str, "\"abc\":97", "\"abc\":-1", "model.vocab['abc']: id is not a non-negative integer"},
+        {"", merges_str, "\"abc\":97", "\"abc\":2147483647", "model.vocab['abc']: id is not a non-negative integer"},
+        {"", "[\"a b\",\"ab q\"]", NULL, NULL, "merge 1 ('ab' + 'q'): token not in vocab"},
+        {"", "[\"a b\",\"abc\"]", NULL, NULL, "merge 1 ('abc') is not two tokens"},
+        {"", "[\"a b\",\"a b c\"]", NULL, NULL, "merge 1 ('a b c') is not two tokens"},
+        {"", "[[\"a\",\"b\"],[\"a\"]]", NULL, NULL, "merge 1 is neither"},
+        {"", "[[\"a\",\"b\"],[\"a\",\"b\",\"c\"]]", NULL, NULL, "merge 1 is neither"},
+        {"", "[[\"a\",\"b\"],[\"a\",2]]", NULL, NULL, "merge 1 is neither"},
+        {"", "[[\"a\",\"b\"],7]", NULL, NULL, "merge 1 is neither"},
+        {"", "{}", NULL, NULL, "model.merges missing or not an array"},
+        /* model-level checks come before the vocab's content */
+        {"\"byte_fallback\":true,", merges_str, "\"abc\":97", "\"abc\":\"x\"", "byte_fallback"},
+        /* and a bad vocab before bad merges */
+        {"", "[\"a q\"]", "\"abc\":97", "\"abc\":null", "model.vocab['abc']"},
+    };
+    for (size_t i = 0; i < sizeof ce / sizeof ce[0]; i++) {
+        char *a = synth_with(ce[i].extra, ce[i].merges);
+        if (ce[i].vocab_from) {
+            char *at = strstr(a, ce[i].vocab_from);
+            size_t off = (size_t)(at - a);
+            char *b = kiln_malloc(strlen(a) + 64);
+            memcpy(b, a, off);
+            strcpy(b + off, ce[i].vocab_to);
+            strcat(b, at + strlen(ce[i].vocab_from));
+            free(a);
+            a = b;
+        }
+        t = tok_load_json(a, strlen(a), err, sizeof err);
+        CHECK(!t && strstr(err, ce[i].want), "content error %zu: %s", i, t ? "loaded" : err);
+        tok_free(t);
+        /* the same file with a syntax error at its very end: that one wins */
+        size_t al = strlen(a);
+        a[al - 1] = ']';
+        t = tok_load_json(a, al, err, sizeof err);
+        CHECK(!t && strstr(err, "not valid JSON"), "content error %zu then bad JSON: %s", i, t ? "loaded" : err);
+        tok_free(t);
+        free(a);
+    }
+}
+
 void test_tokenizer(void) {
+    test_json_scan();
+    test_load_json_scan();
     test_synthetic();
     test_errors();
     const char *dir = qwen3_dir();

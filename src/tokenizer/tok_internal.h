@@ -17,12 +17,23 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-/* string -> id, open addressing; keys live in one byte arena */
+/* string -> id, open addressing; keys live in one byte arena, in insertion
+ * order. A slot holds the key's hash (high 32 bits) and its index + 1 into
+ * keys (low 32 bits; 0 = empty), so a probe that misses reads no key; a key
+ * of up to 8 bytes is also packed into head, so a hit on it reads no arena
+ * (load touches these maps ~600k times: fewer cache misses matter). */
+struct tok_strkey {
+    uint64_t head; /* n <= 8: the bytes, packed as tok_key_of does */
+    uint32_t off, len;
+    int32_t id;
+    uint32_t hash;
+};
+
 struct tok_strmap {
-    uint32_t *slots; /* index+1 into keys, 0 = empty */
+    uint64_t *slots;
     uint32_t mask;
     uint32_t n;
-    struct { uint32_t off, len; int32_t id; uint32_t hash; } *keys;
+    struct tok_strkey *keys;
     uint32_t cap_keys;
     uint8_t *arena;
     size_t arena_len, arena_cap;

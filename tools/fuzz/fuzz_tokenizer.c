@@ -1,10 +1,11 @@
 /*
  * fuzz_tokenizer.c: libFuzzer entry for the tokenizer.
  *
+ *   make fuzz                    (scripts/fuzz.sh builds every target), or by hand:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tools/fuzz/fuzz_tokenizer.c \
- *     src/tokenizer/load.c src/tokenizer/bpe.c src/tokenizer/stream.c src/base/base.c \
- *     -lcjson -lpcre2-8 -lutf8proc -lpthread -lm -o fuzz-tokenizer
- *   KILN_FUZZ_MODEL=../shared/models/qwen3-tokenizer ./fuzz-tokenizer -max_total_time=120
+ *     src/tokenizer/load.c src/tokenizer/json_scan.c src/tokenizer/bpe.c src/tokenizer/stream.c \
+ *     src/base/base.c -lcjson -lpcre2-8 -lutf8proc -lpthread -lm -o fuzz-tokenizer
+ *   KILN_FUZZ_MODEL=tests/fixtures/qwen3-dense-tiny ./fuzz-tokenizer -max_total_time=120
  *
  * Inputs starting with '{' are loaded as a tokenizer.json (must not crash or
  * leak, whatever they hold). Other inputs are encoded with the Qwen3
