@@ -56,7 +56,7 @@ __global__ void k_kv_write(bf16 *__restrict__ kc, bf16 *__restrict__ vc, const b
 
 void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k, const void *v,
                  const struct kiln_batch *b) {
-    CU_OP_ENTER(be);
+    CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
     if (kv->dtype != KILN_DTYPE_BF16) {
         fprintf(stderr, "kiln: cuda: the KV cache must be BF16 (got %s)\n", dtype_name(kv->dtype));
@@ -65,6 +65,13 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
     if (!c->bytes_kv)
         c->bytes_kv = 2 * (size_t)kv->n_layer * kv->n_pages * kv->page_size * kv->n_head_kv * kv->head_dim * 2;
     const int n = b->n_tokens, hd = kv->head_dim, nkv = kv->n_head_kv;
+    /* the rope just before, on this k: one kernel ropes q and k and writes the cache */
+    if (c->prope.on && c->prope.k == k && c->prope.n_tok == n && c->prope.n_head_kv == nkv && c->prope.hd == hd && hd % 8 == 0 &&
+        !((uintptr_t)v & 15)) {
+        cu_rope_launch(c, (bf16 *)kv->k[layer], (bf16 *)kv->v[layer], (const bf16 *)v, kv->page_size);
+        return;
+    }
+    cu_flush(c);
     if (hd % 8 == 0) {
         size_t tot = (size_t)n * nkv * hd / 8;
         cu_launch(c->stream, k_kv_write<8>, (unsigned)((tot + 127) / 128), 128, 0, 

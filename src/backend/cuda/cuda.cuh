@@ -118,6 +118,35 @@ struct cuda_ctx {
     const bf16 *pend_x;
     int n_pend, pend_n, pend_n_in, no_defer;
 
+    /* decode ops held back to be fused into the next launch (KILN_CUDA_FUSE=0
+     * turns this off): an RMSNorm (with its residual add) folded into the
+     * GEMV that reads it (gemm.cu), a residual add folded into the RMSNorm
+     * that follows it, q/k norm + RoPE fused with the KV write (rope.cu) */
+    int no_fuse, no_fuse_norm, old_read;
+    struct {
+        int on, n, dim;
+        bf16 *x, *out;
+        const bf16 *y;
+        const float *w;
+        float eps;
+    } pnorm;
+    struct {
+        int on;
+        bf16 *x;
+        const bf16 *y;
+        size_t n;
+    } padd;
+    struct {
+        int on, n_tok, n_head, n_head_kv, hd;
+        bf16 *q, *k;
+        const float *qw, *kw, *inv_freq;
+        float af, eps;
+    } prope;
+    int *norm_cnt; /* the folded norm's block counter, kept zero between launches */
+    /* the logits' bf16 staging copy in pinned host memory (read) */
+    uint16_t *logit_host;
+    size_t logit_host_cap;
+
     /* memory accounting (bytes) */
     size_t bytes_weights, bytes_buffers, bytes_ws, bytes_kv; /* kv: set at the first kv_write */
     int logged;
@@ -195,8 +224,17 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
 /* checks the last launch (cheap; launch errors are bugs or a broken device) */
 #define CU_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 
-/* launches the queued decode matmuls (gemm.cu); every op but matmul calls it first */
+/* launches every held-back op (gemm.cu): the queued decode matmuls (with a
+ * folded norm), a pending norm, add or rope; every op but matmul calls it first */
 void cu_flush(struct cuda_ctx *c);
+/* only the queued matmuls (with their folded norm) */
+void cu_flush_mm(struct cuda_ctx *c);
+/* the standalone launches behind the held-back ops */
+void cu_norm_launch(struct cuda_ctx *c, bf16 *x, bf16 *out, const bf16 *y, const float *w, int n, int dim, float eps);
+void cu_add_launch(struct cuda_ctx *c, bf16 *x, const bf16 *y, size_t n);
+void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P);
+/* the router GEMV (f32 out) of MoE decode, folding in the pending norm when it produced x */
+void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
 /* the queued gate and up matmuls fused with out = silu(gate) * up; 0 if they do not match */
 int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn);
 

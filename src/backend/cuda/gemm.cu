@@ -4,7 +4,7 @@
  * Two paths, picked by the number of activation rows n:
  *  - n <= 8 (decode): our own GEMV. A step at batch 1 reads every weight
  *    once and does two flops per byte, so it runs at memory bandwidth or
- *    not at all: each lane streams 16-byte weight loads (4 in flight, cache
+ *    not at all: each lane streams 16-byte weight loads (8 in flight, cache
  *    hint L1::no_allocate so the small x stays in L1), one warp per output row,
  *    split-K across up to 8 warps of a block when the rows are too few to
  *    fill the GPU (k_proj, v_proj, small models).
@@ -58,9 +58,22 @@ template <> __device__ __forceinline__ bf16 to_out<bf16>(float v) { return __flo
 /* A lane's share of NB dot products between one weight row w and NB
  * activation rows (x, row stride nch 16-byte chunks) over chunks
  * [c, c1) with stride 32. */
-template <int NB>
+template <bool XS> __device__ __forceinline__ uint4 ldx(const uint4 *p) { return XS ? *p : __ldg(p); }
+
+template <int NB, bool XS = false>
 __device__ __forceinline__ void row_dots(float *acc, const uint4 *__restrict__ w, const uint4 *__restrict__ x, int nch,
                                          int c, int c1) {
+    /* 8 loads in flight per lane: a 4096-wide row split in two is one round
+     * trip to DRAM instead of two (ncu: 4096x4096 at 2.2 TB/s with 4) */
+    for (; c + 224 < c1; c += 256) {
+        uint4 wv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) wv[u] = ld_stream(w + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv[u], ldx<XS>(x + (size_t)j * nch + c + 32 * u));
+    }
     for (; c + 96 < c1; c += 128) {
         uint4 wv[4];
 #pragma unroll
@@ -68,13 +81,13 @@ __device__ __forceinline__ void row_dots(float *acc, const uint4 *__restrict__ w
 #pragma unroll
         for (int u = 0; u < 4; u++)
 #pragma unroll
-            for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv[u], __ldg(x + (size_t)j * nch + c + 32 * u));
+            for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv[u], ldx<XS>(x + (size_t)j * nch + c + 32 * u));
     }
 #pragma unroll 3
     for (; c < c1; c += 32) {
         uint4 wv = ld_stream(w + c);
 #pragma unroll
-        for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv, __ldg(x + (size_t)j * nch + c));
+        for (int j = 0; j < NB; j++) acc[j] = dot8(acc[j], wv, ldx<XS>(x + (size_t)j * nch + c));
     }
 }
 
@@ -101,21 +114,128 @@ struct gemv_jobs {
     int nj;
 };
 
-template <int NB, typename OutT, bool GLU>
-__global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int ks) {
-    pdl_wait();
-    const int ji = (J.nj > 2 && (int)blockIdx.x >= J.j[2].blk0) ? 2 : (J.nj > 1 && (int)blockIdx.x >= J.j[1].blk0) ? 1 : 0;
-    const struct gemv_job jb = ji == 0 ? J.j[0] : ji == 1 ? J.j[1] : J.j[2];
+/*
+ * An RMSNorm folded into the GEMV that reads its output (NORM): every block
+ * computes out = rmsnorm(x [+ y]) * w for the n rows into shared memory with
+ * the exact arithmetic of norm.cu (same chunk ownership, same block sum, so
+ * the same bits), runs the GEMV from there, and the last block to finish (an
+ * atomic counter, reset by that block) writes x += y and out to global
+ * memory, after every block has read them. This removes the norm's launch
+ * from a decode layer (gemm.cu cu_flush; cuda.cuh pending norm).
+ */
+struct gemv_norm {
+    bf16 *x, *out;
+    const bf16 *y;
+    const float *w;
+    float eps;
+    int *cnt;
+};
+
+__device__ __forceinline__ float gv_block_sum(float v) {
+    __shared__ float s[32];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) s[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += s[i];
+    return t;
+}
+
+__device__ __forceinline__ void gv_load8(float *f, const bf16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+__device__ __forceinline__ void gv_store8(bf16 *p, const float *f) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+
+/* L2 prefetch of a lane's first GEMV_PF chunks of a weight row: weights are
+ * never written by the previous kernel, so this runs before griddepcontrol.wait
+ * and overlaps the previous kernel's tail (the block is resident as soon as
+ * a slot frees up). */
+#define GEMV_PF 4
+__device__ __forceinline__ void prefetch_row(const uint4 *w, int c, int c1) {
+#pragma unroll
+    for (int u = 0; u < GEMV_PF; u++)
+        if (c + 32 * u < c1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + c + 32 * u));
+}
+
+template <int NB, typename OutT, bool GLU, bool NORM>
+__global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int ks,
+                                              const struct gemv_norm N, int pf, int nblk) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = ((int)blockIdx.x - jb.blk0) * (8 / ks) + warp / ks, part = warp % ks;
     const int nch = n_in >> 3, per = (nch + ks - 1) / ks;
-    const int c0 = part * per, c1 = min(nch, c0 + per);
+    const int part = warp % ks, c0 = part * per, c1 = min(nch, c0 + per);
+    if (pf) {
+        const int bid = blockIdx.x;
+        const int ji = (J.nj > 2 && bid >= J.j[2].blk0) ? 2 : (J.nj > 1 && bid >= J.j[1].blk0) ? 1 : 0;
+        const struct gemv_job jb = ji == 0 ? J.j[0] : ji == 1 ? J.j[1] : J.j[2];
+        const int row = (bid - jb.blk0) * (8 / ks) + warp / ks;
+        if (row < jb.n_out) {
+            prefetch_row((const uint4 *)(jb.w + (size_t)row * n_in), c0 + lane, c1);
+            if (GLU) prefetch_row((const uint4 *)(jb.w2 + (size_t)row * n_in), c0 + lane, c1);
+        }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    extern __shared__ uint4 xs_raw[];
+    bf16 *xs = (bf16 *)xs_raw;
+    if (NORM) {
+        for (int j = 0; j < NB; j++) {
+            const bf16 *xr = N.x + (size_t)j * n_in, *yr = N.y ? N.y + (size_t)j * n_in : NULL;
+            float ss = 0.f;
+            for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
+                float a[8];
+                gv_load8(a, xr + c);
+                if (yr) {
+                    float b[8];
+                    gv_load8(b, yr + c);
+                    for (int i = 0; i < 8; i++) a[i] = __bfloat162float(__float2bfloat16(a[i] + b[i]));
+                }
+                for (int i = 0; i < 8; i++) ss += a[i] * a[i];
+            }
+            const float r = rsqrtf(gv_block_sum(ss) / n_in + N.eps);
+            for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
+                float a[8];
+                gv_load8(a, xr + c);
+                if (yr) {
+                    float b[8];
+                    gv_load8(b, yr + c);
+                    for (int i = 0; i < 8; i++) a[i] = __bfloat162float(__float2bfloat16(a[i] + b[i]));
+                }
+                for (int i = 0; i < 8; i++) a[i] = N.w[c + i] * (a[i] * r);
+                gv_store8(xs + (size_t)j * n_in + c, a);
+            }
+        }
+        __syncthreads();
+    }
+    /* without NORM the grid is nblk blocks; with it, at most one wave, each
+     * block looping over block indices (fewer norm prologues) */
+    for (int bid = blockIdx.x; bid < nblk; bid += gridDim.x) {
+    const int ji = (J.nj > 2 && bid >= J.j[2].blk0) ? 2 : (J.nj > 1 && bid >= J.j[1].blk0) ? 1 : 0;
+    const struct gemv_job jb = ji == 0 ? J.j[0] : ji == 1 ? J.j[1] : J.j[2];
+    const int row = (bid - jb.blk0) * (8 / ks) + warp / ks;
     float acc[NB], acc2[NB];
 #pragma unroll
     for (int j = 0; j < NB; j++) acc[j] = acc2[j] = 0.f;
     if (row < jb.n_out) {
-        row_dots<NB>(acc, (const uint4 *)(jb.w + (size_t)row * n_in), (const uint4 *)x, nch, c0 + lane, c1);
-        if (GLU) row_dots<NB>(acc2, (const uint4 *)(jb.w2 + (size_t)row * n_in), (const uint4 *)x, nch, c0 + lane, c1);
+        const uint4 *xv = NORM ? (const uint4 *)xs : (const uint4 *)x;
+        row_dots<NB, NORM>(acc, (const uint4 *)(jb.w + (size_t)row * n_in), xv, nch, c0 + lane, c1);
+        if (GLU) row_dots<NB, NORM>(acc2, (const uint4 *)(jb.w2 + (size_t)row * n_in), xv, nch, c0 + lane, c1);
     }
 #pragma unroll
     for (int j = 0; j < NB; j++) {
@@ -149,6 +269,35 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
             }
         }
     }
+    if (ks > 1) __syncthreads(); /* red[] is rewritten by the next iteration */
+    }
+    if (NORM) {
+        /* every block has read x, y and out once it counts itself done */
+        __shared__ int last;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            last = atomicAdd(N.cnt, 1) == (int)gridDim.x - 1;
+        }
+        __syncthreads();
+        if (last) {
+            for (int j = 0; j < NB; j++) {
+                bf16 *xr = N.x + (size_t)j * n_in, *orow = N.out + (size_t)j * n_in;
+                const bf16 *yr = N.y ? N.y + (size_t)j * n_in : NULL;
+                for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
+                    if (yr) {
+                        float a[8], b[8];
+                        gv_load8(a, xr + c);
+                        gv_load8(b, yr + c);
+                        for (int i = 0; i < 8; i++) a[i] = a[i] + b[i];
+                        gv_store8(xr + c, a);
+                    }
+                    *(uint4 *)(orow + c) = *(const uint4 *)(xs + (size_t)j * n_in + c);
+                }
+            }
+            if (threadIdx.x == 0) *N.cnt = 0;
+        }
+    }
 }
 
 /* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
@@ -170,9 +319,13 @@ __global__ void k_gemv_any(OutT *__restrict__ out, const bf16 *__restrict__ x, c
 
 static int gemv_ok(const bf16 *x, const bf16 *w, int n_in) { return n_in % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15); }
 
-/* launches jobs J (blk0 filled here) over n rows of x */
+int cu_gemv_pf = 1;
+
+/* launches jobs J (blk0 filled here) over n rows of x; with the pending norm
+ * folded in when nm (then x is nm->out) */
 template <typename OutT, bool GLU>
-static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in) {
+static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in,
+                             const struct gemv_norm *nm = NULL) {
     /* enough warps in flight to cover the memory latency: about 48 per SM */
     long rows = 0;
     for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
@@ -181,8 +334,21 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
     while (ks > 1 && nch / ks < 128) ks /= 2; /* >= 4 chunks per lane: one full batch of loads in flight */
     int blk = 0, rpb = 8 / ks;
     for (int i = 0; i < J->nj; i++) J->j[i].blk0 = blk, blk += (J->j[i].n_out + rpb - 1) / rpb;
-#define GEMV_CASE(NB) \
-    case NB: cu_launch(c->stream, k_gemv<NB, OutT, GLU>, blk, 256, 0, *J, x, n_in, ks); break;
+    struct gemv_norm N = {};
+    if (nm) N = *nm;
+    const size_t smem = nm ? (size_t)n * n_in * 2 : 0;
+#define GEMV_CASE(NB)                                                                                              \
+    case NB:                                                                                                       \
+        if (nm) {                                                                                                  \
+            int occ = 0;                                                                                           \
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_gemv<NB, OutT, GLU, true>, 256, smem) != cudaSuccess || occ < 1) \
+                occ = 1;                                                                                           \
+            const int grid = blk < occ * c->n_sm ? blk : occ * c->n_sm;                                            \
+            cu_launch(c->stream, k_gemv<NB, OutT, GLU, true>, grid, 256, smem, *J, x, n_in, ks, N, cu_gemv_pf, blk); \
+        } else {                                                                                                   \
+            cu_launch(c->stream, k_gemv<NB, OutT, GLU, false>, blk, 256, 0, *J, x, n_in, ks, N, cu_gemv_pf, blk);  \
+        }                                                                                                          \
+        break;
     switch (n) {
         GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
     }
@@ -205,9 +371,20 @@ static void gemv(struct cuda_ctx *c, OutT *out, const bf16 *x, const bf16 *w, co
 
 /* ==== deferred decode matmuls: q/k/v in one launch, gate/up fused with SwiGLU ==== */
 
-/* Launches the queued matmuls (all read the same x) as one multi-job GEMV.
- * Every op other than matmul calls this first, so the queue is invisible. */
-void cu_flush(struct cuda_ctx *c) {
+/* the pending norm can be folded into a GEMV over x (its output) */
+static int norm_fold(struct cuda_ctx *c, const void *x, int n, int n_in) {
+    return c->pnorm.on && c->pnorm.out == x && c->pnorm.n == n && c->pnorm.dim == n_in && (size_t)n * n_in * 2 <= 48 * 1024;
+}
+
+static struct gemv_norm take_norm(struct cuda_ctx *c) {
+    struct gemv_norm N = {c->pnorm.x, c->pnorm.out, c->pnorm.y, c->pnorm.w, c->pnorm.eps, c->norm_cnt};
+    c->pnorm.on = 0;
+    return N;
+}
+
+/* Launches the queued matmuls (all read the same x) as one multi-job GEMV,
+ * with the pending norm folded in when it produced that x. */
+void cu_flush_mm(struct cuda_ctx *c) {
     if (!c->n_pend) return;
     struct gemv_jobs J = {};
     J.nj = c->n_pend;
@@ -216,7 +393,28 @@ void cu_flush(struct cuda_ctx *c) {
         J.j[i].n_out = c->pend[i].n_out;
     }
     c->n_pend = 0;
-    gemv_jobs_launch<bf16, false>(c, &J, c->pend_x, c->pend_n, c->pend_n_in);
+    if (norm_fold(c, c->pend_x, c->pend_n, c->pend_n_in)) {
+        struct gemv_norm N = take_norm(c);
+        gemv_jobs_launch<bf16, false>(c, &J, c->pend_x, c->pend_n, c->pend_n_in, &N);
+    } else {
+        gemv_jobs_launch<bf16, false>(c, &J, c->pend_x, c->pend_n, c->pend_n_in);
+    }
+}
+
+/* Every op other than matmul calls this first, so the held-back ops are
+ * invisible: at most one kind is pending at a time (each is held back only
+ * right after a flush), except a norm with the matmuls that read it. */
+void cu_flush(struct cuda_ctx *c) {
+    if (c->prope.on) cu_rope_launch(c, NULL, NULL, NULL, 0); /* clears prope.on */
+    if (c->padd.on) {
+        c->padd.on = 0;
+        cu_add_launch(c, c->padd.x, c->padd.y, c->padd.n);
+    }
+    cu_flush_mm(c);
+    if (c->pnorm.on) {
+        c->pnorm.on = 0;
+        cu_norm_launch(c, c->pnorm.x, c->pnorm.out, c->pnorm.y, c->pnorm.w, c->pnorm.n, c->pnorm.dim, c->pnorm.eps);
+    }
 }
 
 /* out = silu(gate) * up when gate and up are the two queued matmuls: one
@@ -230,7 +428,12 @@ int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void 
     J.j[0].w = c->pend[0].L->w, J.j[0].w2 = c->pend[1].L->w, J.j[0].bias = c->pend[0].L->bias, J.j[0].bias2 = c->pend[1].L->bias;
     J.j[0].out = out, J.j[0].out2 = (void *)up, J.j[0].n_out = ffn;
     c->n_pend = 0;
-    gemv_jobs_launch<bf16, true>(c, &J, c->pend_x, n, c->pend_n_in);
+    if (norm_fold(c, c->pend_x, n, c->pend_n_in)) {
+        struct gemv_norm N = take_norm(c);
+        gemv_jobs_launch<bf16, true>(c, &J, c->pend_x, n, c->pend_n_in, &N);
+    } else {
+        gemv_jobs_launch<bf16, true>(c, &J, c->pend_x, n, c->pend_n_in);
+    }
     return 1;
 }
 
@@ -255,6 +458,11 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     struct cuda_ctx *c = cu_ctx(be);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
     if (n <= GEMV_MAX_ROWS && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
+        /* a pending norm stays pending only if this matmul reads its output
+         * and writes none of its buffers */
+        if (c->pnorm.on && !(norm_fold(c, x, n, w->n_in) && out != c->pnorm.x && out != c->pnorm.out && out != (void *)c->pnorm.y))
+            cu_flush(c);
+        if (c->padd.on || c->prope.on) cu_flush(c);
         /* queue it: matmuls that read the same x run as one launch */
         int ok = c->n_pend < 3 && out != x;
         if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in)) ok = 0;
@@ -281,6 +489,21 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
 void cu_matmul_f32(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
     if (n <= GEMV_MAX_ROWS) gemv<float>(c, out, x, w, NULL, n, n_out, n_in);
     else blas_gemm(c, out, CUDA_R_32F, x, w, n, n_out, n_in);
+}
+
+void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
+    if (n <= GEMV_MAX_ROWS && norm_fold(c, x, n, n_in) && gemv_ok(x, w, n_in) && (void *)out != c->pnorm.x &&
+        (void *)out != c->pnorm.out && (const void *)out != c->pnorm.y) {
+        cu_flush_mm(c);
+        struct gemv_jobs J = {};
+        J.nj = 1;
+        J.j[0].w = w, J.j[0].out = out, J.j[0].n_out = n_out;
+        struct gemv_norm N = take_norm(c);
+        gemv_jobs_launch<float, false>(c, &J, x, n, n_in, &N);
+        return;
+    }
+    cu_flush(c);
+    cu_matmul_f32(c, out, x, w, n, n_out, n_in);
 }
 
 void cu_gemm_bf16(struct cuda_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {

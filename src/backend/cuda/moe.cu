@@ -108,8 +108,10 @@ __global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, co
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe_ffn *m, int n, int dim) {
-    CU_OP_ENTER(be);
+    CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    /* a pending norm that produced x is folded into the router GEMV */
+    if (!(c->pnorm.on && c->pnorm.out == x_ && !c->n_pend)) cu_flush(c);
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
     const bf16 *x = (const bf16 *)x_;
     if (dim % 8 || F % 8 || K > 32) {
@@ -128,7 +130,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
     int *sel = (int *)(buf + o_sel);
 
-    cu_matmul_f32(c, logits, x, ((const struct cu_linear *)m->router.be)->w, n, E, dim);
+    cu_matmul_f32_norm(c, logits, x, ((const struct cu_linear *)m->router.be)->w, n, E, dim);
     cu_launch(c->stream, k_route, (n + 7) / 8, 256, (size_t)8 * E * sizeof(float), sel, wsel, logits, n, E, K, m->norm_topk);
     CU_LAUNCHED();
 

@@ -14,12 +14,26 @@
 
 __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const float *__restrict__ qw, const float *__restrict__ kw,
                                                       const float *__restrict__ inv_freq, float af, const int *__restrict__ pos,
-                                                      int n_tok, int n_head, int n_head_kv, int hd, float eps) {
+                                                      int n_tok, int n_head, int n_head_kv, int hd, float eps, bf16 *kc, bf16 *vc,
+                                                      const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
+                                                      const int *__restrict__ row_t, const int *__restrict__ seq,
+                                                      const int *__restrict__ pages, int P) {
     pdl_wait();
     const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    const int nh = n_head + n_head_kv;
+    const int nh = n_head + n_head_kv + (kc ? n_head_kv : 0);
     if (gw >= n_tok * nh) return;
     const int t = gw / nh, h = gw % nh, half = hd / 2;
+    /* fused KV write: the cache row of token t, kv head hk */
+    size_t cbase = 0;
+    if (kc && h >= n_head) {
+        const int hk = (h - n_head) % n_head_kv, s = row_seq[t], tt = row_t[t];
+        cbase = (((size_t)pages[seq[4 * s + 3] + tt / P] * n_head_kv + hk) * P + tt % P) * hd;
+        if (h >= n_head + n_head_kv) { /* a v head: copy (hd % 8 == 0) */
+            const uint4 *src = (const uint4 *)(vsrc + ((size_t)t * n_head_kv + hk) * hd);
+            for (int i = lane; i < hd / 8; i += 32) ((uint4 *)(vc + cbase))[i] = src[i];
+            return;
+        }
+    }
     bf16 *v = h < n_head ? q + ((size_t)t * n_head + h) * hd : k + ((size_t)t * n_head_kv + (h - n_head)) * hd;
     const float *nw = h < n_head ? qw : kw;
     float a[ROPE_MAX_PAIRS], b[ROPE_MAX_PAIRS], ss = 0.f;
@@ -45,11 +59,25 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
         float s, c;
         sincosf(p * inv_freq[i], &s, &c);
         c *= af, s *= af;
-        v[i] = __float2bfloat16(x0 * c - x1 * s);
-        v[i + half] = __float2bfloat16(x1 * c + x0 * s);
+        const bf16 r0 = __float2bfloat16(x0 * c - x1 * s), r1 = __float2bfloat16(x1 * c + x0 * s);
+        v[i] = r0, v[i + half] = r1;
+        if (kc && h >= n_head) kc[cbase + i] = r0, kc[cbase + i + half] = r1;
     }
 }
 
+/* launches the pending rope (cuda.cuh prope), with the KV write fused in when kc */
+void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P) {
+    c->prope.on = 0;
+    const int nh = c->prope.n_head + c->prope.n_head_kv + (kc ? c->prope.n_head_kv : 0);
+    const int warps = c->prope.n_tok * nh;
+    cu_launch(c->stream, k_qk_norm_rope, (warps + 7) / 8, 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw,
+              c->prope.inv_freq, c->prope.af, c->d_pos, c->prope.n_tok, c->prope.n_head, c->prope.n_head_kv, c->prope.hd,
+              c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, P);
+    CU_LAUNCHED();
+}
+
+/* held back (decode) so that the KV write right after can be fused into it
+ * (attention.cu cu_kv_write); any other next op launches it as it is */
 void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct ktensor *qn, const struct ktensor *kn,
                      const struct rope *rope, const struct kiln_batch *b, int n_head, int n_head_kv, int head_dim,
                      float eps) {
@@ -59,10 +87,10 @@ void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct kte
         fprintf(stderr, "kiln: cuda: head_dim %d > %d is not supported\n", head_dim, 64 * ROPE_MAX_PAIRS);
         abort();
     }
-    int warps = b->n_tokens * (n_head + n_head_kv);
-    cu_launch(c->stream, k_qk_norm_rope, (warps + 7) / 8, 256, 0, (bf16 *)q, (bf16 *)k, qn ? (const float *)qn->be : NULL,
-                                                           kn ? (const float *)kn->be : NULL, (const float *)rope->be,
-                                                           rope->attn_factor, c->d_pos, b->n_tokens, n_head, n_head_kv,
-                                                           head_dim, eps);
-    CU_LAUNCHED();
+    c->prope.q = (bf16 *)q, c->prope.k = (bf16 *)k, c->prope.qw = qn ? (const float *)qn->be : NULL;
+    c->prope.kw = kn ? (const float *)kn->be : NULL, c->prope.inv_freq = (const float *)rope->be, c->prope.af = rope->attn_factor;
+    c->prope.n_tok = b->n_tokens, c->prope.n_head = n_head, c->prope.n_head_kv = n_head_kv, c->prope.hd = head_dim;
+    c->prope.eps = eps;
+    c->prope.on = 1;
+    if (c->no_fuse || b->n_tokens > 8) cu_rope_launch(c, NULL, NULL, NULL, 0);
 }
