@@ -16,7 +16,10 @@ static const struct {
     {"logits", cli_logits, "write last-position logits: kiln logits -m MODEL --ids 1,2,3 --out FILE"},
     {"inspect", cli_inspect, "architecture, shapes, dtypes, parameter count: kiln inspect -m MODEL"},
     {"tokenize", cli_tokenize, "text on stdin to ids (or --decode ids to text): kiln tokenize -m MODEL"},
+    {"serve", cli_serve, "OpenAI-compatible HTTP server: kiln serve -m MODEL [--host 127.0.0.1] [--port 8000]"},
     {"template", cli_template, "render the chat template: kiln template -m MODEL --messages FILE.json"},
+    {"quantize", cli_quantize, "round-to-nearest: kiln quantize -m MODEL --to q8_0|q4_0|q4_k|gptq-int4|gptq-int8|fp8 -o OUT"},
+    {"bench", cli_bench, "benchmarks: kiln bench [--profile prefix|speed|batch|pp-tg] | kiln bench serve --url URL"},
 };
 
 static void usage(FILE *f) {

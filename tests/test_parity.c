@@ -160,6 +160,6 @@ static void check_model(const char *name) {
 }
 
 void test_parity(void) {
-    const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny"};
+    const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny", "qwen3-fp8-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
 }

@@ -11,5 +11,8 @@ int cli_logits(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_template(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
+int cli_serve(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 #endif

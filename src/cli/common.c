@@ -10,9 +10,10 @@
 
 const char *cli_model_usage =
     "model options:\n"
-    "  -m, --model DIR        Hugging Face checkpoint directory\n"
+    "  -m, --model DIR|FILE   Hugging Face checkpoint directory, or a .gguf file\n"
     "  --dummy NAME|FILE      seeded random weights of a built-in config (qwen3-0.6b ... qwen3-235b-a22b) or a config.json\n"
     "  --dtype bf16|f16|f32   dummy weights' dtype (default bf16)\n"
+    "  --quant FMT            dummy weights built quantized: fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k\n"
     "  --seed-weights N       dummy weights' seed (default 0)\n"
     "  --backend cpu|cuda     compute backend (default: the best present)\n"
     "  -t, --threads N        CPU threads (default: all cores)\n"
@@ -45,6 +46,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct kiln_engine_opts *o) {
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) sv = &o->model;
     else if (!strcmp(a, "--dummy")) sv = &o->dummy;
     else if (!strcmp(a, "--dtype")) sv = &o->dummy_dtype;
+    else if (!strcmp(a, "--quant")) sv = &o->quant;
     else if (!strcmp(a, "--backend")) sv = &o->backend;
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) iv = &o->n_threads;
     else if (!strcmp(a, "--max-total-tokens")) iv = &o->max_total_tokens;

@@ -7,17 +7,11 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "engine/engine_internal.h"
 #include "engine/kv.h"
+#include "format/quant.h"
 #include "kiln.h"
 #include "model/model.h"
-
-struct kiln_engine {
-    struct kiln_backend *be;
-    struct kiln_model model;
-    struct kv_pool kv;
-    int prefill_chunk;
-    int max_tokens;
-};
 
 struct kiln_seq {
     kiln_engine *e;
@@ -44,7 +38,7 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
             kiln_errf(err, errlen, "--dtype %s: expected bf16, f16 or f32", o->dummy_dtype);
             goto fail;
         }
-        rc = model_load_dummy(&e->model, o->dummy, dt, o->seed, e->be, err, errlen);
+        rc = model_load_dummy_quant(&e->model, o->dummy, dt, o->quant, o->quant_group, o->seed, e->be, err, errlen);
     } else if (o->model) {
         rc = model_load_dir(&e->model, o->model, e->be, err, errlen);
     } else {
@@ -227,7 +221,9 @@ int kiln_generate(kiln_engine *e, const int32_t *prompt, int n_prompt, int n_gen
 /* ==== inspect ==== */
 
 static void describe_linear(FILE *f, const char *name, const struct qlinear *w) {
-    fprintf(f, "  %-28s [%d, %d] %s%s\n", name, w->n_out, w->n_in, dtype_name(w->w.dtype), w->bias.data ? " +bias" : "");
+    char fmt[64];
+    quant_linear_label(w, fmt, sizeof fmt);
+    fprintf(f, "  %-28s [%d, %d] %s%s\n", name, w->n_out, w->n_in, fmt, w->bias.data ? " +bias" : "");
 }
 
 void kiln_engine_describe(const kiln_engine *e, FILE *f) {
@@ -255,6 +251,7 @@ void kiln_engine_describe(const kiln_engine *e, FILE *f) {
     int64_t np = model_n_params(m), nb = model_n_bytes(m);
     fprintf(f, "parameters:    %lld (%.3f B)\n", (long long)np, np / 1e9);
     fprintf(f, "weight bytes:  %lld (%.2f GiB)\n", (long long)nb, nb / (double)(1 << 30));
+    model_describe_formats(m, f);
     fprintf(f, "backend:       %s\n", e->be->name);
     size_t kvb = kv_bytes_per_token(c->n_layer, c->n_head_kv, c->head_dim, e->kv.cache.dtype);
     fprintf(f, "kv cache:      %d tokens x %zu bytes = %.1f MiB (%s, pages of %d)\n", e->max_tokens, kvb,

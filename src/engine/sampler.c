@@ -197,3 +197,23 @@ int32_t sampler_sample(struct kiln_sampler *s, float *l) {
     free(pr);
     return tok;
 }
+
+float sampler_logprobs(const float *l, int V, int32_t tok, int n_top, int32_t *top_ids, float *top_lp) {
+    float mx = l[sampler_argmax(l, V)];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(l[i] - mx));
+    float lse = mx + (float)log(sum);
+    /* top n_top by insertion into a short sorted list; ties keep the lower id */
+    int k = 0;
+    for (int i = 0; i < V && n_top > 0; i++) {
+        if (k == n_top && l[i] <= l[top_ids[k - 1]]) continue;
+        int j = k < n_top ? k++ : k - 1;
+        while (j > 0 && l[top_ids[j - 1]] < l[i]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    for (int j = 0; j < k; j++) top_lp[j] = l[top_ids[j]] - lse;
+    return l[tok] - lse;
+}

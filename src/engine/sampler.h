@@ -58,4 +58,9 @@ int sampler_candidates(struct kiln_sampler *s, float *logits, int32_t *out, floa
 
 int32_t sampler_argmax(const float *logits, int n);
 
+/* Log-probabilities of one row of raw logits (log-softmax): returns the
+ * logprob of token tok and writes the n_top most likely ids and their
+ * logprobs, most likely first, to top_ids/top_lp (n_top may be 0). */
+float sampler_logprobs(const float *logits, int vocab, int32_t tok, int n_top, int32_t *top_ids, float *top_lp);
+
 #endif

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 #include "base/base.h"
 
@@ -227,11 +228,7 @@ int config_parse(struct kiln_config *c, const char *json, const char *path, char
         }
     }
     const cJSON *q = item(root, "quantization_config");
-    if (q) {
-        const cJSON *m = item(q, "quant_method");
-        kiln_errf(err, errlen, "%s: quantization_config (quant_method \"%s\") is not supported yet", path, cJSON_IsString(m) ? m->valuestring : "?");
-        goto fail;
-    }
+    if (q) TRY(config_parse_quant(&c->quant, q, path, err, errlen));
 
     /* FFN sizes and MoE */
     c->ffn = 0;
@@ -320,4 +317,74 @@ int config_load_dir(struct kiln_config *c, const char *dir, char *err, size_t er
 void config_free(struct kiln_config *c) {
     free(c->layer_moe);
     c->layer_moe = NULL;
+    config_free_quant(&c->quant);
+}
+
+void config_free_quant(struct kiln_quant_cfg *q) {
+    for (int i = 0; i < q->n_skip; i++) free(q->skip[i]);
+    free(q->skip);
+    memset(q, 0, sizeof *q);
+}
+
+/* quantization_config, as the releases spell it:
+ *   fp8:  {"quant_method":"fp8","fmt":"e4m3","activation_scheme":"dynamic","weight_block_size":[128,128],
+ *          "modules_to_not_convert":[...]}
+ *   gptq: {"quant_method":"gptq","bits":4,"group_size":128,"desc_act":false,"sym":true,"checkpoint_format":"gptq"}
+ *   awq:  {"quant_method":"awq","bits":4,"group_size":128,"version":"gemm","zero_point":true}            */
+int config_parse_quant(struct kiln_quant_cfg *q, const void *obj, const char *path, char *err, size_t errlen) {
+    const cJSON *o = obj;
+    memset(q, 0, sizeof *q);
+    if (!cJSON_IsObject(o)) return kiln_errf(err, errlen, "%s: \"quantization_config\" must be an object", path);
+    const cJSON *m = item(o, "quant_method");
+    const char *method = cJSON_IsString(m) ? m->valuestring : "(none)";
+    const cJSON *sk = item(o, "modules_to_not_convert");
+    if (sk && !cJSON_IsArray(sk)) return kiln_errf(err, errlen, "%s: quantization_config.modules_to_not_convert must be a list or null", path);
+    for (const cJSON *x = sk ? sk->child : NULL; x; x = x->next) {
+        if (!cJSON_IsString(x)) return kiln_errf(err, errlen, "%s: quantization_config.modules_to_not_convert holds a non-string", path);
+        q->skip = kiln_realloc(q->skip, sizeof *q->skip * (size_t)(q->n_skip + 1));
+        q->skip[q->n_skip++] = kiln_strdup(x->valuestring);
+    }
+    if (!strcmp(method, "fp8")) {
+        q->method = KILN_QUANT_FP8;
+        const cJSON *f = item(o, "fmt");
+        if (f && (!cJSON_IsString(f) || strcmp(f->valuestring, "e4m3")))
+            return kiln_errf(err, errlen, "%s: fp8 fmt \"%s\" is not supported (only e4m3)", path, cJSON_IsString(f) ? f->valuestring : "?");
+        const cJSON *b = item(o, "weight_block_size");
+        if (!b) return kiln_errf(err, errlen, "%s: fp8 without weight_block_size (per-tensor FP8) is not supported; kiln runs the block-wise [128, 128] layout", path);
+        if (!cJSON_IsArray(b) || cJSON_GetArraySize(b) != 2 || !cJSON_IsNumber(b->child) || !cJSON_IsNumber(b->child->next) ||
+            b->child->valuedouble < 1 || b->child->next->valuedouble < 1 || b->child->valuedouble > 65536 || b->child->next->valuedouble > 65536)
+            return kiln_errf(err, errlen, "%s: fp8 weight_block_size must be [n, k] with positive integers", path);
+        q->block_n = (int)b->child->valuedouble;
+        q->block_k = (int)b->child->next->valuedouble;
+        return 0;
+    }
+    if (!strcmp(method, "gptq") || !strcmp(method, "awq")) {
+        int awq = method[0] == 'a';
+        q->method = awq ? KILN_QUANT_AWQ : KILN_QUANT_GPTQ;
+        if (req_int(o, "bits", &q->bits, 1, 64, path, err, errlen)) return kiln_err_prefix(err, errlen, "quantization_config: ");
+        if (req_int(o, "group_size", &q->group_size, -1, 1 << 20, path, err, errlen)) return kiln_err_prefix(err, errlen, "quantization_config: ");
+        if (q->group_size == 0) return kiln_errf(err, errlen, "%s: quantization_config.group_size 0 (use -1 for per-channel)", path);
+        if (awq) {
+            if (q->bits != 4) return kiln_errf(err, errlen, "%s: AWQ with bits %d is not supported (only 4-bit AWQ exists)", path, q->bits);
+            const cJSON *v = item(o, "version");
+            if (v && (!cJSON_IsString(v) || strcasecmp(v->valuestring, "gemm")))
+                return kiln_errf(err, errlen, "%s: AWQ version \"%s\" is not supported (only gemm)", path, cJSON_IsString(v) ? v->valuestring : "?");
+            int zp = 1;
+            if (get_bool(o, "zero_point", &zp, path, err, errlen) < 0) return -1;
+            if (!zp) return kiln_errf(err, errlen, "%s: AWQ with zero_point false is not supported", path);
+            return 0;
+        }
+        if (q->bits != 4 && q->bits != 8) return kiln_errf(err, errlen, "%s: GPTQ with bits %d is not supported (4 and 8 are)", path, q->bits);
+        q->sym = 1;
+        if (get_bool(o, "sym", &q->sym, path, err, errlen) < 0 || get_bool(o, "desc_act", &q->desc_act, path, err, errlen) < 0) return -1;
+        const cJSON *cf = item(o, "checkpoint_format");
+        if (cf) {
+            if (!cJSON_IsString(cf)) return kiln_errf(err, errlen, "%s: checkpoint_format must be a string", path);
+            if (!strcmp(cf->valuestring, "gptq_v2")) q->v2 = 1;
+            else if (strcmp(cf->valuestring, "gptq"))
+                return kiln_errf(err, errlen, "%s: GPTQ checkpoint_format \"%s\" is not supported (gptq and gptq_v2 are)", path, cf->valuestring);
+        }
+        return 0;
+    }
+    return kiln_errf(err, errlen, "%s: quantization_config quant_method \"%s\" is not supported (fp8, gptq, awq are; GGUF files load directly)", path, method);
 }

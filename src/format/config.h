@@ -45,6 +45,31 @@ struct kiln_rope_cfg {
 
 #define KILN_MAX_EOS 8
 
+/* quantization_config of a quantized checkpoint (GPTQ, AWQ, FP8 block), or
+ * the GGUF file's tensor types (method GGUF, nothing else set). Parsed and
+ * checked by config_parse: a combination kiln cannot run is an error there,
+ * never wrong numbers later. Which linears are quantized is decided per
+ * module by the tensors present (qweight / F8_E4M3 weight), so unquantized
+ * lm_head, routers and modules_to_not_convert need no list. */
+enum kiln_quant_method {
+    KILN_QUANT_NONE = 0,
+    KILN_QUANT_FP8,  /* quant_method "fp8": e4m3 weights, weight_block_size scales */
+    KILN_QUANT_GPTQ, /* quant_method "gptq": checkpoint_format gptq (v1) or gptq_v2 */
+    KILN_QUANT_AWQ,  /* quant_method "awq", version gemm */
+    KILN_QUANT_GGUF, /* a .gguf file: per-tensor types */
+};
+
+struct kiln_quant_cfg {
+    enum kiln_quant_method method;
+    int bits;             /* GPTQ 4|8, AWQ 4 */
+    int group_size;       /* GPTQ/AWQ: -1 = per output channel */
+    int sym, desc_act;    /* GPTQ */
+    int v2;               /* GPTQ checkpoint_format gptq_v2: zeros stored as is */
+    int block_n, block_k; /* FP8 weight_block_size */
+    int n_skip;           /* modules_to_not_convert */
+    char **skip;
+};
+
 struct kiln_config {
     enum kiln_arch arch;
     char arch_name[64];
@@ -80,6 +105,8 @@ struct kiln_config {
     /* sampling defaults from generation_config.json (0 = unset) */
     float gen_temperature, gen_top_p;
     int gen_top_k;
+
+    struct kiln_quant_cfg quant; /* method NONE for a plain checkpoint */
 };
 
 /* Parses config.json text. path names the file in error messages. Fills cfg
@@ -93,6 +120,11 @@ int config_parse_generation(struct kiln_config *cfg, const char *json, const cha
 int config_load_dir(struct kiln_config *cfg, const char *dir, char *err, size_t errlen);
 
 void config_free(struct kiln_config *cfg);
+
+/* Parses a quantization_config object (cJSON *) into q; -1 with a clear
+ * error for an unsupported method or combination. */
+int config_parse_quant(struct kiln_quant_cfg *q, const void *cjson_obj, const char *path, char *err, size_t errlen);
+void config_free_quant(struct kiln_quant_cfg *q);
 
 const char *config_arch_name(enum kiln_arch a);
 

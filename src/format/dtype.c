@@ -14,6 +14,11 @@ static const struct {
     [KILN_DTYPE_U8] = {"U8", 1},         [KILN_DTYPE_I16] = {"I16", 2},
     [KILN_DTYPE_I32] = {"I32", 4},       [KILN_DTYPE_I64] = {"I64", 8},
     [KILN_DTYPE_BOOL] = {"BOOL", 1},
+    /* block formats: not safetensors dtypes; size per element is not whole */
+    [KILN_DTYPE_Q8_0] = {"Q8_0", 0},     [KILN_DTYPE_Q4_0] = {"Q4_0", 0},
+    [KILN_DTYPE_Q4_1] = {"Q4_1", 0},     [KILN_DTYPE_Q4_K] = {"Q4_K", 0},
+    [KILN_DTYPE_Q5_0] = {"Q5_0", 0},     [KILN_DTYPE_Q5_1] = {"Q5_1", 0},
+    [KILN_DTYPE_Q5_K] = {"Q5_K", 0},     [KILN_DTYPE_Q6_K] = {"Q6_K", 0},
 };
 
 const char *dtype_name(enum kiln_dtype t) {
@@ -22,7 +27,7 @@ const char *dtype_name(enum kiln_dtype t) {
 
 enum kiln_dtype dtype_from_safetensors(const char *s) {
     for (int t = 1; t < KILN_DTYPE_COUNT; t++)
-        if (table[t].name && !strcmp(table[t].name, s)) return (enum kiln_dtype)t;
+        if (table[t].name && table[t].size && !strcmp(table[t].name, s)) return (enum kiln_dtype)t;
     return KILN_DTYPE_NONE;
 }
 

@@ -26,6 +26,15 @@ enum kiln_dtype {
     KILN_DTYPE_I32,
     KILN_DTYPE_I64,
     KILN_DTYPE_BOOL,
+    /* GGUF blocks (format/quant.h has their sizes; dtype_size is 0) */
+    KILN_DTYPE_Q8_0,
+    KILN_DTYPE_Q4_0,
+    KILN_DTYPE_Q4_1,
+    KILN_DTYPE_Q5_0,
+    KILN_DTYPE_Q5_1,
+    KILN_DTYPE_Q4_K,
+    KILN_DTYPE_Q5_K,
+    KILN_DTYPE_Q6_K,
     KILN_DTYPE_COUNT
 };
 

@@ -12,8 +12,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/base.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "model/model.h"
 
 void rope_init(struct rope *r, const struct kiln_config *c);
@@ -28,6 +32,8 @@ struct wsrc {
     uint64_t seed;
     float std;
     uint64_t counter;
+    const char *quant; /* dummy weights' quantized format, or NULL */
+    int group;         /* its group size (GPTQ/AWQ), 0 = 128 */
     char *err;
     size_t errlen;
 };
@@ -54,6 +60,8 @@ static void fill_dummy(void *p, enum kiln_dtype t, int64_t n, uint64_t seed, flo
         }
     }
 }
+
+static void *owned_alloc(void *ctx, size_t nb);
 
 /* ==== the one getter both sources go through ==== */
 
@@ -87,11 +95,115 @@ static int get(struct wsrc *s, struct ktensor *t, const char *name, int64_t rows
         return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has shape [%s], the config implies [%lld, %lld]", s->where, name, got,
                          (long long)rows, (long long)cols);
     }
+    if (quant_type_of(st->dtype) && !dtype_size(st->dtype) && s->m->cfg.quant.method == KILN_QUANT_GGUF) {
+        /* a block-quantized GGUF table read by lookup (the token embedding):
+         * held as F16 (F32 when small, so tests see exact values); the tied
+         * lm_head still computes on the blocks */
+        int64_t n = t->rows * cols;
+        int f32 = n <= (1 << 22);
+        void *p = NULL;
+        if (posix_memalign(&p, 64, (size_t)n * (f32 ? 4 : 2)))
+            return kiln_errf(s->err, s->errlen, "%s: out of memory for %s", s->where, name);
+        struct kiln_model *m = s->m;
+        m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
+        m->owned[m->n_owned++] = p;
+        size_t rb = quant_row_bytes(st->dtype, cols);
+        float *row = kiln_malloc(sizeof(float) * (size_t)cols);
+        for (int64_t r = 0; r < t->rows; r++) {
+            quant_dequant_row(st->dtype, (const uint8_t *)st->data + (size_t)r * rb, f32 ? (float *)p + r * cols : row, cols);
+            if (!f32)
+                for (int64_t i = 0; i < cols; i++) ((uint16_t *)p)[r * cols + i] = kiln_f32_to_f16(row[i]);
+        }
+        free(row);
+        t->dtype = f32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16;
+        t->data = p;
+        return 0;
+    }
     if (st->dtype != KILN_DTYPE_F32 && st->dtype != KILN_DTYPE_F16 && st->dtype != KILN_DTYPE_BF16)
         return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has dtype %s; expected BF16, F16 or F32", s->where, name, dtype_name(st->dtype));
     t->dtype = st->dtype;
     t->data = st->data;
     return 0;
+}
+
+/* Binds a tensor of any dtype and rank <= 2 as stored (packed quantized
+ * parts); the format's check validates shapes. Missing: -1 if required. */
+static int get_raw(struct wsrc *s, struct ktensor *t, const char *name, int required) {
+    memset(t, 0, sizeof *t);
+    const struct st_tensor *st = st_find(&s->m->st, name);
+    if (!st) return required ? kiln_errf(s->err, s->errlen, "%s: missing tensor '%s'", s->where, name) : 0;
+    if (st->ndim < 1 || st->ndim > 2) return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has rank %d, expected 1 or 2", s->where, name, st->ndim);
+    t->dtype = st->dtype;
+    t->rows = st->ndim == 2 ? st->shape[0] : 1;
+    t->cols = st->shape[st->ndim - 1];
+    t->data = st->data;
+    return 0;
+}
+
+static void *owned_alloc(void *ctx, size_t nb) {
+    struct kiln_model *m = ctx;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nb ? nb : 64)) kiln_fatal("dummy weights: out of memory", __FILE__, __LINE__);
+    m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+/* A quantized checkpoint's linear, when its tensors say so: GPTQ/AWQ
+ * <prefix>.qweight, FP8 an F8_E4M3 <prefix>.weight, GGUF a block-typed
+ * weight. Returns 1 if not quantized (bind it dense), 0 bound, -1 error. */
+static int get_quant_linear(struct wsrc *s, struct qlinear *w, const char *prefix) {
+    const struct kiln_quant_cfg *q = &s->m->cfg.quant;
+    char name[320];
+    if (s->dummy) {
+        /* dummy: every linear but lm_head and the MoE router */
+        size_t l = strlen(prefix);
+        if (!s->quant || !strcmp(prefix, "lm_head") || (l > 8 && !strcmp(prefix + l - 8, "mlp.gate"))) return 1;
+        if (quant_dummy_linear(w, s->quant, s->group ? s->group : 128, s->seed + ++s->counter, s->std, owned_alloc, s->m, s->err, s->errlen))
+            return kiln_err_prefix(s->err, s->errlen, "%s: ", prefix);
+        return 0;
+    }
+    if (q->method == KILN_QUANT_GPTQ || q->method == KILN_QUANT_AWQ) {
+        snprintf(name, sizeof name, "%s.qweight", prefix);
+        if (!st_find(&s->m->st, name)) return 1;
+        w->fmt = q->method == KILN_QUANT_GPTQ ? KILN_WFMT_GPTQ : KILN_WFMT_AWQ;
+        w->bits = q->bits;
+        w->group = q->group_size < 0 || q->group_size > w->n_in ? w->n_in : q->group_size;
+        w->zero_plus1 = q->method == KILN_QUANT_GPTQ && !q->v2;
+        if (get_raw(s, &w->w, name, 1)) return -1;
+        snprintf(name, sizeof name, "%s.qzeros", prefix);
+        if (get_raw(s, &w->zeros, name, 1)) return -1;
+        snprintf(name, sizeof name, "%s.scales", prefix);
+        if (get_raw(s, &w->scales, name, 1)) return -1;
+        if (q->method == KILN_QUANT_GPTQ) {
+            snprintf(name, sizeof name, "%s.g_idx", prefix);
+            if (get_raw(s, &w->g_idx, name, 0)) return -1;
+        }
+    } else if (q->method == KILN_QUANT_FP8) {
+        snprintf(name, sizeof name, "%s.weight", prefix);
+        const struct st_tensor *t = st_find(&s->m->st, name);
+        if (!t || t->dtype != KILN_DTYPE_F8_E4M3) return 1;
+        w->fmt = KILN_WFMT_FP8;
+        w->block_n = q->block_n, w->block_k = q->block_k;
+        if (get_raw(s, &w->w, name, 1)) return -1;
+        if (w->w.rows != w->n_out || w->w.cols != w->n_in)
+            return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has shape [%lld, %lld], the config implies [%d, %d]", s->where, name,
+                             (long long)w->w.rows, (long long)w->w.cols, w->n_out, w->n_in);
+        snprintf(name, sizeof name, "%s.weight_scale_inv", prefix);
+        if (get_raw(s, &w->scales, name, 1)) return -1;
+    } else if (q->method == KILN_QUANT_GGUF) {
+        snprintf(name, sizeof name, "%s.weight", prefix);
+        const struct st_tensor *t = st_find(&s->m->st, name);
+        if (!t || dtype_size(t->dtype)) return 1; /* F32/F16/BF16: dense */
+        w->fmt = KILN_WFMT_GGUF;
+        if (get_raw(s, &w->w, name, 1)) return -1;
+        if (w->w.rows != w->n_out || w->w.cols != w->n_in)
+            return kiln_errf(s->err, s->errlen, "%s: tensor '%s' has shape [%lld, %lld], the config implies [%d, %d]", s->where, name,
+                             (long long)w->w.rows, (long long)w->w.cols, w->n_out, w->n_in);
+    } else {
+        return 1;
+    }
+    return quant_check_linear(w, prefix, s->err, s->errlen) ? kiln_err_prefix(s->err, s->errlen, "%s: ", s->where) : 0;
 }
 
 static int get_linear(struct wsrc *s, struct qlinear *w, const char *prefix, int n_out, int n_in, int bias) {
@@ -100,8 +212,12 @@ static int get_linear(struct wsrc *s, struct qlinear *w, const char *prefix, int
     w->n_out = n_out;
     w->n_in = n_in;
     w->fmt = KILN_WFMT_DENSE;
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    if (get(s, &w->w, name, n_out, n_in, W_LINEAR)) return -1;
+    int r = get_quant_linear(s, w, prefix);
+    if (r < 0) return -1;
+    if (r == 1) {
+        snprintf(name, sizeof name, "%s.weight", prefix);
+        if (get(s, &w->w, name, n_out, n_in, W_LINEAR)) return -1;
+    }
     if (bias) {
         snprintf(name, sizeof name, "%s.bias", prefix);
         if (get(s, &w->bias, name, 0, n_out, W_BIAS)) return -1;
@@ -119,6 +235,12 @@ static int bind(struct wsrc *s) {
     if (c->tie_embed) {
         m->lm_head = (struct qlinear){.n_out = c->vocab, .n_in = c->dim, .fmt = KILN_WFMT_DENSE, .w = m->embed};
         m->lm_head.w.be = NULL;
+        const struct st_tensor *et = s->dummy ? NULL : st_find(&m->st, "model.embed_tokens.weight");
+        if (et && !dtype_size(et->dtype)) { /* GGUF blocks: the lm_head computes on them */
+            m->lm_head.fmt = KILN_WFMT_GGUF;
+            m->lm_head.w = (struct ktensor){.dtype = et->dtype, .rows = c->vocab, .cols = c->dim, .data = et->data};
+            if (quant_check_linear(&m->lm_head, "lm_head (tied)", s->err, s->errlen)) return -1;
+        }
     } else if (get_linear(s, &m->lm_head, "lm_head", c->vocab, c->dim, 0)) {
         return -1;
     }
@@ -228,10 +350,12 @@ struct count {
 
 static int count_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
     struct count *c = ctx;
-    if (w == &m->lm_head && m->cfg.tie_embed) return 0; /* shares the embedding */
+    if (w == &m->lm_head && m->cfg.tie_embed) { /* shares the embedding (a GGUF block table: counted as stored) */
+        if (w->fmt == KILN_WFMT_GGUF) c->bytes += quant_linear_bytes(w);
+        return 0;
+    }
     c->params += (int64_t)w->n_out * w->n_in + (w->bias.data ? w->n_out : 0);
-    c->bytes += (int64_t)w->n_out * w->n_in * (int64_t)dtype_size(w->w.dtype) +
-                (w->bias.data ? w->n_out * (int64_t)dtype_size(w->bias.dtype) : 0);
+    c->bytes += quant_linear_bytes(w);
     return 0;
 }
 
@@ -239,7 +363,7 @@ static int count_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
     (void)m;
     struct count *c = ctx;
     c->params += t->rows * t->cols;
-    c->bytes += t->rows * t->cols * (int64_t)dtype_size(t->dtype);
+    c->bytes += t->rows * (int64_t)quant_row_bytes(t->dtype, t->cols);
     return 0;
 }
 
@@ -257,6 +381,56 @@ int64_t model_n_bytes(const struct kiln_model *m) {
     return c.bytes;
 }
 
+struct fmt_count {
+    char label[8][64];
+    int n[8];
+    int64_t bytes[8];
+    int k;
+};
+
+static int count_fmt(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    struct fmt_count *c = ctx;
+    if (w == &m->lm_head && m->cfg.tie_embed && w->fmt == KILN_WFMT_DENSE) return 0;
+    char l[64];
+    quant_linear_label(w, l, sizeof l);
+    int i = 0;
+    while (i < c->k && strcmp(c->label[i], l)) i++;
+    if (i == c->k) {
+        if (c->k == 8) return 0;
+        snprintf(c->label[c->k++], sizeof c->label[0], "%s", l);
+    }
+    c->n[i]++;
+    c->bytes[i] += quant_linear_bytes(w);
+    return 0;
+}
+
+void model_describe_formats(const struct kiln_model *m, FILE *f) {
+    struct fmt_count c = {0};
+    each_linear((struct kiln_model *)m, count_fmt, &c);
+    for (int i = 0; i < c.k; i++)
+        fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
+}
+
+/* The CPU backend repacks GPTQ/AWQ linears at load and never reads the
+ * stored tensors again: drop their pages of the (read-only, file-backed)
+ * mapping so resident memory is the repacked size, not file + repack. Any
+ * later read (kiln quantize's reference dequantization) faults them back in
+ * from the file. Never for dummy weights, which are not file-backed. */
+static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    (void)m, (void)ctx;
+    if (w->fmt != KILN_WFMT_GPTQ && w->fmt != KILN_WFMT_AWQ) return 0;
+    const struct ktensor *ts[] = {&w->w, &w->zeros, &w->scales, &w->g_idx};
+    long pg = sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < 4; i++) {
+        if (!ts[i]->data) continue;
+        uintptr_t a = (uintptr_t)ts[i]->data, e = a + (uintptr_t)(ts[i]->rows * ts[i]->cols) * 4;
+        a = (a + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1); /* whole pages inside the tensor only */
+        e &= ~(uintptr_t)(pg - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    }
+    return 0;
+}
+
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
     if (bind(s)) return -1;
@@ -264,12 +438,35 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
+    if (!s->dummy && !strcmp(be->name, "cpu")) each_linear(m, drop_repacked, NULL);
     return 0;
+}
+
+/* A single GGUF file: metadata -> config, tensors -> the Hugging Face names
+ * (format/gguf.c), then the same binding as a checkpoint folder. */
+static int load_gguf(struct kiln_model *m, const char *path, struct kiln_backend *be, char *err, size_t errlen) {
+    struct st_set *st = &m->st;
+    memset(st, 0, sizeof *st);
+    st->files = kiln_calloc(1, sizeof *st->files);
+    if (kiln_file_map(&st->files[0], path, err, errlen)) return -1;
+    st->n_files = 1;
+    struct gguf_file g;
+    if (gguf_parse(&g, st->files[0].data, st->files[0].size, path, err, errlen)) return -1;
+    int rc = gguf_to_config(&g, &m->cfg, err, errlen);
+    if (rc == 0) rc = gguf_to_st(&g, &m->cfg, st, 0, owned_alloc, m, err, errlen);
+    gguf_free(&g);
+    if (rc || st_finish(st, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", path);
+    struct wsrc s = {.m = m, .where = path, .err = err, .errlen = errlen};
+    return finish_load(m, &s, be, err, errlen);
 }
 
 int model_load_dir(struct kiln_model *m, const char *dir, struct kiln_backend *be, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->path = kiln_strdup(dir);
+    if (gguf_is_file(dir)) {
+        if (load_gguf(m, dir, be, err, errlen)) goto fail;
+        return 0;
+    }
     if (!kiln_is_dir(dir)) {
         kiln_errf(err, errlen, "%s: not a directory (expected a Hugging Face checkpoint folder)", dir);
         goto fail;
@@ -303,7 +500,14 @@ void model_list_builtin(void (*fn)(const char *name, void *ctx), void *ctx) {
 
 int model_load_dummy(struct kiln_model *m, const char *name, enum kiln_dtype dtype, uint64_t seed,
                      struct kiln_backend *be, char *err, size_t errlen) {
+    return model_load_dummy_quant(m, name, dtype, NULL, 0, seed, be, err, errlen);
+}
+
+int model_load_dummy_quant(struct kiln_model *m, const char *name, enum kiln_dtype dtype, const char *quant, int group,
+                           uint64_t seed, struct kiln_backend *be, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
+    if (quant && !quant_dummy_known(quant))
+        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)", quant);
     char path[512];
     snprintf(path, sizeof path, "dummy:%s", name);
     m->path = kiln_strdup(path);
@@ -324,7 +528,8 @@ int model_load_dummy(struct kiln_model *m, const char *name, enum kiln_dtype dty
         kiln_errf(err, errlen, "--dummy: dtype %s is not one of bf16, f16, f32", dtype_name(dtype));
         goto fail;
     }
-    struct wsrc s = {.m = m, .where = m->path, .dummy = 1, .dtype = dtype, .seed = seed, .std = 0.02f, .err = err, .errlen = errlen};
+    struct wsrc s = {.m = m, .where = m->path, .dummy = 1, .dtype = dtype, .seed = seed, .std = 0.02f, .quant = quant, .group = group,
+                     .err = err, .errlen = errlen};
     if (finish_load(m, &s, be, err, errlen)) goto fail;
     return 0;
 fail:

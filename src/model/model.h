@@ -10,6 +10,8 @@
 #ifndef KILN_MODEL_H
 #define KILN_MODEL_H
 
+#include <stdio.h>
+
 #include "backend/backend.h"
 #include "format/config.h"
 #include "format/safetensors.h"
@@ -50,7 +52,8 @@ struct kiln_model {
     void *x, *xb, *q, *k, *v, *att, *hb, *hb2, *out_x, *out_logits;
 };
 
-/* Loads a Hugging Face checkpoint directory and prepares its weights on be.
+/* Loads a Hugging Face checkpoint directory (or a .gguf file: any path whose
+ * first bytes are the GGUF magic) and prepares its weights on be.
  * Everything is validated (names, shapes, dtypes) before anything is used. */
 int model_load_dir(struct kiln_model *m, const char *dir, struct kiln_backend *be, char *err, size_t errlen);
 
@@ -58,6 +61,12 @@ int model_load_dir(struct kiln_model *m, const char *dir, struct kiln_backend *b
  * ("qwen3-8b") or a path to a config.json. dtype: F32, F16 or BF16. */
 int model_load_dummy(struct kiln_model *m, const char *name, enum kiln_dtype dtype, uint64_t seed,
                      struct kiln_backend *be, char *err, size_t errlen);
+
+/* The same with every linear but lm_head and the MoE router built directly
+ * in a quantized format (format/quant.h quant_dummy_linear: "gptq-int4",
+ * "q4_k", "fp8", ...; NULL = dense); group: GPTQ/AWQ group size (0 = 128). */
+int model_load_dummy_quant(struct kiln_model *m, const char *name, enum kiln_dtype dtype, const char *quant, int group,
+                           uint64_t seed, struct kiln_backend *be, char *err, size_t errlen);
 
 void model_free(struct kiln_model *m);
 
@@ -70,6 +79,9 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
 /* Total parameters and stored bytes of the weights. */
 int64_t model_n_params(const struct kiln_model *m);
 int64_t model_n_bytes(const struct kiln_model *m);
+/* Prints one line per weight format: "  GPTQ-int4-g128   196 linears  1.23 GiB"
+ * (stored bytes, plus what the backend repacked at load). */
+void model_describe_formats(const struct kiln_model *m, FILE *f);
 
 /* Names of the built-in configs, NULL-terminated table; and lookup. */
 const char *model_builtin_config(const char *name);

@@ -22,17 +22,31 @@ struct ktensor {
     void *be;           /* backend copy (device pointer, f32 copy, ...) */
 };
 
-/* How a linear layer's weight is stored. Dense formats keep W in w.dtype. */
+/* How a linear layer's weight is stored. Dense formats keep W in w.dtype.
+ * The layouts are drawn in src/format/{fp8,gptq,awq,gguf}.c and listed in
+ * format/quant.h. */
 enum kiln_wfmt {
     KILN_WFMT_DENSE = 0, /* w: (n_out, n_in) in F32 / F16 / BF16 */
+    KILN_WFMT_FP8,       /* w: (n_out, n_in) F8_E4M3; scales: (ceil(n_out/bn), ceil(n_in/bk)) F32/BF16 */
+    KILN_WFMT_GPTQ,      /* w: qweight I32 (n_in*bits/32, n_out); zeros: qzeros I32 (G, n_out*bits/32);
+                            scales: (G, n_out) F16/BF16/F32; g_idx: I32 (n_in) or absent */
+    KILN_WFMT_AWQ,       /* w: qweight I32 (n_in, n_out/8); zeros: qzeros I32 (G, n_out/8); scales: (G, n_out) */
+    KILN_WFMT_GGUF,      /* w: (n_out, n_in / block elems) blocks of w.dtype (KILN_DTYPE_Q8_0, ...) */
 };
 
 struct qlinear {
     int n_out, n_in;
     enum kiln_wfmt fmt;
-    struct ktensor w;    /* dense: (n_out, n_in) */
-    struct ktensor bias; /* (n_out) or data == NULL */
-    void *be;            /* backend's prepared form, or NULL */
+    struct ktensor w;      /* dense: (n_out, n_in); quantized: the packed weight as stored */
+    struct ktensor bias;   /* (n_out) or data == NULL */
+    struct ktensor scales; /* FP8 weight_scale_inv, GPTQ/AWQ scales; else data == NULL */
+    struct ktensor zeros;  /* GPTQ/AWQ qzeros */
+    struct ktensor g_idx;  /* GPTQ g_idx (act-order), data == NULL when trivial */
+    int bits;              /* GPTQ/AWQ: 4 or 8 */
+    int group;             /* GPTQ/AWQ group size along n_in (n_in for per-channel) */
+    int block_n, block_k;  /* FP8 scale block (128 x 128) */
+    int zero_plus1;        /* GPTQ v1: stored zeros are z - 1 */
+    void *be;              /* backend's prepared form, or NULL */
 };
 
 /* The sparse MoE FFN of one layer (Qwen3-MoE):

@@ -1,16 +1,149 @@
 /*
- * cpu.c: the CPU backend's op table, memory and weight preparation.
- * Weights stay where the loader put them (the mmap'd checkpoint); only small
- * vectors (norms, biases, rope frequencies) get f32 copies here.
+ * cpu.c: the CPU backend's op table, memory, weight preparation and the
+ * kernels' worker pool. Weights stay where the loader put them (the mmap'd
+ * checkpoint); only small vectors (norms, biases, rope frequencies) get f32
+ * copies here.
+ *
+ * The pool (cpu.h describes its contract): n - 1 pthreads wait for a job on
+ * a generation counter; the caller publishes the job, works on it too, and
+ * waits for the workers. Every wait spins ~2000 pauses, then yields the
+ * core ~50 times, then sleeps on a futex, so a hand-off costs well under a
+ * microsecond when the machine is idle and nothing when it is oversubscribed
+ * (OpenMP's default spinning made 2-thread decode ~10x slower there).
  */
 #include "backend/cpu/cpu.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#include <linux/futex.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "base/base.h"
 
 void cpu_ops_install(struct kiln_backend *be);
+
+/* ==== the worker pool ==== */
+
+struct cpu_pool {
+    int n;                 /* threads, the caller included */
+    pthread_t *th;
+    _Atomic int gen;       /* bumped once per job */
+    _Atomic int pending;   /* workers still in the current job */
+    _Atomic int sleepers;  /* workers asleep on gen */
+    _Atomic int master_waits;
+    _Atomic int stop;
+    _Atomic int64_t next;  /* next item of the current job */
+    int64_t n_items, chunk;
+    cpu_range_fn fn;
+    void *arg;
+};
+
+static void futex_wait(_Atomic int *addr, int val) { syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0); }
+static void futex_wake(_Atomic int *addr) { syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0); }
+
+enum { SPIN_PAUSES = 2000, SPIN_YIELDS = 50 };
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+static void pool_work(struct cpu_pool *p, int tid) {
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
+        if (b >= p->n_items) break;
+        int64_t e = b + p->chunk < p->n_items ? b + p->chunk : p->n_items;
+        p->fn(p->arg, b, e, tid);
+    }
+}
+
+static void *pool_main(void *arg_) {
+    struct cpu_pool *p = ((void **)arg_)[0];
+    int tid = (int)(intptr_t)((void **)arg_)[1];
+    free(arg_);
+    int seen = 0;
+    for (;;) {
+        int g, spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+            if (spins < SPIN_PAUSES) cpu_relax(), spins++;
+            else if (spins < SPIN_PAUSES + SPIN_YIELDS) sched_yield(), spins++;
+            else {
+                atomic_fetch_add(&p->sleepers, 1);
+                futex_wait(&p->gen, seen);
+                atomic_fetch_sub(&p->sleepers, 1);
+            }
+        }
+        seen = g;
+        if (atomic_load(&p->stop)) return NULL;
+        pool_work(p, tid);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->master_waits))
+            futex_wake(&p->pending);
+    }
+}
+
+static struct cpu_pool *pool_create(int n) {
+    struct cpu_pool *p = kiln_calloc(1, sizeof *p);
+    p->n = n;
+    p->th = kiln_calloc((size_t)(n > 1 ? n - 1 : 1), sizeof *p->th);
+    for (int i = 1; i < n; i++) {
+        void **a = kiln_malloc(2 * sizeof(void *));
+        a[0] = p, a[1] = (void *)(intptr_t)i;
+        if (pthread_create(&p->th[i - 1], NULL, pool_main, a)) {
+            free(a);
+            p->n = i; /* fewer threads than asked: still correct */
+            break;
+        }
+    }
+    return p;
+}
+
+static void pool_destroy(struct cpu_pool *p) {
+    if (!p) return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->gen, 1);
+    futex_wake(&p->gen);
+    for (int i = 1; i < p->n; i++) pthread_join(p->th[i - 1], NULL);
+    free(p->th);
+    free(p);
+}
+
+int cpu_n_threads(struct kiln_backend *be) { return ((struct cpu_ctx *)be->ctx)->pool->n; }
+
+void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg) {
+    struct cpu_pool *p = ((struct cpu_ctx *)be->ctx)->pool;
+    if (n <= 0) return;
+    if (chunk < 1) chunk = 1;
+    if (p->n == 1 || n <= chunk) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+    p->fn = fn, p->arg = arg, p->n_items = n, p->chunk = chunk;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the job, then reads sleepers */
+    if (atomic_load(&p->sleepers)) futex_wake(&p->gen);
+    pool_work(p, 0);
+    int spins = 0, v;
+    while ((v = atomic_load_explicit(&p->pending, memory_order_acquire)) != 0) {
+        if (spins < SPIN_PAUSES) cpu_relax(), spins++;
+        else if (spins < SPIN_PAUSES + SPIN_YIELDS) sched_yield(), spins++;
+        else {
+            atomic_store(&p->master_waits, 1);
+            if ((v = atomic_load(&p->pending)) != 0) futex_wait(&p->pending, v);
+            atomic_store(&p->master_waits, 0);
+        }
+    }
+}
+
+/* ==== memory ==== */
 
 static void *cpu_alloc(struct kiln_backend *be, size_t bytes) {
     (void)be;
@@ -53,7 +186,8 @@ static int cpu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *
 }
 
 static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen) {
-    if (w->fmt != KILN_WFMT_DENSE || !cpu_dot_for(w->w.dtype))
+    if (w->fmt != KILN_WFMT_DENSE && cpu_qprepare_linear(w, err, errlen)) return -1;
+    if (w->fmt == KILN_WFMT_DENSE && !cpu_dot_for(w->w.dtype))
         return kiln_errf(err, errlen, "cpu: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
     if (w->bias.data) return cpu_prepare_tensor(be, &w->bias, err, errlen);
     return 0;
@@ -71,10 +205,14 @@ static void cpu_release_tensor(struct kiln_backend *be, struct ktensor *t) {
     t->be = NULL;
 }
 
-static void cpu_release_linear(struct kiln_backend *be, struct qlinear *w) { cpu_release_tensor(be, &w->bias); }
+static void cpu_release_linear(struct kiln_backend *be, struct qlinear *w) {
+    if (w->fmt != KILN_WFMT_DENSE) cpu_qrelease_linear(w);
+    cpu_release_tensor(be, &w->bias);
+}
 
 static void cpu_release_rope(struct kiln_backend *be, struct rope *r) {
-    (void)be;
+    struct cpu_ctx *c = be->ctx;
+    if (c->rope_of == r) c->rope_of = NULL; /* the cos/sin table was this rope's */
     r->be = NULL;
 }
 
@@ -84,6 +222,11 @@ static int cpu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
 }
 
 static void cpu_destroy(struct kiln_backend *be) {
+    struct cpu_ctx *c = be->ctx;
+    pool_destroy(c->pool);
+    free(c->scratch);
+    free(c->rope_cs);
+    free(c->rope_pos);
     free(be->ctx);
     free(be);
 }
@@ -93,7 +236,8 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     struct kiln_backend *be = kiln_calloc(1, sizeof *be);
     struct cpu_ctx *c = kiln_calloc(1, sizeof *c);
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
-    omp_set_num_threads(c->n_threads);
+    omp_set_num_threads(c->n_threads); /* for the OpenMP loops outside this backend's kernels (qmatmul.c, moe.c) */
+    c->pool = pool_create(c->n_threads);
     be->name = "cpu";
     be->act_size = sizeof(float);
     be->ctx = c;

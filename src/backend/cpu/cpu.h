@@ -4,16 +4,52 @@
  * The CPU backend keeps activations in f32, weights in their stored format
  * (mmap'd), and KV pages in f32. Small vectors (norm weights, biases, rope
  * frequencies) get an f32 copy at prepare time. Every op parallelizes inside
- * itself with OpenMP over independent rows or heads.
+ * itself over independent rows or heads with the backend's worker pool
+ * (cpu_parallel_for below); qmatmul.c and moe.c use OpenMP loops.
  */
 #ifndef KILN_CPU_H
 #define KILN_CPU_H
 
 #include "backend/backend.h"
 
+struct cpu_pool;
+
 struct cpu_ctx {
     int n_threads;
+    struct cpu_pool *pool; /* the kernels' worker threads (cpu.c) */
+    float *scratch; /* matmul's packed panels (matmul.c), grown as needed */
+    size_t scratch_cap;
+    /* RoPE cos/sin of the last positions seen (ops.c) */
+    float *rope_cs;
+    int32_t *rope_pos;
+    size_t rope_cap, rope_pos_cap;
+    int rope_n, rope_hd;
+    const struct rope *rope_of;
 };
+
+/* instruction sets of the kernels, chosen at run time (matmul.c):
+ * KILN_CPU_ISA=scalar|avx2|avx512 caps it, tests force each with set */
+enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
+int cpu_isa(void);                /* in use */
+int cpu_isa_max(void);            /* best the CPU has */
+int cpu_set_isa(int isa);         /* capped at cpu_isa_max(); returns what was set */
+const char *cpu_isa_name(int isa);
+
+/*
+ * The kernels' threads (cpu.c): n_threads - 1 persistent workers plus the
+ * caller. A waiting thread spins briefly, then yields its core, then sleeps
+ * on a futex: cheap hand-offs on an idle machine, and no core burnt
+ * spinning (nor a stalled partner) when the machine is oversubscribed,
+ * where OpenMP's spinning barriers cost ~10x at 2 threads.
+ *
+ * cpu_parallel_for: items [0, n) in chunks of `chunk`, handed out in order
+ * from a shared counter (a thread that runs late takes fewer); fn gets
+ * [begin, end) and its thread id (0 = the caller). Small n (one chunk) runs
+ * on the caller alone. Not reentrant: fn must not call it again.
+ */
+typedef void (*cpu_range_fn)(void *arg, int64_t begin, int64_t end, int tid);
+void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
+int cpu_n_threads(struct kiln_backend *be);
 
 /* f32 view of a small prepared tensor (norm weight, bias) */
 static inline const float *cpu_vec(const struct ktensor *t) { return (const float *)t->be; }
@@ -24,6 +60,12 @@ void cpu_matmul(struct kiln_backend *be, void *out, const void *x, const struct 
 /* dot products of one weight row (stored dtype) with 1..4 f32 vectors */
 typedef void (*cpu_dot_fn)(const void *row, const float *const *x, int nx, int n_in, float *out);
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t);
+
+/* quantized linears (qmatmul.c): prepare once at load (repack GPTQ/AWQ,
+ * f32 copies of FP8 scales), release, and the matmul */
+int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen);
+void cpu_qrelease_linear(struct qlinear *w);
+void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
 
 /* converts one row of n stored elements to f32 */
 void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n);

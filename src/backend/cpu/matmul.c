@@ -1,19 +1,76 @@
 /*
- * matmul.c: y = x W^T + b on the CPU for dense weights (F32, F16, BF16).
+ * matmul.c: y = x W^T + b on the CPU for dense weights (F32, F16, BF16), and
+ * the run-time choice of instruction set shared by the CPU kernels.
  *
- * Decomposition: OpenMP splits the n_out weight rows across threads; each
- * thread streams its rows once and, for every row, takes the dot product with
- * up to four activation rows at a time, so at prefill each weight row is read
- * from memory once per four tokens rather than once per token. The dot
- * kernels come in an AVX2+FMA+F16C flavour, picked at run time when the CPU
- * has it, and a portable scalar flavour; both accumulate in f32.
+ * Two shapes, both accumulating in f32 with f32 activations (weights are
+ * widened bf16/f16 -> f32 exactly, so the only numerical difference between
+ * paths is the order of the f32 sums):
+ *
+ *   GEMV (n < GEMM_MIN rows, decode): memory bound. The worker pool (cpu.c)
+ *   hands out contiguous runs of ~64 KiB of weight rows; each row is
+ *   streamed once and dotted with up to four activation rows at a time.
+ *
+ *   GEMM (prefill): compute bound. The activations are packed once per call
+ *   into panels of MR rows laid out [k][MR]; each thread then takes short
+ *   contiguous runs of NR-wide output panels, widens and transposes its NR
+ *   weight rows into an f32 panel [k][NR] (read from memory once per call),
+ *   and runs a register-tiled MR x NR microkernel over every row panel:
+ *   per k, NR/VL vector loads of weights, MR broadcasts of activations and
+ *   MR * NR/VL FMAs, nothing else. AVX-512: 12 x 32 (24 zmm accumulators);
+ *   AVX2: 6 x 16 (12 ymm accumulators).
+ *
+ * Paths: scalar (portable, the reference), AVX2+FMA+F16C, AVX-512 (F+BW+VL),
+ * picked at run time from what the CPU reports; KILN_CPU_ISA=scalar|avx2|
+ * avx512 caps the choice (KILN_NO_SIMD=1 means scalar), and tests force each
+ * path with cpu_set_isa().
  */
 #include <immintrin.h>
-#include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
+
+/* ==== instruction set choice ==== */
+
+static int isa_hw = -1, isa_cur = -1;
+
+static void isa_init(void) {
+    if (isa_hw >= 0) return;
+    __builtin_cpu_init();
+    int h = CPU_ISA_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) h = CPU_ISA_AVX2;
+    if (h == CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        h = CPU_ISA_AVX512;
+    int c = h;
+    const char *e = getenv("KILN_CPU_ISA");
+    if (e && *e) {
+        int want = !strcmp(e, "scalar") ? CPU_ISA_SCALAR : !strcmp(e, "avx2") ? CPU_ISA_AVX2 : CPU_ISA_AVX512;
+        if (want < c) c = want;
+    }
+    if (getenv("KILN_NO_SIMD")) c = CPU_ISA_SCALAR;
+    isa_cur = c;
+    isa_hw = h;
+}
+
+int cpu_isa(void) {
+    isa_init();
+    return isa_cur;
+}
+
+int cpu_isa_max(void) {
+    isa_init();
+    return isa_hw;
+}
+
+int cpu_set_isa(int isa) {
+    isa_init();
+    isa_cur = isa < CPU_ISA_SCALAR ? CPU_ISA_SCALAR : isa > isa_hw ? isa_hw : isa;
+    return isa_cur;
+}
+
+const char *cpu_isa_name(int isa) { return isa == CPU_ISA_AVX512 ? "avx512" : isa == CPU_ISA_AVX2 ? "avx2" : "scalar"; }
 
 /* ==== scalar dot products (portable, and the reference for tests) ==== */
 
@@ -93,21 +150,57 @@ DOT_AVX2(dot_f32_avx2, float, load8_f32, dot_f32_scalar)
 DOT_AVX2(dot_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
 DOT_AVX2(dot_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
 
-static int have_avx2(void) {
-    static int v = -1;
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !getenv("KILN_NO_SIMD");
-    }
-    return v;
+/* ==== AVX-512 (F + BW + VL) ==== */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+AVX512 static inline __m512 load16m_bf16(const uint16_t *p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
+AVX512 static inline __m512 load16m_f16(const uint16_t *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+AVX512 static inline __m512 load16m_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+AVX512 static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+AVX512 static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+AVX512 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+/* Dot of one weight row with 1..4 activation rows: 32 weights per step in
+ * two accumulators per activation row; the tail under a mask. */
+#define DOT_AVX512(NAME, WT, LOAD, LOADM)                                                          \
+    AVX512 static void NAME(const void *row, const float *const *x, int nx, int n_in, float *out) { \
+        const WT *w = row;                                                                         \
+        int i = 0;                                                                                 \
+        __m512 a[4][2];                                                                            \
+        for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = _mm512_setzero_ps();                       \
+        for (; i + 32 <= n_in; i += 32) {                                                          \
+            __m512 w0 = LOAD(w + i), w1 = LOAD(w + i + 16);                                        \
+            for (int j = 0; j < nx; j++) {                                                         \
+                a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + i), a[j][0]);                 \
+                a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + i + 16), a[j][1]);            \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < n_in; i += 16) {                                                                \
+            int r = n_in - i;                                                                      \
+            __mmask16 m = r >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << r) - 1);                \
+            __m512 w0 = LOADM(w + i, m);                                                           \
+            for (int j = 0; j < nx; j++) a[j][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x[j] + i), a[j][0]); \
+        }                                                                                          \
+        for (int j = 0; j < nx; j++) out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1])); \
+    }
+
+DOT_AVX512(dot_f32_avx512, float, load16_f32, load16m_f32)
+DOT_AVX512(dot_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
+DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t) {
-    int v = have_avx2();
+    int v = cpu_isa();
     switch (t) {
-    case KILN_DTYPE_F32: return v ? dot_f32_avx2 : dot_f32_scalar;
-    case KILN_DTYPE_BF16: return v ? dot_bf16_avx2 : dot_bf16_scalar;
-    case KILN_DTYPE_F16: return v ? dot_f16_avx2 : dot_f16_scalar;
+    case KILN_DTYPE_F32: return v == CPU_ISA_AVX512 ? dot_f32_avx512 : v ? dot_f32_avx2 : dot_f32_scalar;
+    case KILN_DTYPE_BF16: return v == CPU_ISA_AVX512 ? dot_bf16_avx512 : v ? dot_bf16_avx2 : dot_bf16_scalar;
+    case KILN_DTYPE_F16: return v == CPU_ISA_AVX512 ? dot_f16_avx512 : v ? dot_f16_avx2 : dot_f16_scalar;
     default: return NULL;
     }
 }
@@ -125,29 +218,256 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
     }
 }
 
-/* ==== the op ==== */
+/* ==== GEMM: packing ==== */
 
-void cpu_matmul(struct kiln_backend *be, void *out_, const void *x_, const struct qlinear *w, int n) {
-    (void)be;
-    float *out = out_;
-    const float *x = x_;
-    const int n_in = w->n_in, n_out = w->n_out;
-    const size_t rb = (size_t)n_in * dtype_size(w->w.dtype);
-    const uint8_t *W = w->w.data;
-    const float *bias = w->bias.data ? cpu_vec(&w->bias) : NULL;
-    cpu_dot_fn dot = cpu_dot_for(w->w.dtype);
+enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, PACK_KB = 16 };
 
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < n_out; r++) {
-        const void *row = W + (size_t)r * rb;
-        float b = bias ? bias[r] : 0.0f;
+/* x rows [t0, t0+mr) -> xp[k][MR] (rows past mr are zero) */
+static void pack_x(float *xp, const float *x, int n_in, int t0, int mr, int MR) {
+    for (int r = 0; r < MR; r++) {
+        if (r < mr) {
+            const float *xr = x + (size_t)(t0 + r) * n_in;
+            for (int k = 0; k < n_in; k++) xp[(size_t)k * MR + r] = xr[k];
+        } else
+            for (int k = 0; k < n_in; k++) xp[(size_t)k * MR + r] = 0;
+    }
+}
+
+/* weight rows [o0, o0+nr) of W (stored dtype) -> wp[k][NR] f32 (rows past nr
+ * are zero). Generic: widen a PACK_KB-long piece of each row into tmp, then
+ * transpose it. */
+static void pack_w_generic(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, int n_in, int o0, int nr, int NR) {
+    float tmp[NR512][PACK_KB];
+    for (int k0 = 0; k0 < n_in; k0 += PACK_KB) {
+        int kk = n_in - k0 < PACK_KB ? n_in - k0 : PACK_KB;
+        for (int j = 0; j < nr; j++)
+            cpu_row_to_f32(tmp[j], W + (size_t)(o0 + j) * rb + (size_t)k0 * dtype_size(t), t, kk);
+        for (int k = 0; k < kk; k++) {
+            float *d = wp + (size_t)(k0 + k) * NR;
+            for (int j = 0; j < nr; j++) d[j] = tmp[j][k];
+            for (int j = nr; j < NR; j++) d[j] = 0;
+        }
+    }
+}
+
+/* AVX2 (also used on AVX-512 machines): widen 8 k of 8 rows at a time and
+ * transpose the 8 x 8 block in registers; the k tail and a partial panel
+ * (nr < NR) go through the generic path. */
+AVX2 static inline void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+#define PACK_T8(LOAD, T)                                                                          \
+    for (; k0 + 8 <= n_in; k0 += 8)                                                               \
+        for (int jb = 0; jb < NR; jb += 8) {                                                      \
+            __m256 r[8];                                                                          \
+            for (int j = 0; j < 8; j++) r[j] = LOAD((const T *)(W + (size_t)(o0 + jb + j) * rb) + k0); \
+            transpose8(r);                                                                        \
+            for (int k = 0; k < 8; k++) _mm256_store_ps(wp + (size_t)(k0 + k) * NR + jb, r[k]);   \
+        }
+
+AVX2 static void pack_w_avx2(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, int n_in, int o0, int nr, int NR) {
+    if (nr < NR) {
+        pack_w_generic(wp, W, t, rb, n_in, o0, nr, NR);
+        return;
+    }
+    int k0 = 0;
+    if (t == KILN_DTYPE_BF16) {
+        PACK_T8(load8_bf16, uint16_t)
+    } else if (t == KILN_DTYPE_F16) {
+        PACK_T8(load8_f16, uint16_t)
+    } else {
+        PACK_T8(load8_f32, float)
+    }
+    if (k0 < n_in) {
+        float tmp[NR512];
+        for (; k0 < n_in; k0++) {
+            for (int j = 0; j < NR; j++) cpu_row_to_f32(tmp + j, W + (size_t)(o0 + j) * rb + (size_t)k0 * dtype_size(t), t, 1);
+            memcpy(wp + (size_t)k0 * NR, tmp, sizeof(float) * (size_t)NR);
+        }
+    }
+}
+
+/* ==== GEMM: microkernels ==== */
+
+/* c[r][0..nr) = sum_k xp[k][r] * wp[k][0..NR) + bias, rows r < mr */
+AVX512 static void ukr_avx512(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr,
+                              const float *bias) {
+    __m512 acc[MR512][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR512; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR512; r++) {
+            __m512 b = _mm512_set1_ps(xp[r]);
+            acc[r][0] = _mm512_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(b, w1, acc[r][1]);
+        }
+        wp += NR512;
+        xp += MR512;
+    }
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? (__mmask16)0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    /* constant indices only (unrolled): acc stays in registers in the k loop */
+#pragma GCC unroll 12
+    for (int r = 0; r < MR512; r++)
+        if (r < mr) {
+            _mm512_mask_storeu_ps(c + (size_t)r * ldc, m0, _mm512_add_ps(acc[r][0], b0));
+            _mm512_mask_storeu_ps(c + (size_t)r * ldc + 16, m1, _mm512_add_ps(acc[r][1], b1));
+        }
+}
+
+AVX2 static void ukr_avx2(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr,
+                          const float *bias) {
+    __m256 acc[MR256][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR256; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR256; r++) {
+            __m256 b = _mm256_broadcast_ss(xp + r);
+            acc[r][0] = _mm256_fmadd_ps(b, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(b, w1, acc[r][1]);
+        }
+        wp += NR256;
+        xp += MR256;
+    }
+    /* constant indices only (unrolled): acc stays in registers in the k loop */
+    float tile[MR256][NR256] __attribute__((aligned(32)));
+#pragma GCC unroll 6
+    for (int r = 0; r < MR256; r++) {
+        _mm256_store_ps(tile[r], acc[r][0]);
+        _mm256_store_ps(tile[r] + 8, acc[r][1]);
+    }
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+        for (int j = 0; j < nr; j++) cr[j] = tile[r][j] + (bias ? bias[j] : 0.0f);
+    }
+}
+
+/* per-call scratch kept in the backend context: the packed activations,
+ * then one weight panel per thread */
+static float *scratch(struct kiln_backend *be, size_t floats) {
+    struct cpu_ctx *c = be->ctx;
+    if (floats > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = NULL;
+        if (posix_memalign((void **)&c->scratch, 64, floats * sizeof(float))) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
+        c->scratch_cap = floats;
+    }
+    return c->scratch;
+}
+
+struct mm_job {
+    float *out, *xp, *wp;
+    const float *x, *bias;
+    const uint8_t *W;
+    enum kiln_dtype dt;
+    size_t rb, wp_sz;
+    int n, n_in, n_out, MR, NR, isa;
+    cpu_dot_fn dot;
+};
+
+static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct mm_job *j = arg;
+    for (int64_t tb = b; tb < e; tb++) {
+        int t0 = (int)tb * j->MR, mr = j->n - t0 < j->MR ? j->n - t0 : j->MR;
+        pack_x(j->xp + (size_t)tb * j->MR * j->n_in, j->x, j->n_in, t0, mr, j->MR);
+    }
+}
+
+static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
+    const struct mm_job *j = arg;
+    const int MR = j->MR, NR = j->NR, n = j->n, n_in = j->n_in, n_out = j->n_out;
+    const int n_tb = (n + MR - 1) / MR;
+    float *wp = j->wp + (size_t)tid * j->wp_sz;
+    for (int64_t ob = b; ob < e; ob++) {
+        int o0 = (int)ob * NR, nr = n_out - o0 < NR ? n_out - o0 : NR;
+        const float *bo = j->bias ? j->bias + o0 : NULL;
+        pack_w_avx2(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
+        for (int tb = 0; tb < n_tb; tb++) {
+            int t0 = tb * MR, mr = n - t0 < MR ? n - t0 : MR;
+            const float *xp = j->xp + (size_t)tb * MR * n_in;
+            float *c = j->out + (size_t)t0 * n_out + o0;
+            if (j->isa == CPU_ISA_AVX512) ukr_avx512(xp, wp, n_in, c, n_out, mr, nr, bo);
+            else ukr_avx2(xp, wp, n_in, c, n_out, mr, nr, bo);
+        }
+    }
+}
+
+static void gemm(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, int isa) {
+    struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
+                       .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL};
+    j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
+    j.rb = (size_t)j.n_in * dtype_size(j.dt);
+    const int n_tb = (n + j.MR - 1) / j.MR, n_ob = (j.n_out + j.NR - 1) / j.NR;
+    const size_t xp_sz = ((size_t)n_tb * j.MR * j.n_in + 15) & ~(size_t)15;
+    j.wp_sz = ((size_t)j.NR * j.n_in + 15) & ~(size_t)15;
+    int nth = cpu_n_threads(be);
+    j.xp = scratch(be, xp_sz + (size_t)nth * j.wp_sz);
+    j.wp = j.xp + xp_sz;
+    cpu_parallel_for(be, n_tb, 4, gemm_pack_x, &j);
+    /* output panels in small contiguous runs: each thread streams its own
+     * weight rows; a thread that runs late takes fewer */
+    int64_t chunk = n_ob / (nth * 4);
+    cpu_parallel_for(be, n_ob, chunk < 1 ? 1 : chunk, gemm_panels, &j);
+}
+
+/* ==== GEMV (and the scalar path at any n) ==== */
+
+static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const struct mm_job *j = arg;
+    const int n = j->n, n_in = j->n_in, n_out = j->n_out;
+    for (int64_t r = b; r < e; r++) {
+        const void *row = j->W + (size_t)r * j->rb;
+        float bb = j->bias ? j->bias[r] : 0.0f;
         for (int t = 0; t < n; t += 4) {
             int nx = n - t < 4 ? n - t : 4;
             const float *xs[4];
             float o[4];
-            for (int j = 0; j < nx; j++) xs[j] = x + (size_t)(t + j) * n_in;
-            dot(row, xs, nx, n_in, o);
-            for (int j = 0; j < nx; j++) out[(size_t)(t + j) * n_out + r] = o[j] + b;
+            for (int q = 0; q < nx; q++) xs[q] = j->x + (size_t)(t + q) * n_in;
+            j->dot(row, xs, nx, n_in, o);
+            for (int q = 0; q < nx; q++) j->out[(size_t)(t + q) * n_out + r] = o[q] + bb;
         }
     }
+}
+
+static void gemv(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, cpu_dot_fn dot) {
+    struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
+                       .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot};
+    j.rb = (size_t)j.n_in * dtype_size(j.dt);
+    /* chunks of ~64 KiB of weights (at least 16 rows), ~16+ per thread */
+    int64_t chunk = (int64_t)(65536 / (j.rb ? j.rb : 1));
+    int64_t per = j.n_out / (cpu_n_threads(be) * 16);
+    if (chunk > per) chunk = per;
+    if (chunk < 16) chunk = 16;
+    cpu_parallel_for(be, j.n_out, chunk, gemv_rows, &j);
+}
+
+/* ==== the op ==== */
+
+enum { GEMM_MIN = 8 }; /* fewer activation rows: the weight-streaming GEMV */
+
+void cpu_matmul(struct kiln_backend *be, void *out_, const void *x_, const struct qlinear *w, int n) {
+    if (w->fmt != KILN_WFMT_DENSE) return cpu_qmatmul(be, out_, x_, w, n); /* quantized: qmatmul.c */
+    int isa = cpu_isa();
+    if (isa != CPU_ISA_SCALAR && n >= GEMM_MIN) gemm(be, out_, x_, w, n, isa);
+    else gemv(be, out_, x_, w, n, cpu_dot_for(w->w.dtype));
 }

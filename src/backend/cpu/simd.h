@@ -1,0 +1,73 @@
+/*
+ * simd.h: small vector helpers shared by the CPU kernels (not a public API).
+ * Every function carries its own target attribute, so a file includes this
+ * without being compiled for AVX2/AVX-512; callers pick a path at run time
+ * with cpu_isa() (cpu.h).
+ *
+ * exp: Cephes' expf: n = round(x log2 e), r = x - n ln 2 (ln 2 in two parts),
+ * a degree-6 polynomial for e^r on [-ln2/2, ln2/2], times 2^n built in the
+ * exponent bits. Within ~1-2 ulp of libm's expf over [-87.3, 88.3]; inputs
+ * are clamped to that range (below it e^x is < 1.2e-38, and the softmax and
+ * SiLU that use it only add it to 1 or to a sum that is >= 1).
+ */
+#ifndef KILN_CPU_SIMD_H
+#define KILN_CPU_SIMD_H
+
+#include <immintrin.h>
+
+#define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KILN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+#define KILN_EXP_HI 88.3762626647949f
+#define KILN_EXP_LO -87.3365447505531f
+#define KILN_LOG2E 1.44269504088896341f
+#define KILN_EXP_C1 0.693359375f
+#define KILN_EXP_C2 -2.12194440e-4f
+#define KILN_EXP_P0 1.9875691500E-4f
+#define KILN_EXP_P1 1.3981999507E-3f
+#define KILN_EXP_P2 8.3334519073E-3f
+#define KILN_EXP_P3 4.1665795894E-2f
+#define KILN_EXP_P4 1.6666665459E-1f
+#define KILN_EXP_P5 5.0000001201E-1f
+
+KILN_AVX2 static inline __m256 kiln_exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(KILN_EXP_LO)), _mm256_set1_ps(KILN_EXP_HI));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(KILN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(KILN_EXP_C1), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(KILN_EXP_C2), r);
+    __m256 y = _mm256_set1_ps(KILN_EXP_P0);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(KILN_EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(KILN_EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(KILN_EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(KILN_EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(KILN_EXP_P5));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+KILN_AVX512 static inline __m512 kiln_exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(KILN_EXP_LO)), _mm512_set1_ps(KILN_EXP_HI));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(KILN_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(KILN_EXP_C1), x);
+    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(KILN_EXP_C2), r);
+    __m512 y = _mm512_set1_ps(KILN_EXP_P0);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(KILN_EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(KILN_EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(KILN_EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(KILN_EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(KILN_EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+KILN_AVX2 static inline float kiln_hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+#endif

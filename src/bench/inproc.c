@@ -1,0 +1,312 @@
+/*
+ * inproc.c: `kiln bench` on the engine in this process.
+ *
+ * What is timed:
+ *   profiles (prefix, speed, batch): from the call that evaluates a row's
+ *     new prompt tokens to the argmax of each generated token's logits, i.e.
+ *     prefill, every decode forward, the logits copy to the host and greedy
+ *     sampling. A cached prefix is evaluated into the sequence before the
+ *     clock starts. Creating and freeing sequences is outside the clock.
+ *   pp-tg: pp = one kiln_seq_eval over p random tokens (one forward when the
+ *     prefill chunk allows), logits of the last token included, no sampling;
+ *     tg = n kiln_seq_eval calls of one random token each after a one-token
+ *     prompt (untimed), logits included, no sampling (as llama-bench).
+ */
+#include "bench/inproc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "bench/stats.h"
+#include "engine/sampler.h"
+
+#ifdef KILN_CUDA
+/* from the CUDA runtime (linked in CUDA builds); cudaError_t is an enum */
+extern int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+#endif
+
+struct inproc {
+    kiln_engine *e;
+    int V, chunk, cuda;
+    float *logits;
+    int cap_b;
+    kiln_seq *pseq; /* the cached prefix */
+    int32_t *pids;  /* prefix token stream */
+    int cap_p;
+};
+
+static void random_ids(int32_t *ids, int n, int vocab, uint64_t seed) {
+    struct kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(kiln_rng_next(&r) % (uint64_t)vocab);
+}
+
+static double mem_now(struct inproc *p) {
+#ifdef KILN_CUDA
+    if (p->cuda) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == 0) return (double)(tot - fr);
+        return NAN;
+    }
+#endif
+    (void)p;
+    return bench_mem_peak_rss();
+}
+
+static void inproc_reset(struct bench_target *t) {
+    struct inproc *p = t->ctx;
+    kiln_seq_free(p->pseq);
+    p->pseq = NULL;
+}
+
+static int inproc_run(struct bench_target *t, const struct bench_job *j, struct bench_obs *o, char *err, size_t errlen) {
+    struct inproc *p = t->ctx;
+    const int B = j->batch, V = p->V;
+    if (B < 1 || j->n_new < 1 || j->n_out < 1) return kiln_errf(err, errlen, "bad job");
+    if (j->n_prefix > 0 && B != 1) return kiln_errf(err, errlen, "a cached prefix needs batch 1");
+    if (B > p->cap_b) {
+        p->cap_b = B;
+        free(p->logits);
+        p->logits = kiln_malloc(sizeof(float) * (size_t)V * (size_t)B);
+    }
+    kiln_seq **seqs = kiln_calloc((size_t)B, sizeof *seqs);
+    int32_t **ids = kiln_calloc((size_t)B, sizeof *ids);
+    int *nn = kiln_malloc(sizeof(int) * (size_t)B);
+    int32_t *tok = kiln_malloc(sizeof(int32_t) * (size_t)B);
+    const int32_t **tp = kiln_malloc(sizeof(int32_t *) * (size_t)B);
+    int rc = -1;
+
+    if (j->n_prefix > 0) { /* bring the cached prefix to exactly n_prefix tokens, untimed */
+        if (j->n_prefix > p->cap_p) {
+            p->pids = kiln_realloc(p->pids, sizeof(int32_t) * (size_t)j->n_prefix);
+            random_ids(p->pids, j->n_prefix, V, 0x9e3779b97f4a7c15ull); /* one stream: shorter prefixes are its prefixes */
+            p->cap_p = j->n_prefix;
+        }
+        if (!p->pseq && !(p->pseq = kiln_seq_new(p->e, err, errlen))) goto out;
+        int have = kiln_seq_len(p->pseq);
+        if (have > j->n_prefix) kiln_seq_truncate(p->pseq, j->n_prefix), have = j->n_prefix;
+        if (have < j->n_prefix && kiln_seq_eval(p->pseq, p->pids + have, j->n_prefix - have, NULL, 0, err, errlen)) {
+            kiln_err_prefix(err, errlen, "evaluating the %d-token prefix", j->n_prefix);
+            inproc_reset(t);
+            goto out;
+        }
+        seqs[0] = p->pseq;
+    } else {
+        inproc_reset(t);
+        for (int b = 0; b < B; b++)
+            if (!(seqs[b] = kiln_seq_new(p->e, err, errlen))) goto out;
+    }
+    for (int b = 0; b < B; b++) {
+        ids[b] = kiln_malloc(sizeof(int32_t) * (size_t)j->n_new);
+        random_ids(ids[b], j->n_new, V, j->seed * 1000003u + (uint64_t)b);
+        nn[b] = j->n_new;
+        tp[b] = ids[b];
+    }
+    if (!p->cuda) bench_mem_reset_peak();
+
+    /* ---- timed ---- */
+    o->t_send = kiln_now();
+    if (B == 1) {
+        if (kiln_seq_eval(seqs[0], ids[0], j->n_new, p->logits, 0, err, errlen)) goto out;
+        tok[0] = sampler_argmax(p->logits, V);
+        o->t_first[0] = kiln_now();
+    } else if ((long long)B * j->n_new <= p->chunk) {
+        if (kiln_seqs_eval(seqs, B, tp, nn, p->logits, err, errlen)) goto out;
+        for (int b = 0; b < B; b++) tok[b] = sampler_argmax(p->logits + (size_t)b * V, V);
+        double now = kiln_now();
+        for (int b = 0; b < B; b++) o->t_first[b] = now;
+    } else {
+        for (int b = 0; b < B; b++) {
+            if (kiln_seq_eval(seqs[b], ids[b], j->n_new, p->logits + (size_t)b * V, 0, err, errlen)) goto out;
+            tok[b] = sampler_argmax(p->logits + (size_t)b * V, V);
+            o->t_first[b] = kiln_now();
+        }
+    }
+    for (int b = 0; b < B; b++) o->n_out[b] = 1, tp[b] = &tok[b], nn[b] = 1;
+    for (int s = 1; s < j->n_out; s++) {
+        if (B == 1) {
+            if (kiln_seq_eval(seqs[0], tok, 1, p->logits, 0, err, errlen)) goto out;
+        } else if (kiln_seqs_eval(seqs, B, tp, nn, p->logits, err, errlen)) {
+            goto out;
+        }
+        for (int b = 0; b < B; b++) tok[b] = sampler_argmax(p->logits + (size_t)b * V, V), o->n_out[b]++;
+    }
+    double end = kiln_now();
+    /* ---- end of timing ---- */
+    for (int b = 0; b < B; b++) o->t_end[b] = end;
+    if (B == 1 && j->n_out == 1) o->t_end[0] = o->t_first[0];
+    o->peak_mem = mem_now(p);
+    rc = 0;
+out:
+    if (j->n_prefix > 0) {
+        if (p->pseq) kiln_seq_truncate(p->pseq, j->n_prefix);
+    } else {
+        for (int b = 0; b < B; b++) kiln_seq_free(seqs[b]);
+    }
+    for (int b = 0; b < B; b++) free(ids[b]);
+    free(seqs), free(ids), free(nn), free(tok), free(tp);
+    return rc;
+}
+
+void bench_inproc_target(struct bench_target *t, kiln_engine *e, int max_tokens, int chunk) {
+    struct inproc *p = kiln_calloc(1, sizeof *p);
+    p->e = e;
+    p->V = kiln_engine_config(e)->vocab;
+    p->chunk = chunk;
+    p->cuda = !strcmp(kiln_engine_backend(e), "cuda");
+    memset(t, 0, sizeof *t);
+    t->kind = "in-process";
+    t->max_tokens = max_tokens;
+    t->max_ctx = kiln_engine_config(e)->max_pos;
+    t->mem_what = p->cuda ? "gpu" : "rss";
+    t->ctx = p;
+    t->run = inproc_run;
+    t->reset = inproc_reset;
+}
+
+void bench_inproc_free(struct bench_target *t) {
+    struct inproc *p = t->ctx;
+    if (!p) return;
+    kiln_seq_free(p->pseq);
+    free(p->pids);
+    free(p->logits);
+    free(p);
+    t->ctx = NULL;
+}
+
+double bench_decode_bytes(const kiln_engine *e) {
+    const struct kiln_config *c = kiln_engine_config(e);
+    double bytes = (double)kiln_engine_param_bytes(e), params = (double)kiln_engine_n_params(e);
+    if (params <= 0) return bytes;
+    double per = bytes / params, skip = 0;
+    if (!c->tie_embed) skip += (double)c->vocab * c->dim;
+    if (c->n_expert > 0 && c->layer_moe)
+        for (int l = 0; l < c->n_layer; l++)
+            if (c->layer_moe[l]) skip += 3.0 * c->dim * c->moe_ffn * (c->n_expert - c->n_expert_used);
+    return (params - skip) * per;
+}
+
+/* ==== pp / tg (llama-bench) ==== */
+
+int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table *t, char *err, size_t errlen) {
+    const int V = kiln_engine_config(e)->vocab;
+    const int cuda = !strcmp(kiln_engine_backend(e), "cuda");
+    struct inproc memp = {.cuda = cuda};
+    float *logits = kiln_malloc(sizeof(float) * (size_t)V);
+    int reps = o->reps > 0 ? o->reps : 1;
+    double *ts = kiln_malloc(sizeof(double) * (size_t)reps), *ttft = kiln_malloc(sizeof(double) * (size_t)reps);
+    double dbytes = bench_decode_bytes(e);
+
+    bt_init(t, "pp-tg", "kiln bench --profile pp-tg", BT_SPREAD_SD);
+    int c_model = bt_col(t, "model", "model", BT_STR, 0, 0);
+    int c_size = bt_col(t, "size", "size", BT_STR, 0, 0);
+    int c_params = bt_col(t, "params", "params", BT_STR, 0, 0);
+    int c_be = bt_col(t, "backend", "backend", BT_STR, 0, 0);
+    int c_thr = bt_col(t, "threads", "threads", BT_INT, 0, 0);
+    int c_test = bt_col(t, "test", "test", BT_STR, 0, 0);
+    int c_ts = bt_col(t, "t/s", "tps", BT_NUM, 2, 1);
+    int c_ttft = bt_col(t, "TTFT(ms)", "ttft_ms", BT_NUM, 2, 1);
+    int c_gbs = bt_col(t, "GB/s", "gbps", BT_NUM, 1, 0);
+    int c_mem = bt_col(t, cuda ? "GPU mem(MiB)" : "peak RSS(MiB)", "peak_mem_mib", BT_NUM, 0, 0);
+    bt_footer(t, "pp<p>: one kiln_seq_eval over p random token ids (seed %llu) in a fresh sequence, last-token logits "
+                 "included, no sampling; t/s = p / time. TTFT(ms) = the same eval plus picking the first token (argmax).",
+              (unsigned long long)o->seed);
+    bt_footer(t, "tg<n>: n kiln_seq_eval calls of one random token each after an untimed one-token prompt, batch 1, "
+                 "logits included, no sampling; t/s = n / time. GB/s = %.3f GB of weights read per token (all weights but "
+                 "the input embedding and unused experts) x t/s.",
+              dbytes / 1e9);
+    bt_footer(t, "t/s is the mean ± standard deviation over %d repetitions; %s. Memory: %s.", reps,
+              o->warmup ? "one untimed warm-up run of each test first" : "no warm-up",
+              cuda ? "GPU memory in use (cudaMemGetInfo total - free) after the test"
+                   : "peak resident memory of the process during the test (VmHWM, reset per test)");
+
+    int n_tests = 0;
+    for (int i = 0; i < o->n_pp; i++) n_tests += o->pp[i] > 0;
+    for (int i = 0; i < o->n_tg; i++) n_tests += o->tg[i] > 0;
+    double tw = 0;
+    for (int i = 0; i < o->n_pp; i++) tw += (double)o->pp[i] * (reps + o->warmup);
+    for (int i = 0; i < o->n_tg; i++) tw += 12.0 * o->tg[i] * reps;
+    struct bench_progress pr;
+    bench_progress_start(&pr, o->progress, n_tests, tw, kiln_now());
+    int rc = 0, row_i = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        const int *list = pass ? o->tg : o->pp;
+        int n_list = pass ? o->n_tg : o->n_pp;
+        for (int li = 0; li < n_list && rc == 0; li++) {
+            int n = list[li];
+            if (n <= 0) continue;
+            char test[32];
+            snprintf(test, sizeof test, "%s%d", pass ? "tg" : "pp", n);
+            bench_progress_row(&pr, ++row_i, test, kiln_now());
+            int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
+            double mem = NAN;
+            for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
+                random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
+                kiln_seq *s = kiln_seq_new(e, err, errlen);
+                if (!s) {
+                    rc = -1;
+                    break;
+                }
+                if (!cuda) bench_mem_reset_peak();
+                if (!pass) {
+                    double t0 = kiln_now();
+                    rc = kiln_seq_eval(s, ids, n, logits, 0, err, errlen);
+                    double t1 = kiln_now();
+                    volatile int32_t first = sampler_argmax(logits, V);
+                    (void)first;
+                    double t2 = kiln_now();
+                    if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = (t2 - t0) * 1e3;
+                } else {
+                    rc = kiln_seq_eval(s, ids, 1, logits, 0, err, errlen);
+                    double t0 = kiln_now();
+                    int steps = k < 0 ? 1 : n;
+                    for (int i = 0; i < steps && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
+                    double t1 = kiln_now();
+                    if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = NAN;
+                }
+                double m = mem_now(&memp);
+                if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
+                kiln_seq_free(s);
+            }
+            free(ids);
+            if (rc) {
+                kiln_err_prefix(err, errlen, "%s", test);
+                break;
+            }
+            struct bench_stat st = bench_stat_of(ts, reps), sf = bench_stat_of(ttft, pass ? 0 : reps);
+            int r = bt_row(t);
+            char model[300];
+            snprintf(model, sizeof model, "%s %s", o->lab.model, o->lab.precision);
+            bt_set_str(t, r, c_model, model);
+            bt_set_str(t, r, c_size, o->size_str);
+            bt_set_str(t, r, c_params, o->params_str);
+            bt_set_str(t, r, c_be, o->lab.backend);
+            bt_set_num(t, r, c_thr, o->lab.threads);
+            bt_set_str(t, r, c_test, test);
+            bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
+            if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
+            if (pass) bt_set_num(t, r, c_gbs, dbytes * st.mean / 1e9);
+            bt_set_num(t, r, c_mem, mem / (1 << 20));
+            char key[48];
+            bt_summary(t, test, st.mean);
+            snprintf(key, sizeof key, "%s_sd", test);
+            bt_summary(t, key, st.sd);
+            if (!pass) {
+                snprintf(key, sizeof key, "%s_ttft_ms", test);
+                bt_summary(t, key, sf.mean);
+            } else {
+                snprintf(key, sizeof key, "%s_gbps", test);
+                bt_summary(t, key, dbytes * st.mean / 1e9);
+            }
+            snprintf(key, sizeof key, "%s_mem_mib", test);
+            bt_summary(t, key, mem / (1 << 20));
+            bench_progress_done(&pr, pass ? 12.0 * n * reps : (double)n * (reps + o->warmup), kiln_now());
+        }
+    }
+    bench_progress_end(&pr);
+    free(logits), free(ts), free(ttft);
+    return rc;
+}

@@ -1,0 +1,943 @@
+/*
+ * openai.c: the OpenAI-compatible routes (see openai.h).
+ *
+ * One API call is a job: its n choices are n engine requests posting to
+ * one channel, tagged with the choice index. Each choice runs its tokens
+ * through the same pipeline whether the call streams or not:
+ *
+ *   id -> tok_stream (UTF-8 safe text) -> stop matcher -> <think> splitter -> text / reasoning
+ *
+ * so a streamed answer concatenates to exactly the non-streamed one. A
+ * choice is done for the client at EOS / length / a stop string (then its
+ * engine request is cancelled); the job is done when every engine request
+ * has posted its finish event, so usage counts and the cache-hit count are
+ * final and no engine request outlives its job.
+ *
+ * Parameters are validated before anything is queued: a wrong type or an
+ * out-of-range value is a 400 naming the parameter.
+ */
+#include "server/openai.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "server/http.h"
+#include "server/text.h"
+#include "tokenizer/tokenizer.h"
+
+#define MAX_N 64
+#define MAX_STOPS 16
+
+struct openai_server {
+    kiln_engine *e;
+    kiln_serving *srv;
+    struct kiln_tokenizer *tok;
+    struct openai_opts o;
+    char *model_name;
+    struct http_server *http;
+    atomic_ulong next_id;
+    long created;
+    int has_think; /* the vocabulary has <think> and </think> */
+    pthread_mutex_t mu;
+    uint64_t http_by_code[6]; /* 2xx 400 401 404 413 5xx, for /metrics */
+};
+
+/* ==== replies ==== */
+
+static void count_status(struct openai_server *s, int status) {
+    int i = status < 300 ? 0 : status == 400 ? 1 : status == 401 ? 2 : status == 404 || status == 405 ? 3 : status == 413 ? 4 : 5;
+    pthread_mutex_lock(&s->mu);
+    s->http_by_code[i]++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void reply_json(struct http_response *rs, int status, cJSON *j) {
+    rs->status = status;
+    rs->body = cJSON_PrintUnformatted(j);
+    rs->body_len = strlen(rs->body);
+    cJSON_Delete(j);
+}
+
+static void reply_error(struct http_response *rs, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_error(struct http_response *rs, int status, const char *param, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type = status == 401 ? "authentication_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 503 ? "overloaded_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
+    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "type", type);
+    if (param) cJSON_AddStringToObject(o, "param", param);
+    else cJSON_AddNullToObject(o, "param");
+    cJSON_AddNumberToObject(o, "code", status);
+    reply_json(rs, status, e);
+}
+
+/* ==== parameters ==== */
+
+struct gen_params {
+    int chat, stream, include_usage;
+    int32_t *ids;
+    int n_ids;
+    int n, max_tokens, min_tokens, ignore_eos;
+    struct kiln_sampling sp;
+    int seed_set;
+    int logprobs, top_logprobs; /* logprobs: 0/1 for chat; -1 off */
+    char *stops[MAX_STOPS];
+    int n_stops;
+    int think, think_in_reasoning;
+};
+
+static void params_free(struct gen_params *p) {
+    free(p->ids);
+    for (int i = 0; i < p->n_stops; i++) free(p->stops[i]);
+}
+
+/* Reads an optional number: 0 absent or null, 1 set, -1 error (reply set). */
+static int opt_num(const cJSON *o, const char *k, double lo, double hi, double *v, struct http_response *rs) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsNumber(x) || isnan(x->valuedouble)) return reply_error(rs, 400, k, "'%s' must be a number", k), -1;
+    if (x->valuedouble < lo || x->valuedouble > hi)
+        return reply_error(rs, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi, x->valuedouble), -1;
+    *v = x->valuedouble;
+    return 1;
+}
+
+static int opt_int(const cJSON *o, const char *k, double lo, double hi, long long *v, struct http_response *rs) {
+    double d;
+    int r = opt_num(o, k, lo, hi, &d, rs);
+    if (r <= 0) return r;
+    if (d != floor(d)) return reply_error(rs, 400, k, "'%s' must be an integer, got %g", k, d), -1;
+    *v = (long long)d;
+    return 1;
+}
+
+static int opt_bool(const cJSON *o, const char *k, int *v, struct http_response *rs) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!x || cJSON_IsNull(x)) return 0;
+    if (!cJSON_IsBool(x)) return reply_error(rs, 400, k, "'%s' must be a boolean", k), -1;
+    *v = cJSON_IsTrue(x);
+    return 1;
+}
+
+static int check_model(struct openai_server *s, const cJSON *req, struct http_response *rs) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(req, "model");
+    if (!m || cJSON_IsNull(m)) return 0;
+    if (!cJSON_IsString(m)) return reply_error(rs, 400, "model", "'model' must be a string"), -1;
+    if (strcmp(m->valuestring, s->model_name))
+        return reply_error(rs, 400, "model", "The model '%s' does not exist; this server serves '%s'", m->valuestring, s->model_name), -1;
+    return 0;
+}
+
+/* ids from a JSON array of integers; -1 (reply set) if it is not one */
+static int ids_from_json(struct openai_server *s, const cJSON *a, const char *param, int32_t **ids, int *n, struct http_response *rs) {
+    int cnt = cJSON_GetArraySize(a), vocab = kiln_engine_config(s->e)->vocab;
+    *ids = kiln_malloc(sizeof(int32_t) * (size_t)(cnt ? cnt : 1));
+    *n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= vocab) {
+            free(*ids);
+            *ids = NULL;
+            return reply_error(rs, 400, param, "'%s' must hold token ids in [0, %d)", param, vocab), -1;
+        }
+        (*ids)[(*n)++] = (int32_t)x->valuedouble;
+    }
+    return 0;
+}
+
+static int encode_text(struct openai_server *s, const char *text, int32_t **ids, int *n, struct http_response *rs) {
+    char err[512] = "";
+    if (!s->tok) return reply_error(rs, 400, "prompt", "this model has no tokenizer: send token ids"), -1;
+    int32_t *raw = NULL;
+    int nr = 0;
+    if (tok_encode(s->tok, text, strlen(text), &raw, &nr, err, sizeof err))
+        return reply_error(rs, 400, "prompt", "cannot tokenize the prompt: %s", err), -1;
+    int bos = tok_add_bos_token(s->tok) && tok_bos_token(s->tok) ? tok_token_id(s->tok, tok_bos_token(s->tok)) : -1;
+    *ids = kiln_malloc(sizeof(int32_t) * (size_t)(nr + 1));
+    *n = 0;
+    if (bos >= 0) (*ids)[(*n)++] = bos;
+    if (nr) memcpy(*ids + *n, raw, sizeof(int32_t) * (size_t)nr);
+    *n += nr;
+    free(raw);
+    return 0;
+}
+
+/* messages -> chat template -> ids. Sets think_in_reasoning when the
+ * rendered prompt ends inside <think>. */
+static int chat_prompt(struct openai_server *s, const cJSON *req, int add_gen, struct gen_params *p, struct http_response *rs) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return reply_error(rs, 400, "messages", "'messages' must be a non-empty array of messages"), -1;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role))
+            return reply_error(rs, 400, "messages", "each message must be an object with a string 'role'"), -1;
+        if (content && !cJSON_IsString(content) && !cJSON_IsArray(content) && !cJSON_IsNull(content))
+            return reply_error(rs, 400, "messages", "a message's 'content' must be a string or an array of parts"), -1;
+    }
+    if (!s->tok || !tok_chat_template(s->tok))
+        return reply_error(rs, 400, "messages", "this model has no chat template: use /v1/completions"), -1;
+    int thinking = -1;
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
+    if (kw && !cJSON_IsNull(kw)) {
+        if (!cJSON_IsObject(kw)) return reply_error(rs, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object"), -1;
+        if (opt_bool(kw, "enable_thinking", &thinking, rs) < 0) return -1;
+    }
+    cJSON *wrap = cJSON_CreateObject();
+    cJSON_AddItemReferenceToObject(wrap, "messages", (cJSON *)msgs);
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
+    if (cJSON_IsArray(tools)) cJSON_AddItemReferenceToObject(wrap, "tools", (cJSON *)tools);
+    char *mj = cJSON_PrintUnformatted(wrap);
+    cJSON_Delete(wrap);
+    char err[512] = "";
+    char *text = tok_apply_chat_template(s->tok, mj, add_gen, thinking, err, sizeof err);
+    free(mj);
+    if (!text) return reply_error(rs, 400, "messages", "cannot apply the chat template: %s", err), -1;
+    size_t tl = strlen(text);
+    while (tl && (text[tl - 1] == '\n' || text[tl - 1] == ' ')) tl--;
+    p->think_in_reasoning = tl >= 7 && !memcmp(text + tl - 7, "<think>", 7);
+    int rc = encode_text(s, text, &p->ids, &p->n_ids, rs);
+    free(text);
+    return rc;
+}
+
+static int completion_prompt(struct openai_server *s, const cJSON *req, struct gen_params *p, struct http_response *rs) {
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(pr, 0)))
+        pr = cJSON_GetArrayItem(pr, 0); /* ["text"] or [[ids]] */
+    if (cJSON_IsString(pr)) return encode_text(s, pr->valuestring, &p->ids, &p->n_ids, rs);
+    if (cJSON_IsArray(pr)) {
+        const cJSON *first = cJSON_GetArrayItem(pr, 0);
+        if (first && !cJSON_IsNumber(first))
+            return reply_error(rs, 400, "prompt", "one prompt per request: a string, or an array of token ids"), -1;
+        return ids_from_json(s, pr, "prompt", &p->ids, &p->n_ids, rs);
+    }
+    return reply_error(rs, 400, "prompt", "'prompt' must be a string or an array of token ids"), -1;
+}
+
+static int parse_params(struct openai_server *s, const cJSON *req, int chat, struct gen_params *p, struct http_response *rs) {
+    memset(p, 0, sizeof *p);
+    p->chat = chat;
+    p->sp = sampling_default();
+    p->n = 1;
+    p->max_tokens = -1;
+    p->logprobs = -1;
+    if (!cJSON_IsObject(req)) return reply_error(rs, 400, NULL, "the body must be a JSON object"), -1;
+    if (check_model(s, req, rs)) return -1;
+    double d;
+    long long v;
+    int r;
+    if (opt_bool(req, "stream", &p->stream, rs) < 0) return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) return reply_error(rs, 400, "stream_options", "'stream_options' must be an object"), -1;
+        if (opt_bool(so, "include_usage", &p->include_usage, rs) < 0) return -1;
+    }
+    if ((r = opt_num(req, "temperature", 0, 2, &d, rs)) < 0) return -1;
+    if (r) p->sp.temperature = (float)d;
+    if ((r = opt_num(req, "top_p", 0, 1, &d, rs)) < 0) return -1;
+    if (r) {
+        if (d <= 0) return reply_error(rs, 400, "top_p", "'top_p' must be in (0, 1]"), -1;
+        p->sp.top_p = (float)d;
+    }
+    if ((r = opt_int(req, "top_k", -1, 1e9, &v, rs)) < 0) return -1;
+    if (r) p->sp.top_k = v < 0 ? 0 : (int)v;
+    if ((r = opt_num(req, "min_p", 0, 1, &d, rs)) < 0) return -1;
+    if (r) p->sp.min_p = (float)d;
+    if ((r = opt_num(req, "presence_penalty", -2, 2, &d, rs)) < 0) return -1;
+    if (r) p->sp.presence_penalty = (float)d;
+    if ((r = opt_num(req, "frequency_penalty", -2, 2, &d, rs)) < 0) return -1;
+    if (r) p->sp.frequency_penalty = (float)d;
+    if ((r = opt_num(req, "repetition_penalty", 0, 10, &d, rs)) < 0) return -1;
+    if (r) {
+        if (d <= 0) return reply_error(rs, 400, "repetition_penalty", "'repetition_penalty' must be > 0"), -1;
+        p->sp.repetition_penalty = (float)d;
+    }
+    if ((r = opt_int(req, "seed", -9.2e18, 9.2e18, &v, rs)) < 0) return -1;
+    if (r) p->sp.seed = (uint64_t)v, p->seed_set = 1;
+    if ((r = opt_int(req, "n", 1, MAX_N, &v, rs)) < 0) return -1;
+    if (r) p->n = (int)v;
+    if ((r = opt_int(req, "max_tokens", 1, 1e9, &v, rs)) < 0) return -1;
+    if (r) p->max_tokens = (int)v;
+    if (chat) {
+        if ((r = opt_int(req, "max_completion_tokens", 1, 1e9, &v, rs)) < 0) return -1;
+        if (r) p->max_tokens = (int)v;
+    }
+    if ((r = opt_int(req, "min_tokens", 0, 1e9, &v, rs)) < 0) return -1;
+    if (r) p->min_tokens = (int)v;
+    if (opt_bool(req, "ignore_eos", &p->ignore_eos, rs) < 0) return -1;
+    if (chat) {
+        int lp = 0;
+        if (opt_bool(req, "logprobs", &lp, rs) < 0) return -1;
+        if ((r = opt_int(req, "top_logprobs", 0, KILN_MAX_TOP_LOGPROBS, &v, rs)) < 0) return -1;
+        if (r && !lp) return reply_error(rs, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true"), -1;
+        if (lp) p->logprobs = 1, p->top_logprobs = r ? (int)v : 0;
+    } else {
+        if ((r = opt_int(req, "logprobs", 0, KILN_MAX_TOP_LOGPROBS, &v, rs)) < 0) return -1;
+        if (r) p->logprobs = 1, p->top_logprobs = (int)v;
+    }
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(req, "stop");
+    if (cJSON_IsString(st)) {
+        if (st->valuestring[0]) p->stops[p->n_stops++] = kiln_strdup(st->valuestring);
+    } else if (cJSON_IsArray(st)) {
+        if (cJSON_GetArraySize(st) > MAX_STOPS) return reply_error(rs, 400, "stop", "at most %d stop strings", MAX_STOPS), -1;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, st) {
+            if (!cJSON_IsString(x)) return reply_error(rs, 400, "stop", "'stop' must be a string or an array of strings"), -1;
+            if (x->valuestring[0]) p->stops[p->n_stops++] = kiln_strdup(x->valuestring);
+        }
+    } else if (st && !cJSON_IsNull(st)) {
+        return reply_error(rs, 400, "stop", "'stop' must be a string or an array of strings"), -1;
+    }
+    if (chat ? chat_prompt(s, req, 1, p, rs) : completion_prompt(s, req, p, rs)) return -1;
+    if (p->n_ids == 0) return reply_error(rs, 400, chat ? "messages" : "prompt", "the prompt is empty"), -1;
+    int limit = kiln_serving_max_tokens(s->srv);
+    if (p->n_ids >= limit)
+        return reply_error(rs, 400, chat ? "messages" : "prompt",
+                           "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", limit, p->n_ids),
+               -1;
+    if (p->max_tokens < 0) p->max_tokens = limit - p->n_ids;
+    if (p->min_tokens > p->max_tokens)
+        return reply_error(rs, 400, "min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)", p->min_tokens, p->max_tokens), -1;
+    if (!p->seed_set) p->sp.seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
+    p->think = chat && s->has_think;
+    return 0;
+}
+
+/* ==== jobs: one API call, n choices ==== */
+
+struct choice {
+    kiln_request *req;
+    struct tok_stream *ts;
+    struct stop_matcher stop;
+    struct think_splitter think;
+    int n_tokens, client_done, engine_done, error;
+    const char *finish;
+    struct strbuf text, reasoning;  /* everything (non-streaming) */
+    struct strbuf d_text, d_reason; /* the current delta (streaming) */
+    cJSON *lp;                      /* chat: content array; completions: {tokens, ...} */
+    int text_offset;
+    char err[256];
+};
+
+struct job {
+    struct openai_server *s;
+    struct gen_params p;
+    struct choice *c;
+    kiln_channel *ch;
+    char id[48];
+    long created;
+    int n_engine_done, n_cached, fd, error;
+    /* streaming */
+    struct strbuf out;
+    size_t out_off;
+    int stream_over;
+};
+
+static void job_free(struct job *j) {
+    for (int i = 0; i < j->p.n; i++) {
+        struct choice *c = &j->c[i];
+        kiln_request_release(c->req);
+        if (c->ts) tok_stream_free(c->ts);
+        stop_free(&c->stop);
+        think_free(&c->think);
+        sb_free(&c->text), sb_free(&c->reasoning), sb_free(&c->d_text), sb_free(&c->d_reason);
+        cJSON_Delete(c->lp);
+    }
+    free(j->c);
+    kiln_channel_release(j->ch);
+    params_free(&j->p);
+    sb_free(&j->out);
+    free(j);
+}
+
+static cJSON *new_lp(const struct job *j) {
+    if (j->p.chat) return cJSON_CreateArray();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON_AddArrayToObject(o, "text_offset");
+    return o;
+}
+
+static char *token_text(const struct openai_server *s, int32_t id) {
+    char *t = s->tok ? tok_decode(s->tok, &id, 1, 0, NULL, NULL, 0) : NULL;
+    if (!t) {
+        t = kiln_malloc(32);
+        snprintf(t, 32, "token_id:%d", id);
+    }
+    return t;
+}
+
+static cJSON *bytes_of(const char *t) {
+    cJSON *a = cJSON_CreateArray();
+    for (const unsigned char *p = (const unsigned char *)t; *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+    return a;
+}
+
+static void add_logprob(struct job *j, struct choice *c, const struct kiln_event *ev) {
+    if (!c->lp) c->lp = new_lp(j);
+    char *t = token_text(j->s, ev->id);
+    if (j->p.chat) {
+        cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+        cJSON_AddStringToObject(e, "token", t);
+        cJSON_AddNumberToObject(e, "logprob", ev->logprob);
+        cJSON_AddItemToObject(e, "bytes", bytes_of(t));
+        for (int k = 0; k < ev->n_top; k++) {
+            char *tt = token_text(j->s, ev->top_id[k]);
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "token", tt);
+            cJSON_AddNumberToObject(x, "logprob", ev->top_logprob[k]);
+            cJSON_AddItemToObject(x, "bytes", bytes_of(tt));
+            cJSON_AddItemToArray(top, x);
+            free(tt);
+        }
+        cJSON_AddItemToObject(e, "top_logprobs", top);
+        cJSON_AddItemToArray(c->lp, e);
+    } else {
+        cJSON_AddItemToArray(cJSON_GetObjectItem(c->lp, "tokens"), cJSON_CreateString(t));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(c->lp, "token_logprobs"), cJSON_CreateNumber(ev->logprob));
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < ev->n_top; k++) {
+            char *tt = token_text(j->s, ev->top_id[k]);
+            if (!cJSON_GetObjectItemCaseSensitive(top, tt)) cJSON_AddNumberToObject(top, tt, ev->top_logprob[k]);
+            free(tt);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(c->lp, "top_logprobs"), top);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(c->lp, "text_offset"), cJSON_CreateNumber(c->text_offset));
+    }
+    free(t);
+}
+
+/* released text -> <think> splitter -> the choice's deltas */
+static void deliver(struct job *j, struct choice *c, const char *text, size_t n, int final) {
+    struct strbuf *dt = &c->d_text, *dr = &c->d_reason;
+    size_t t0 = dt->n;
+    if (j->p.think) {
+        think_feed(&c->think, text, n, dr, dt);
+        if (final) think_flush(&c->think, dr, dt);
+    } else {
+        sb_put(dt, text, n);
+    }
+    c->text_offset += (int)(dt->n - t0);
+}
+
+static const char *finish_name(int f) {
+    return f == KILN_FINISH_STOP ? "stop" : f == KILN_FINISH_LENGTH ? "length" : f == KILN_FINISH_ABORT ? "abort" : "error";
+}
+
+/* The choice ends for the client: release what is held back. */
+static void close_choice(struct job *j, struct choice *c, const char *finish) {
+    struct strbuf rel = {0};
+    if (c->ts) {
+        char *out = NULL;
+        size_t len = 0;
+        if (tok_stream_flush(c->ts, &out, &len) == 0 && len) stop_feed(&c->stop, out, len, &rel);
+        free(out);
+    }
+    if (!c->stop.hit) stop_flush(&c->stop, &rel);
+    deliver(j, c, sb_str(&rel), rel.n, 1);
+    sb_free(&rel);
+    c->client_done = 1;
+    c->finish = finish;
+}
+
+/* Applies one engine event to its choice; new text lands in the deltas. */
+static void job_event(struct job *j, const struct kiln_event *ev) {
+    if (ev->tag < 0 || ev->tag >= j->p.n) return;
+    struct choice *c = &j->c[ev->tag];
+    if (ev->type == KILN_EVENT_FINISH) {
+        c->engine_done = 1;
+        j->n_engine_done++;
+        if (ev->n_cached > j->n_cached) j->n_cached = ev->n_cached;
+        if (ev->finish == KILN_FINISH_ERROR) {
+            c->error = j->error = 1;
+            snprintf(c->err, sizeof c->err, "%s", ev->err);
+        }
+        if (!c->client_done) close_choice(j, c, finish_name(ev->finish));
+        return;
+    }
+    if (c->client_done) return; /* after a stop string: the engine is being cancelled */
+    c->n_tokens++;
+    if (j->p.logprobs >= 0) add_logprob(j, c, ev);
+    struct strbuf rel = {0};
+    int hit = 0;
+    if (c->ts) {
+        char *out = NULL;
+        size_t len = 0;
+        if (tok_stream_push(c->ts, ev->id, &out, &len) == 0 && len) {
+            if (c->n_tokens > j->p.min_tokens) hit = stop_feed(&c->stop, out, len, &rel);
+            else sb_put(&rel, out, len);
+        }
+        free(out);
+    }
+    deliver(j, c, sb_str(&rel), rel.n, 0);
+    sb_free(&rel);
+    if (hit) {
+        close_choice(j, c, "stop");
+        kiln_request_cancel(c->req);
+    }
+}
+
+static cJSON *usage_json(const struct job *j) {
+    int gen = 0;
+    for (int i = 0; i < j->p.n; i++) gen += j->c[i].n_tokens;
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->p.n_ids);
+    cJSON_AddNumberToObject(u, "completion_tokens", gen);
+    cJSON_AddNumberToObject(u, "total_tokens", j->p.n_ids + gen);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    return u;
+}
+
+static cJSON *chunk_base(const struct job *j) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", j->p.chat ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model_name);
+    return o;
+}
+
+static void sse(struct job *j, cJSON *o) {
+    char *t = cJSON_PrintUnformatted(o);
+    sb_printf(&j->out, "data: %s\n\n", t);
+    free(t);
+    cJSON_Delete(o);
+}
+
+/* Streams whatever choice i has new: text, reasoning, logprobs, finish. */
+static void emit_chunk(struct job *j, int i, int role) {
+    struct choice *c = &j->c[i];
+    int has_lp = c->lp && (j->p.chat ? cJSON_GetArraySize(c->lp) : cJSON_GetArraySize(cJSON_GetObjectItem(c->lp, "tokens")));
+    int finish = c->client_done && c->finish;
+    if (!role && !c->d_text.n && !c->d_reason.n && !has_lp && !finish) return;
+    cJSON *o = chunk_base(j), *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", i);
+    if (j->p.chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (c->d_reason.n) cJSON_AddStringToObject(d, "reasoning_content", sb_str(&c->d_reason));
+        if (c->d_text.n || role) cJSON_AddStringToObject(d, "content", sb_str(&c->d_text));
+    } else {
+        cJSON_AddStringToObject(ch, "text", sb_str(&c->d_text));
+    }
+    if (has_lp) {
+        if (j->p.chat) {
+            cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+            cJSON_AddItemToObject(l, "content", c->lp);
+        } else {
+            cJSON_AddItemToObject(ch, "logprobs", c->lp);
+        }
+        c->lp = NULL;
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", c->finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(arr, ch);
+    if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
+    sse(j, o);
+    sb_clear(&c->d_text);
+    sb_clear(&c->d_reason);
+    if (finish) c->finish = NULL; /* sent */
+}
+
+static void emit_error(struct job *j) {
+    const char *msg = "generation failed";
+    for (int i = 0; i < j->p.n; i++)
+        if (j->c[i].error) msg = j->c[i].err;
+    cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
+    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "type", "server_error");
+    cJSON_AddNumberToObject(o, "code", 500);
+    sse(j, e);
+}
+
+static ssize_t job_stream(void *cls, char *buf, size_t max) {
+    struct job *j = cls;
+    while (j->out_off == j->out.n) {
+        sb_clear(&j->out);
+        j->out_off = 0;
+        if (j->stream_over) return 0;
+        if (j->n_engine_done == j->p.n) {
+            if (j->error) emit_error(j);
+            if (j->p.include_usage) {
+                cJSON *o = chunk_base(j);
+                cJSON_AddArrayToObject(o, "choices");
+                cJSON_AddItemToObject(o, "usage", usage_json(j));
+                sse(j, o);
+            }
+            sb_puts(&j->out, "data: [DONE]\n\n");
+            j->stream_over = 1;
+            continue;
+        }
+        struct kiln_event ev;
+        if (kiln_channel_next(j->ch, &ev, 0.25)) {
+            job_event(j, &ev);
+            emit_chunk(j, ev.tag, 0);
+        } else if (http_client_gone(j->fd)) {
+            return -1; /* MHD closes; job_stream_free cancels the requests */
+        }
+    }
+    size_t n = j->out.n - j->out_off < max ? j->out.n - j->out_off : max;
+    memcpy(buf, j->out.p + j->out_off, n);
+    j->out_off += n;
+    return (ssize_t)n;
+}
+
+static void job_stream_free(void *cls) { job_free(cls); }
+
+static cJSON *final_response(struct job *j) {
+    cJSON *o = cJSON_CreateObject(), *arr;
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", j->p.chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->s->model_name);
+    arr = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < j->p.n; i++) {
+        struct choice *c = &j->c[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", i);
+        if (j->p.chat) {
+            cJSON *m = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", sb_str(&c->text));
+            if (c->reasoning.n) cJSON_AddStringToObject(m, "reasoning_content", sb_str(&c->reasoning));
+        } else {
+            cJSON_AddStringToObject(ch, "text", sb_str(&c->text));
+        }
+        if (c->lp && j->p.chat) {
+            cJSON *l = cJSON_AddObjectToObject(ch, "logprobs");
+            cJSON_AddItemToObject(l, "content", c->lp);
+            c->lp = NULL;
+        } else if (c->lp) {
+            cJSON_AddItemToObject(ch, "logprobs", c->lp);
+            c->lp = NULL;
+        } else if (j->p.logprobs >= 0) {
+            cJSON_AddItemToObject(ch, "logprobs", new_lp(j));
+        } else {
+            cJSON_AddNullToObject(ch, "logprobs");
+        }
+        cJSON_AddStringToObject(ch, "finish_reason", c->finish ? c->finish : "abort");
+        cJSON_AddItemToArray(arr, ch);
+    }
+    cJSON_AddItemToObject(o, "usage", usage_json(j));
+    return o;
+}
+
+static void handle_generate(struct openai_server *s, const struct http_request *rq, struct http_response *rs, int chat) {
+    cJSON *req = cJSON_ParseWithLength(rq->body, rq->body_len);
+    if (!req) return reply_error(rs, 400, NULL, "the body is not valid JSON");
+    struct job *j = kiln_calloc(1, sizeof *j);
+    j->s = s;
+    j->fd = rq->fd;
+    int rc = parse_params(s, req, chat, &j->p, rs);
+    cJSON_Delete(req);
+    if (rc) {
+        params_free(&j->p);
+        free(j);
+        return;
+    }
+    snprintf(j->id, sizeof j->id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
+    j->created = (long)time(NULL);
+    j->ch = kiln_channel_new();
+    j->c = kiln_calloc((size_t)j->p.n, sizeof *j->c);
+    for (int i = 0; i < j->p.n; i++) {
+        struct choice *c = &j->c[i];
+        c->ts = s->tok ? tok_stream_new(s->tok, 1) : NULL;
+        stop_init(&c->stop, (const char *const *)j->p.stops, j->p.n_stops);
+        think_init(&c->think, j->p.think_in_reasoning);
+    }
+    for (int i = 0; i < j->p.n; i++) {
+        struct kiln_request_params kp = {.prompt = j->p.ids, .n_prompt = j->p.n_ids, .max_tokens = j->p.max_tokens,
+                                         .min_tokens = j->p.min_tokens, .ignore_eos = j->p.ignore_eos,
+                                         .logprobs = j->p.logprobs >= 0 ? j->p.top_logprobs : -1, .sampling = j->p.sp};
+        kp.sampling.seed = j->p.sp.seed + (uint64_t)i;
+        char err[512] = "";
+        rc = kiln_serving_submit(s->srv, &kp, j->ch, i, &j->c[i].req, err, sizeof err);
+        if (rc) {
+            if (rc == KILN_EFULL) {
+                reply_error(rs, 503, NULL, "%s", err);
+                rs->retry_after = 1;
+            } else {
+                reply_error(rs, 400, chat ? "messages" : "prompt", "%s", err);
+            }
+            job_free(j);
+            return;
+        }
+    }
+    if (j->p.stream) {
+        if (chat)
+            for (int i = 0; i < j->p.n; i++) emit_chunk(j, i, 1);
+        rs->status = 200;
+        rs->stream = job_stream;
+        rs->stream_free = job_stream_free;
+        rs->cls = j;
+        return;
+    }
+    /* wait for every choice, watching the client (tokens may arrive
+     * faster than the timeout, so the check goes by the clock) */
+    double next_check = kiln_now() + 0.2;
+    int cancelled = 0;
+    while (j->n_engine_done < j->p.n) {
+        struct kiln_event ev;
+        if (!cancelled && kiln_now() >= next_check) {
+            next_check = kiln_now() + 0.2;
+            if (http_client_gone(j->fd)) {
+                for (int i = 0; i < j->p.n; i++) kiln_request_cancel(j->c[i].req);
+                cancelled = 1;
+            }
+        }
+        if (kiln_channel_next(j->ch, &ev, 0.2)) {
+            job_event(j, &ev);
+            struct choice *c = &j->c[ev.tag < 0 || ev.tag >= j->p.n ? 0 : ev.tag];
+            sb_put(&c->text, sb_str(&c->d_text), c->d_text.n);
+            sb_put(&c->reasoning, sb_str(&c->d_reason), c->d_reason.n);
+            sb_clear(&c->d_text);
+            sb_clear(&c->d_reason);
+        }
+    }
+    if (j->error) {
+        const char *msg = "generation failed";
+        for (int i = 0; i < j->p.n; i++)
+            if (j->c[i].error) msg = j->c[i].err;
+        reply_error(rs, 500, NULL, "%s", msg);
+    } else {
+        reply_json(rs, 200, final_response(j));
+    }
+    job_free(j);
+}
+
+/* ==== other routes ==== */
+
+static void handle_models(struct openai_server *s, struct http_response *rs) {
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->created);
+    cJSON_AddStringToObject(m, "owned_by", "kiln");
+    cJSON_AddNumberToObject(m, "max_model_len", kiln_serving_max_tokens(s->srv));
+    cJSON_AddItemToArray(d, m);
+    reply_json(rs, 200, o);
+}
+
+static void handle_health(struct openai_server *s, struct http_response *rs) {
+    char err[256] = "";
+    double t0 = kiln_now();
+    cJSON *o = cJSON_CreateObject();
+    if (kiln_serving_canary(s->srv, s->o.health_timeout, err, sizeof err)) {
+        cJSON_AddStringToObject(o, "status", "unhealthy");
+        cJSON_AddStringToObject(o, "message", err);
+        reply_json(rs, 503, o);
+        rs->retry_after = 5;
+        return;
+    }
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddNumberToObject(o, "canary_seconds", kiln_now() - t0);
+    reply_json(rs, 200, o);
+}
+
+static void metric(struct strbuf *b, const char *name, const char *type, const char *help, double v) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void histogram(struct strbuf *b, const char *name, const char *help, const struct kiln_histogram *h) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < h->n_bounds; i++) sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)h->counts[i]);
+    sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)h->counts[h->n_bounds], name,
+              h->sum, name, (unsigned long long)h->count);
+}
+
+static void handle_metrics(struct openai_server *s, struct http_response *rs) {
+    struct kiln_serving_stats st;
+    kiln_serving_stats(s->srv, &st);
+    struct strbuf b = {0};
+    static const char *fin[] = {"none", "stop", "length", "abort", "error"};
+    sb_puts(&b, "# HELP kiln_requests_total Engine requests finished (one per choice), by finish reason.\n"
+                "# TYPE kiln_requests_total counter\n");
+    for (int i = 1; i < 5; i++) sb_printf(&b, "kiln_requests_total{finish=\"%s\"} %llu\n", fin[i], (unsigned long long)st.requests_finished[i]);
+    static const char *codes[] = {"2xx", "400", "401", "404", "413", "5xx"};
+    sb_puts(&b, "# HELP kiln_http_requests_total HTTP requests answered, by status.\n# TYPE kiln_http_requests_total counter\n");
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < 6; i++) sb_printf(&b, "kiln_http_requests_total{code=\"%s\"} %llu\n", codes[i], (unsigned long long)s->http_by_code[i]);
+    pthread_mutex_unlock(&s->mu);
+    metric(&b, "kiln_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", (double)st.prompt_tokens);
+    metric(&b, "kiln_generation_tokens_total", "counter", "Tokens generated.", (double)st.generation_tokens);
+    metric(&b, "kiln_prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", (double)st.cached_prompt_tokens);
+    metric(&b, "kiln_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", (double)st.prefix_query_tokens);
+    metric(&b, "kiln_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", (double)st.prefix_hit_tokens);
+    metric(&b, "kiln_prefix_cache_hit_rate", "gauge", "hits / queries since start.",
+           st.prefix_query_tokens ? (double)st.prefix_hit_tokens / (double)st.prefix_query_tokens : 0.0);
+    metric(&b, "kiln_num_requests_running", "gauge", "Requests in the running batch.", st.running);
+    metric(&b, "kiln_num_requests_waiting", "gauge", "Requests waiting for admission.", st.waiting);
+    metric(&b, "kiln_kv_pages_total", "gauge", "KV cache pages in the pool.", st.kv_pages_total);
+    metric(&b, "kiln_kv_pages_used", "gauge", "KV pages not on the free list (requests + prefix cache).", st.kv_pages_total - st.kv_pages_free);
+    metric(&b, "kiln_kv_pages_cached", "gauge", "KV pages held by the prefix cache.", st.kv_pages_cached);
+    metric(&b, "kiln_kv_pages_evictable", "gauge", "Prefix-cache pages no request uses (freed on demand).", st.kv_pages_evictable);
+    metric(&b, "kiln_kv_pages_held", "gauge", "KV pages used by requests (used minus evictable); 0 when idle.",
+           st.kv_pages_total - st.kv_pages_free - st.kv_pages_evictable);
+    metric(&b, "kiln_kv_page_size_tokens", "gauge", "Tokens per KV page.", st.page_size);
+    metric(&b, "kiln_preemptions_total", "counter", "Requests preempted for lack of KV pages (recomputed later).", (double)st.preemptions);
+    metric(&b, "kiln_engine_steps_total", "counter", "Engine loop iterations.", (double)st.steps);
+    histogram(&b, "kiln_time_to_first_token_seconds", "Submit to first sampled token.", &st.ttft);
+    histogram(&b, "kiln_time_per_output_token_seconds", "Per request: (last - first token time) / (tokens - 1).", &st.tpot);
+    histogram(&b, "kiln_e2e_request_latency_seconds", "Submit to finish.", &st.e2e);
+    rs->status = 200;
+    rs->content_type = "text/plain; version=0.0.4";
+    rs->body = b.p ? b.p : kiln_strdup("");
+    rs->body_len = b.n;
+}
+
+static void handle_tokenize(struct openai_server *s, const struct http_request *rq, struct http_response *rs) {
+    cJSON *req = cJSON_ParseWithLength(rq->body, rq->body_len);
+    if (!req) return reply_error(rs, 400, NULL, "the body is not valid JSON");
+    struct gen_params p = {0};
+    int rc;
+    if (cJSON_GetObjectItemCaseSensitive(req, "messages")) {
+        int add_gen = 1;
+        rc = opt_bool(req, "add_generation_prompt", &add_gen, rs) < 0 ? -1 : chat_prompt(s, req, add_gen, &p, rs);
+    } else if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(req, "prompt"))) {
+        rc = encode_text(s, cJSON_GetObjectItemCaseSensitive(req, "prompt")->valuestring, &p.ids, &p.n_ids, rs);
+    } else {
+        rc = -1;
+        reply_error(rs, 400, "prompt", "give 'prompt' (a string) or 'messages'");
+    }
+    cJSON_Delete(req);
+    if (rc) return params_free(&p);
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < p.n_ids; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(p.ids[i]));
+    cJSON_AddNumberToObject(o, "count", p.n_ids);
+    cJSON_AddNumberToObject(o, "max_model_len", kiln_serving_max_tokens(s->srv));
+    params_free(&p);
+    reply_json(rs, 200, o);
+}
+
+static void handle_detokenize(struct openai_server *s, const struct http_request *rq, struct http_response *rs) {
+    cJSON *req = cJSON_ParseWithLength(rq->body, rq->body_len);
+    if (!req) return reply_error(rs, 400, NULL, "the body is not valid JSON");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(req, "tokens");
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!cJSON_IsArray(t)) {
+        cJSON_Delete(req);
+        return reply_error(rs, 400, "tokens", "'tokens' must be an array of token ids");
+    }
+    int rc = ids_from_json(s, t, "tokens", &ids, &n, rs);
+    cJSON_Delete(req);
+    if (rc) return;
+    if (!s->tok) {
+        free(ids);
+        return reply_error(rs, 400, "tokens", "this model has no tokenizer");
+    }
+    char err[256] = "";
+    char *text = tok_decode(s->tok, ids, n, 0, NULL, err, sizeof err);
+    free(ids);
+    if (!text) return reply_error(rs, 400, "tokens", "%s", err);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", text);
+    free(text);
+    reply_json(rs, 200, o);
+}
+
+/* ==== dispatch ==== */
+
+static int authorized(const struct openai_server *s, const char *h) {
+    if (!s->o.api_key || !s->o.api_key[0]) return 1;
+    if (!h || strncmp(h, "Bearer ", 7)) return 0;
+    const char *k = h + 7, *want = s->o.api_key;
+    size_t a = strlen(k), b = strlen(want);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < b; i++) diff |= (unsigned char)want[i] ^ (unsigned char)(i < a ? k[i] : 0);
+    return diff == 0;
+}
+
+static void route(void *ctx, const struct http_request *rq, struct http_response *rs) {
+    struct openai_server *s = ctx;
+    char path[256];
+    size_t pl = strcspn(rq->url, "?");
+    snprintf(path, sizeof path, "%.*s", (int)(pl < sizeof path ? pl : sizeof path - 1), rq->url);
+    int get = !strcmp(rq->method, "GET"), post = !strcmp(rq->method, "POST");
+    int open_route = !strcmp(path, "/health") || !strcmp(path, "/metrics");
+    if (!open_route && !authorized(s, rq->authorization)) {
+        reply_error(rs, 401, NULL, "Incorrect API key provided: send 'Authorization: Bearer KEY'");
+        rs->www_authenticate = 1;
+    } else if (!strcmp(path, "/v1/chat/completions") && post) {
+        handle_generate(s, rq, rs, 1);
+    } else if (!strcmp(path, "/v1/completions") && post) {
+        handle_generate(s, rq, rs, 0);
+    } else if (!strcmp(path, "/v1/models") && get) {
+        handle_models(s, rs);
+    } else if (!strcmp(path, "/health") && get) {
+        handle_health(s, rs);
+    } else if (!strcmp(path, "/metrics") && get) {
+        handle_metrics(s, rs);
+    } else if (!strcmp(path, "/tokenize") && post) {
+        handle_tokenize(s, rq, rs);
+    } else if (!strcmp(path, "/detokenize") && post) {
+        handle_detokenize(s, rq, rs);
+    } else if (!strcmp(path, "/flush_cache") && post) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "freed_pages", kiln_serving_flush_cache(s->srv));
+        reply_json(rs, 200, o);
+    } else {
+        static const char *known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+                                      "/detokenize", "/flush_cache", NULL};
+        int k = 0;
+        while (known[k] && strcmp(known[k], path)) k++;
+        if (known[k]) reply_error(rs, 405, NULL, "%s does not accept %s", path, rq->method);
+        else reply_error(rs, 404, NULL, "no route %s %s", rq->method, path);
+    }
+    count_status(s, rs->status);
+}
+
+struct openai_server *openai_start(kiln_engine *e, kiln_serving *srv, struct kiln_tokenizer *tok, const struct openai_opts *o,
+                                   char *err, size_t errlen) {
+    struct openai_server *s = kiln_calloc(1, sizeof *s);
+    s->e = e;
+    s->srv = srv;
+    s->tok = tok;
+    s->o = *o;
+    if (s->o.health_timeout <= 0) s->o.health_timeout = 60;
+    s->model_name = kiln_strdup(o->model_name ? o->model_name : "kiln");
+    s->created = (long)time(NULL);
+    atomic_init(&s->next_id, (unsigned long)s->created);
+    s->has_think = tok && tok_token_id(tok, "<think>") >= 0 && tok_token_id(tok, "</think>") >= 0;
+    pthread_mutex_init(&s->mu, NULL);
+    s->http = http_start(o->host, o->port, o->max_body, route, s, err, errlen);
+    if (!s->http) {
+        openai_stop(s);
+        return NULL;
+    }
+    return s;
+}
+
+void openai_stop(struct openai_server *s) {
+    if (!s) return;
+    http_stop(s->http);
+    pthread_mutex_destroy(&s->mu);
+    free(s->model_name);
+    free(s);
+}

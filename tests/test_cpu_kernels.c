@@ -1,0 +1,218 @@
+/*
+ * test_cpu_kernels.c: every CPU kernel path (scalar, AVX2, AVX-512: each the
+ * CPU has) against plain double-precision reference loops, on odd shapes
+ * that exercise the tails: the dense matmul in its GEMV and GEMM shapes for
+ * F32/BF16/F16 weights with and without bias, the row dot products that
+ * qmatmul.c borrows, paged attention at head_dim 128 (the register path) and
+ * an odd head_dim, SwiGLU (the vector exp) and RoPE. A path the CPU lacks
+ * is reported as skipped; the path in use before the group is restored.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/base.h"
+#include "test.h"
+
+static float max_rel(const float *a, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += (a[i] - ref[i]) * (a[i] - ref[i]), den += ref[i] * ref[i];
+    return (float)sqrt(num / (den > 0 ? den : 1));
+}
+
+static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char *isa, enum kiln_dtype t, int n_out,
+                         int n_in, int with_bias) {
+    char err[256];
+    size_t es = dtype_size(t);
+    uint8_t *w = kiln_malloc((size_t)n_out * n_in * es);
+    double *wf = kiln_malloc(sizeof(double) * (size_t)n_out * n_in);
+    for (int i = 0; i < n_out * n_in; i++) {
+        float v = kiln_rng_normal(r);
+        if (t == KILN_DTYPE_F32) ((float *)w)[i] = v, wf[i] = v;
+        else if (t == KILN_DTYPE_BF16) ((uint16_t *)w)[i] = kiln_f32_to_bf16(v), wf[i] = kiln_bf16_to_f32(((uint16_t *)w)[i]);
+        else ((uint16_t *)w)[i] = kiln_f32_to_f16(v), wf[i] = kiln_f16_to_f32(((uint16_t *)w)[i]);
+    }
+    float *bias = kiln_malloc(sizeof(float) * (size_t)n_out);
+    for (int i = 0; i < n_out; i++) bias[i] = kiln_rng_normal(r);
+    struct qlinear q = {.n_out = n_out, .n_in = n_in, .fmt = KILN_WFMT_DENSE, .w = {t, n_out, n_in, w, NULL}};
+    if (with_bias) q.bias = (struct ktensor){KILN_DTYPE_F32, 1, n_out, bias, NULL};
+    CHECK(be->prepare_linear(be, &q, err, sizeof err) == 0, "%s", err);
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 13, 25, 40};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        int n = ns[ni];
+        float *x = kiln_malloc(sizeof(float) * (size_t)n * n_in), *y = kiln_malloc(sizeof(float) * (size_t)n * n_out);
+        double *ref = kiln_malloc(sizeof(double) * (size_t)n * n_out);
+        for (int i = 0; i < n * n_in; i++) x[i] = kiln_rng_normal(r);
+        for (int tt = 0; tt < n; tt++)
+            for (int o = 0; o < n_out; o++) {
+                double s = with_bias ? bias[o] : 0;
+                for (int i = 0; i < n_in; i++) s += wf[(size_t)o * n_in + i] * x[(size_t)tt * n_in + i];
+                ref[(size_t)tt * n_out + o] = s;
+            }
+        memset(y, 0xff, sizeof(float) * (size_t)n * n_out); /* NaN: every output must be written */
+        be->matmul(be, y, x, &q, n);
+        float e = max_rel(y, ref, (size_t)n * n_out);
+        CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
+        free(x), free(y), free(ref);
+    }
+    /* the dot products qmatmul.c uses: 1..4 rows at once */
+    cpu_dot_fn dot = cpu_dot_for(t);
+    float *xs = kiln_malloc(sizeof(float) * 4 * (size_t)n_in);
+    for (int i = 0; i < 4 * n_in; i++) xs[i] = kiln_rng_normal(r);
+    const float *xp[4] = {xs, xs + n_in, xs + 2 * n_in, xs + 3 * n_in};
+    for (int nx = 1; nx <= 4; nx++) {
+        float o[4];
+        double ref[4];
+        dot(w, xp, nx, n_in, o);
+        for (int j = 0; j < nx; j++) {
+            double mag = 0;
+            ref[j] = 0;
+            for (int i = 0; i < n_in; i++) ref[j] += wf[i] * xp[j][i], mag += fabs(wf[i] * xp[j][i]);
+            /* f32 sums in any order: within a few ulp of the sum of magnitudes */
+            CHECK(fabs(o[j] - ref[j]) <= 1e-6 * mag + 1e-30, "%s dot %s nx=%d row %d: %g vs %g", isa, dtype_name(t), nx, j,
+                  o[j], ref[j]);
+        }
+    }
+    free(xs);
+    be->release_linear(be, &q);
+    free(w), free(wf), free(bias);
+}
+
+/* paged attention of a prefill chunk after n_past cached tokens, pages out
+ * of order, against a direct double computation */
+static void check_attention(struct kiln_backend *be, struct kiln_rng *r, const char *isa, int hd, int P) {
+    enum { NH = 4, NKV = 2, PAST = 21, NEW = 19, T = PAST + NEW };
+    int n_pages = (T + P - 1) / P + 3;
+    struct kv_cache kv = {1, NKV, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL};
+    void *kb = be->alloc(be, sizeof(float) * (size_t)n_pages * NKV * P * hd), *vb = be->alloc(be, sizeof(float) * (size_t)n_pages * NKV * P * hd);
+    kv.k = &kb, kv.v = &vb;
+    int32_t pages[64];
+    for (int i = 0; i < n_pages; i++) pages[i] = n_pages - 1 - i;
+    float *k = kiln_malloc(sizeof(float) * T * NKV * hd), *v = kiln_malloc(sizeof(float) * T * NKV * hd);
+    float *q = kiln_malloc(sizeof(float) * T * NH * hd), *att = kiln_malloc(sizeof(float) * T * NH * hd);
+    for (int i = 0; i < T * NKV * hd; i++) k[i] = kiln_rng_normal(r), v[i] = kiln_rng_normal(r);
+    for (int i = 0; i < T * NH * hd; i++) q[i] = kiln_rng_normal(r);
+    int32_t toks[T], pos[T];
+    for (int i = 0; i < T; i++) toks[i] = 0, pos[i] = i;
+    struct kiln_seq_view s1 = {0, PAST, 0, pages, n_pages};
+    struct kiln_batch b1 = {PAST, toks, pos, 1, &s1, 0, NULL};
+    be->kv_write(be, &kv, 0, k, v, &b1);
+    struct kiln_seq_view s2 = {0, NEW, PAST, pages, n_pages};
+    struct kiln_batch b2 = {NEW, toks + PAST, pos + PAST, 1, &s2, 0, NULL};
+    be->kv_write(be, &kv, 0, k + PAST * NKV * hd, v + PAST * NKV * hd, &b2);
+    float scale = 1.0f / sqrtf((float)hd);
+    be->attention(be, att, q + PAST * NH * hd, &kv, 0, &b2, NH, scale);
+    float worst = 0;
+    for (int i = 0; i < NEW; i++)
+        for (int h = 0; h < NH; h++) {
+            int t = PAST + i, kh = h / (NH / NKV);
+            double sc[T], mx = -1e30, sum = 0;
+            for (int j = 0; j <= t; j++) {
+                double d = 0;
+                for (int c = 0; c < hd; c++) d += (double)q[(t * NH + h) * hd + c] * k[(j * NKV + kh) * hd + c];
+                sc[j] = d * scale;
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j <= t; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int c = 0; c < hd; c++) {
+                double o = 0;
+                for (int j = 0; j <= t; j++) o += sc[j] / sum * v[(j * NKV + kh) * hd + c];
+                float d = fabsf((float)o - att[(i * NH + h) * hd + c]);
+                worst = d > worst ? d : worst;
+            }
+        }
+    CHECK(worst < 2e-6f, "%s attention hd=%d page=%d: max |delta| %g", isa, hd, P, worst);
+    free(k), free(v), free(q), free(att);
+    be->free(be, kb), be->free(be, vb);
+}
+
+static void check_swiglu_rope(struct kiln_backend *be, struct kiln_rng *r, const char *isa) {
+    /* SwiGLU over the exp's whole range, an odd width (vector tails) */
+    enum { W = 1000 + 37 };
+    float *g = kiln_malloc(sizeof(float) * W), *u = kiln_malloc(sizeof(float) * W), *o = kiln_malloc(sizeof(float) * W);
+    for (int i = 0; i < W; i++) g[i] = -100.0f + 200.0f * i / (W - 1) + 0.01f * kiln_rng_normal(r), u[i] = kiln_rng_normal(r);
+    g[0] = -90.0f, g[1] = 90.0f, g[2] = 0.0f, g[3] = 1e-30f;
+    be->swiglu(be, o, g, u, 1, W);
+    float worst = 0;
+    for (int i = 0; i < W; i++) {
+        double ref = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        double e = fabs(o[i] - ref) / (fabs(ref) > 1e-30 ? fabs(ref) : 1e-30);
+        if (fabs(ref) < 1e-35) e = fabs(o[i] - ref);
+        worst = e > worst ? (float)e : worst;
+    }
+    CHECK(worst < 1e-6f, "%s swiglu: max rel err %g", isa, worst);
+    free(g), free(u), free(o);
+
+    /* RoPE at several positions, two batches in a row (the cos/sin table
+     * must follow the positions), with the per-head norm */
+    enum { HD = 64, NH = 3, NKV = 1, NT = 5 };
+    float inv[HD / 2], qn[HD], kn[HD];
+    for (int i = 0; i < HD / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / HD);
+    for (int i = 0; i < HD; i++) qn[i] = 1 + 0.1f * kiln_rng_normal(r), kn[i] = 1 + 0.1f * kiln_rng_normal(r);
+    struct ktensor qnt = {KILN_DTYPE_F32, 1, HD, qn, NULL}, knt = {KILN_DTYPE_F32, 1, HD, kn, NULL};
+    char err[256];
+    be->prepare_tensor(be, &qnt, err, sizeof err), be->prepare_tensor(be, &knt, err, sizeof err);
+    struct rope rp = {HD / 2, inv, 0.9f, NULL};
+    be->prepare_rope(be, &rp, err, sizeof err);
+    for (int round = 0; round < 2; round++) {
+        float q[NT * NH * HD], k[NT * NKV * HD], q0[NT * NH * HD], k0[NT * NKV * HD];
+        for (int i = 0; i < NT * NH * HD; i++) q[i] = q0[i] = kiln_rng_normal(r);
+        for (int i = 0; i < NT * NKV * HD; i++) k[i] = k0[i] = kiln_rng_normal(r);
+        int32_t toks[NT] = {0}, pos[NT];
+        for (int i = 0; i < NT; i++) pos[i] = round * 1000 + i * 7;
+        struct kiln_seq_view sv = {0, NT, 0, NULL, 0};
+        struct kiln_batch b = {NT, toks, pos, 1, &sv, 0, NULL};
+        be->qk_norm_rope(be, q, k, &qnt, &knt, &rp, &b, NH, NKV, HD, 1e-6f);
+        float worst = 0;
+        for (int t = 0; t < NT; t++)
+            for (int h = 0; h < NH + NKV; h++) {
+                const float *src = h < NH ? q0 + (t * NH + h) * HD : k0 + (t * NKV + h - NH) * HD;
+                const float *got = h < NH ? q + (t * NH + h) * HD : k + (t * NKV + h - NH) * HD;
+                const float *nw = h < NH ? qn : kn;
+                double ss = 0, x[HD];
+                for (int i = 0; i < HD; i++) ss += (double)src[i] * src[i];
+                for (int i = 0; i < HD; i++) x[i] = src[i] / sqrt(ss / HD + 1e-6) * nw[i];
+                for (int i = 0; i < HD / 2; i++) {
+                    double a = (double)pos[t] * inv[i], c = cos(a) * 0.9, s = sin(a) * 0.9;
+                    double r0 = x[i] * c - x[i + HD / 2] * s, r1 = x[i + HD / 2] * c + x[i] * s;
+                    float d0 = fabsf((float)r0 - got[i]), d1 = fabsf((float)r1 - got[i + HD / 2]);
+                    worst = d0 > worst ? d0 : worst;
+                    worst = d1 > worst ? d1 : worst;
+                }
+            }
+        CHECK(worst < 1e-3f, "%s rope round %d: max |delta| %g", isa, round, worst);
+    }
+    be->release_rope(be, &rp);
+    be->release_tensor(be, &qnt), be->release_tensor(be, &knt);
+}
+
+void test_cpukernels(void) {
+    char err[256];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    int saved = cpu_isa();
+    for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_AVX512; isa++) {
+        if (isa > cpu_isa_max()) {
+            fprintf(stderr, "  %s: not on this CPU\n", cpu_isa_name(isa));
+            test_skip(cpu_isa_name(isa));
+            continue;
+        }
+        CHECK(cpu_set_isa(isa) == isa);
+        const char *name = cpu_isa_name(isa);
+        struct kiln_rng r;
+        kiln_rng_seed(&r, 7 + isa);
+        enum kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F16};
+        static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}};
+        for (int ti = 0; ti < 3; ti++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                check_matmul(be, &r, name, types[ti], shapes[si][0], shapes[si][1], (int)(si & 1));
+        check_attention(be, &r, name, 128, 16);
+        check_attention(be, &r, name, 40, 4);
+        check_attention(be, &r, name, 8, 3);
+        check_swiglu_rope(be, &r, name);
+    }
+    cpu_set_isa(saved);
+    be->destroy(be);
+}

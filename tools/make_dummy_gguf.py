@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""make_dummy_gguf.py: a GGUF file of random weights with the shapes of one of
+kiln's built-in configs (configs/*.json), for timing llama.cpp's llama-bench
+against `kiln bench --profile pp-tg --dummy NAME` on the same model shape and
+weight format. The weights are random (normal, std 0.02; norms 1), written by
+llama.cpp's own Python writer (pip install gguf numpy); there is no
+tokenizer (tokenizer.ggml.model = "none" with the vocabulary size), which is
+all llama-bench needs: it feeds random token ids itself.
+
+  python3 tools/make_dummy_gguf.py configs/qwen3-0.6b.json bf16 /tmp/qwen3-0.6b-bf16.gguf
+  formats: bf16, f16, f32, q8_0, q4_0 (quantized by gguf.quants, as llama.cpp does)
+
+Only the Qwen3 dense architecture is written (qwen3 in llama.cpp's names).
+"""
+import json
+import sys
+
+import numpy as np
+
+import gguf
+
+FORMATS = {
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "f16": gguf.GGMLQuantizationType.F16,
+    "f32": gguf.GGMLQuantizationType.F32,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+
+
+def to_bf16_bits(a):
+    """f32 array -> bf16 bit patterns (round to nearest even), as uint16"""
+    u = a.astype(np.float32).view(np.uint32)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def tensor_bytes(fmt, rows, cols):
+    t = FORMATS[fmt]
+    bs, ts = gguf.GGML_QUANT_SIZES[t]
+    return rows * (cols // bs) * ts
+
+
+def encode(fmt, a):
+    """2-D f32 array (rows, cols) -> the array GGUFWriter stores for fmt"""
+    if fmt == "bf16":
+        return to_bf16_bits(a)
+    if fmt == "f16":
+        return a.astype(np.float16)
+    if fmt == "f32":
+        return a.astype(np.float32)
+    return gguf.quants.quantize(a.astype(np.float32), FORMATS[fmt])
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[2] not in FORMATS:
+        sys.exit(__doc__)
+    cfg = json.load(open(sys.argv[1]))
+    fmt, out = sys.argv[2], sys.argv[3]
+    if cfg.get("model_type") != "qwen3":
+        sys.exit("only model_type qwen3 (dense) is supported")
+    dim, ffn, nl = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim", dim // nh)
+    vocab = cfg["vocab_size"]
+    tied = cfg.get("tie_word_embeddings", False)
+    rng = np.random.default_rng(0)
+
+    w = gguf.GGUFWriter(out, "qwen3")
+    w.add_name("kiln dummy " + sys.argv[1])
+    w.add_context_length(cfg.get("max_position_embeddings", 40960))
+    w.add_embedding_length(dim)
+    w.add_block_count(nl)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(float(cfg.get("rope_theta", 1000000)))
+    w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
+    w.add_uint32(gguf.Keys.LLM.VOCAB_SIZE.format(arch="qwen3"), vocab)
+    w.add_tokenizer_model("none")
+    ftype = {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[fmt]
+    w.add_file_type(ftype)
+
+    # (name, rows, cols, kind): kind "mat" in fmt, "norm" in f32
+    tensors = [("token_embd.weight", vocab, dim, "mat")]
+    for i in range(nl):
+        p = f"blk.{i}."
+        tensors += [
+            (p + "attn_norm.weight", 1, dim, "norm"),
+            (p + "attn_q.weight", nh * hd, dim, "mat"),
+            (p + "attn_k.weight", nkv * hd, dim, "mat"),
+            (p + "attn_v.weight", nkv * hd, dim, "mat"),
+            (p + "attn_output.weight", dim, nh * hd, "mat"),
+            (p + "attn_q_norm.weight", 1, hd, "norm"),
+            (p + "attn_k_norm.weight", 1, hd, "norm"),
+            (p + "ffn_norm.weight", 1, dim, "norm"),
+            (p + "ffn_gate.weight", ffn, dim, "mat"),
+            (p + "ffn_up.weight", ffn, dim, "mat"),
+            (p + "ffn_down.weight", dim, ffn, "mat"),
+        ]
+    tensors.append(("output_norm.weight", 1, dim, "norm"))
+    if not tied:
+        tensors.append(("output.weight", vocab, dim, "mat"))
+
+    # header first, then the data tensor by tensor (never all in memory)
+    for name, rows, cols, kind in tensors:
+        if kind == "norm":
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
+        else:
+            raw = FORMATS[fmt]
+            nb = tensor_bytes(fmt, rows, cols)
+            dt = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}.get(fmt, np.uint8)
+            shape = (rows, cols) if fmt in ("bf16", "f16", "f32") else (rows, nb // rows)
+            w.add_tensor_info(name, shape, np.dtype(dt), nb, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, rows, cols, kind in tensors:
+        if kind == "norm":
+            w.write_tensor_data(np.ones(cols, dtype=np.float32))
+        else:
+            # in slices of rows so the f32 staging stays small
+            step = max(1, (1 << 24) // cols)
+            parts = []
+            for r0 in range(0, rows, step):
+                a = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32) * 0.02
+                parts.append(encode(fmt, a))
+            w.write_tensor_data(np.concatenate(parts, axis=0))
+    w.close()
+    sys.stderr.write(f"wrote {out}\n")
+
+
+if __name__ == "__main__":
+    main()
