@@ -314,6 +314,17 @@ static void test_gguf_tokenizer(void) {
         tok_free(t);
     }
     free(json);
+    /* tok_load takes the .gguf path itself, as kiln run/serve/tokenize do */
+    t = tok_load(QDIR "/gguf/micro-tok-q8_0.gguf", err, sizeof err);
+    CHECK(t != NULL, "tok_load on a .gguf: %s", err);
+    if (t) {
+        CHECK(tok_eos_token(t) && tok_token_id(t, tok_eos_token(t)) == 317, "eos token text from tokenizer.ggml.eos_token_id");
+        int32_t *ids = NULL;
+        int n = 0;
+        CHECK(tok_encode(t, "hello world<|im_end|>", 21, &ids, &n, err, sizeof err) == 0 && n > 1 && ids[n - 1] == 319);
+        free(ids);
+        tok_free(t);
+    }
     /* and the engine runs from the .gguf alone */
     struct kiln_engine_opts o = {.model = QDIR "/gguf/micro-tok-q8_0.gguf", .backend = "cpu", .max_total_tokens = 64};
     kiln_engine *e = kiln_engine_open(&o, err, sizeof err);

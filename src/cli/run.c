@@ -14,6 +14,7 @@
 #include "base/base.h"
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "format/gguf.h"
 #include "kiln.h"
 #include "tokenizer/tokenizer.h"
 
@@ -121,7 +122,11 @@ int cli_run(int argc, char **argv) {
     kiln_engine *e = cli_open_engine(&o, "run");
     if (!e) return 1;
     const char *dir = kiln_engine_model_dir(e);
-    if (dir && kiln_file_exists(kiln_path_join(dir, "tokenizer.json"))) tok = tok_load(dir, err, sizeof err);
+    if (dir) { /* a checkpoint folder with tokenizer.json, or a GGUF file */
+        char *tj = kiln_path_join(dir, "tokenizer.json");
+        if (kiln_file_exists(tj) || gguf_is_file(dir)) tok = tok_load(dir, err, sizeof err);
+        free(tj);
+    }
     if (prompt) {
         if (!tok) {
             fprintf(stderr, "kiln run: -p needs the model's tokenizer.json%s%s\n", *err ? ": " : "", err);

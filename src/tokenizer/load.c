@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "format/gguf.h"
 #include "tokenizer/json_scan.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
@@ -999,7 +1000,41 @@ static int load_config(struct kiln_tokenizer *t, const char *dir, char *err, siz
     return 0;
 }
 
+/* The text of one token (special ones included), malloc'd, or NULL. */
+static char *token_text(const struct kiln_tokenizer *t, int64_t id) {
+    if (id < 0 || id >= tok_vocab_size(t)) return NULL;
+    int32_t i = (int32_t)id;
+    return tok_decode(t, &i, 1, 0, NULL, NULL, 0);
+}
+
+/* A GGUF file carries its tokenizer in tokenizer.ggml.* metadata: the GGUF
+ * reader synthesizes the equivalent tokenizer.json; the chat template and the
+ * special tokens come from tokenizer.chat_template and the *_token_id keys. */
+static struct kiln_tokenizer *tok_load_gguf(const char *path, char *err, size_t errlen) {
+    struct kiln_file f;
+    if (kiln_file_map(&f, path, err, errlen)) return NULL;
+    struct gguf_file g;
+    struct kiln_tokenizer *t = NULL;
+    if (gguf_parse(&g, f.data, f.size, path, err, errlen) == 0) {
+        char *json = NULL;
+        size_t len = 0;
+        if (gguf_tokenizer_json(&g, &json, &len, err, errlen) == 0) t = tok_load_json(json, len, err, errlen);
+        free(json);
+        if (t) {
+            int64_t id;
+            t->chat_template = gguf_get_str(&g, "tokenizer.chat_template");
+            if (gguf_get_int(&g, "tokenizer.ggml.eos_token_id", &id, NULL, 0) == 0) t->eos_token = token_text(t, id);
+            if (gguf_get_int(&g, "tokenizer.ggml.bos_token_id", &id, NULL, 0) == 0) t->bos_token = token_text(t, id);
+        }
+        gguf_free(&g);
+    }
+    kiln_file_unmap(&f);
+    if (!t) kiln_err_prefix(err, errlen, "%s: ", path);
+    return t;
+}
+
 struct kiln_tokenizer *tok_load(const char *model_dir, char *err, size_t errlen) {
+    if (gguf_is_file(model_dir)) return tok_load_gguf(model_dir, err, errlen);
     char *path = kiln_path_join(model_dir, "tokenizer.json");
     struct kiln_file f; /* mapped, not read: no copy, and far fewer page faults */
     if (kiln_file_map(&f, path, err, errlen)) {
