@@ -53,7 +53,7 @@ static void bench_usage(FILE *f) {
             "  --gen-len N            same as --output-len\n"
             "  --inputs LIST          input lengths instead of the profile's (comma-separated)\n"
             "  --batches LIST         batch sizes (batch profile; default 1,2,4,8,16)\n"
-            "  --max-input N          skip rows with more input tokens (0: none; CPU default for prefix: 1000)\n"
+            "  --max-input N          skip rows with more input tokens (0: none; CPU default for prefix: 2000)\n"
             "  -p LIST, -n LIST       pp-tg prompt lengths (default 512) and decode lengths (default 128)\n"
             "  --quant Q              weight format, passed to the engine when it supports it\n"
             "  --no-warmup            time the first job too\n"
@@ -491,7 +491,7 @@ int cli_bench(int argc, char **argv) {
         }
         if (!c.reps_set) c.b.reps = cpu ? 1 : 3, NOTE_DEFAULT(" -r %d", c.b.reps);
         if (cpu && !strcmp(c.profile, "prefix") && !c.max_input_set && !c.inputs)
-            c.b.max_input = 1000, NOTE_DEFAULT(" --max-input 1000");
+            c.b.max_input = 2000, NOTE_DEFAULT(" --max-input 2000");
         if (!c.out_len_set) {
             int ol = !strcmp(c.profile, "prefix") ? 16 : !strcmp(c.profile, "speed") ? 2048 : 0;
             if (ol) NOTE_DEFAULT(" --output-len %d", ol);
@@ -520,7 +520,7 @@ int cli_bench(int argc, char **argv) {
         eo.prefill_chunk = mx > 512 ? mx : 512;
     }
     fprintf(stderr, "kiln bench: --profile %s%s (chunk %d)%s\n", c.profile, defaults, eo.prefill_chunk,
-            cpu && !pptg && !strcmp(c.profile, "prefix") && c.b.max_input == 1000 && !c.max_input_set
+            cpu && !pptg && !strcmp(c.profile, "prefix") && c.b.max_input == 2000 && !c.max_input_set
                 ? "; the CPU defaults shorten the table: -r 3 --max-input 0 runs all of it"
                 : "");
     kiln_engine *e = cli_open_engine(&eo, "bench");
