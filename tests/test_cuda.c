@@ -37,6 +37,7 @@
 #include "backend/backend.h"
 #include "base/base.h"
 #include "kiln.h"
+#include "ref.h"
 #include "test.h"
 
 #define TOL_OP 1e-2
@@ -400,37 +401,6 @@ static void test_moe(struct pair *p) {
 
 /* ==== (b) models ==== */
 
-struct ref {
-    cJSON *root;
-    float *last;
-    int n_prompts, vocab;
-};
-
-static int load_ref(const char *dir, struct ref *r) {
-    char p[512], err[256];
-    snprintf(p, sizeof p, "%s/reference.json", dir);
-    char *txt = kiln_read_file(p, NULL, err, sizeof err);
-    if (!txt) return -1;
-    r->root = cJSON_Parse(txt);
-    free(txt);
-    cJSON *ll = cJSON_GetObjectItem(r->root, "last_logits");
-    cJSON *shape = cJSON_GetObjectItem(ll, "shape");
-    r->n_prompts = cJSON_GetArrayItem(shape, 0)->valueint;
-    r->vocab = cJSON_GetArrayItem(shape, 1)->valueint;
-    snprintf(p, sizeof p, "%s/%s", dir, cJSON_GetObjectItem(ll, "file")->valuestring);
-    size_t len;
-    r->last = (float *)kiln_read_file(p, &len, err, sizeof err);
-    return r->last && len == sizeof(float) * (size_t)r->n_prompts * r->vocab ? 0 : -1;
-}
-
-static int32_t *json_ids(const cJSON *a, int *n) {
-    *n = cJSON_GetArraySize(a);
-    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(*n + 1));
-    int i = 0;
-    for (const cJSON *x = a->child; x; x = x->next) ids[i++] = x->valueint;
-    return ids;
-}
-
 static int argmax(const float *v, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -461,7 +431,7 @@ static void check_model(const char *name) {
     char dir[256], err[1024] = "";
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
     struct ref r = {0};
-    CHECK(load_ref(dir, &r) == 0, "%s: reference files", name);
+    CHECK(ref_load(dir, &r) == 0, "%s: reference files", name);
     if (!r.last) return;
     struct kiln_engine_opts o = {.model = dir, .backend = "cuda", .max_total_tokens = 2048, .page_size = 16};
     kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
@@ -479,7 +449,7 @@ static void check_model(const char *name) {
         for (int i = 0; i < V; i++) lo = fminf(lo, ref[i]), hi = fmaxf(hi, ref[i]);
         const float tol = TOL_LOGIT * (hi - lo);
         int n;
-        int32_t *ids = json_ids(cJSON_GetArrayItem(prompts, p), &n);
+        int32_t *ids = ref_ids(cJSON_GetArrayItem(prompts, p), &n);
         float *lg = kiln_malloc(sizeof(float) * (size_t)n * V), *one = kiln_malloc(sizeof(float) * (size_t)V);
 
         /* the whole prompt in one forward (GEMM + flash attention when long) */
@@ -523,7 +493,7 @@ static void check_model(const char *name) {
         /* greedy continuation: identical until the first step whose margin
          * (CPU logits on the reference's own prefix) is within tol */
         int ng;
-        int32_t *want = json_ids(cJSON_GetArrayItem(greedy, p), &ng);
+        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng);
         struct collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
         struct kiln_sampling sp = sampling_default();
         sp.temperature = 0;
@@ -554,8 +524,7 @@ static void check_model(const char *name) {
 done:
     kiln_engine_close(e);
     kiln_engine_close(ec);
-    cJSON_Delete(r.root);
-    free(r.last);
+    ref_free(&r);
 }
 
 void test_cuda(void) {

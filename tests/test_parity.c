@@ -16,38 +16,8 @@
 
 #include "base/base.h"
 #include "kiln.h"
+#include "ref.h"
 #include "test.h"
-
-struct ref {
-    cJSON *root;
-    float *last;
-    int n_prompts, vocab;
-};
-
-static int load_ref(const char *dir, struct ref *r) {
-    char p[512], err[256];
-    snprintf(p, sizeof p, "%s/reference.json", dir);
-    char *txt = kiln_read_file(p, NULL, err, sizeof err);
-    if (!txt) return -1;
-    r->root = cJSON_Parse(txt);
-    free(txt);
-    cJSON *ll = cJSON_GetObjectItem(r->root, "last_logits");
-    cJSON *shape = cJSON_GetObjectItem(ll, "shape");
-    r->n_prompts = cJSON_GetArrayItem(shape, 0)->valueint;
-    r->vocab = cJSON_GetArrayItem(shape, 1)->valueint;
-    snprintf(p, sizeof p, "%s/%s", dir, cJSON_GetObjectItem(ll, "file")->valuestring);
-    size_t len;
-    r->last = (float *)kiln_read_file(p, &len, err, sizeof err);
-    return r->last && len == sizeof(float) * (size_t)r->n_prompts * r->vocab ? 0 : -1;
-}
-
-static int32_t *json_ids(const cJSON *a, int *n) {
-    *n = cJSON_GetArraySize(a);
-    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(*n + 1));
-    int i = 0;
-    for (const cJSON *x = a->child; x; x = x->next) ids[i++] = x->valueint;
-    return ids;
-}
 
 static float max_abs_diff(const float *a, const float *b, int n) {
     float m = 0;
@@ -73,14 +43,13 @@ static void check_model(const char *name) {
     char dir[256], err[1024] = "";
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
     struct ref r = {0};
-    CHECK(load_ref(dir, &r) == 0, "%s: reference files", name);
+    CHECK(ref_load(dir, &r) == 0, "%s: reference files", name);
     if (!r.last) return;
     struct kiln_engine_opts o = {.model = dir, .backend = "cpu", .max_total_tokens = 2048, .page_size = 16};
     kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
     CHECK(e != NULL, "%s: %s", name, err);
     if (!e) {
-        cJSON_Delete(r.root);
-        free(r.last);
+        ref_free(&r);
         return;
     }
     const int V = kiln_engine_config(e)->vocab;
@@ -90,7 +59,7 @@ static void check_model(const char *name) {
     cJSON *greedy = cJSON_GetObjectItem(r.root, "greedy");
     for (int p = 0; p < r.n_prompts; p++) {
         int n;
-        int32_t *ids = json_ids(cJSON_GetArrayItem(prompts, p), &n);
+        int32_t *ids = ref_ids(cJSON_GetArrayItem(prompts, p), &n);
         float *lg = kiln_malloc(sizeof(float) * (size_t)n * V);
         /* all positions, in chunks of 7 to cross chunk and page boundaries */
         kiln_seq *s = kiln_seq_new(e, err, sizeof err);
@@ -137,7 +106,7 @@ static void check_model(const char *name) {
 
         /* greedy continuation */
         int ng;
-        int32_t *want = json_ids(cJSON_GetArrayItem(greedy, p), &ng);
+        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng);
         struct collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
         struct kiln_sampling sp = sampling_default();
         sp.temperature = 0;
@@ -155,8 +124,7 @@ static void check_model(const char *name) {
         free(ids);
     }
     kiln_engine_close(e);
-    cJSON_Delete(r.root);
-    free(r.last);
+    ref_free(&r);
 }
 
 void test_parity(void) {
