@@ -186,12 +186,10 @@ static void begin_both(struct pair *p, const struct kiln_batch *b) {
 static void test_matmul(struct pair *p) {
     const int shapes[][3] = {{1024, 4096, 0}, {4096, 12288, 0}, {12288, 4096, 1}, {1000, 100, 1}, {77, 200, 0}};
     const int ns[] = {1, 2, 3, 5, 8, 9, 40};
-    struct bat B = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         struct lin2 w = lin_make(p, shapes[s][0], shapes[s][1], shapes[s][2]);
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             int n = ns[k];
-            B.b.n_tokens = n;
             float *x = rand_vec((size_t)n * w.c.n_in, 1.f);
             void *xc, *xg, *yg, *yc = alloc_both(p, &yg, (size_t)n * w.c.n_out);
             put(p, &xc, &xg, x, (size_t)n * w.c.n_in);
