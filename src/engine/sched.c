@@ -114,9 +114,12 @@ static void preempt(struct sched *s, struct sched_req *r) {
              r->n_tokens);
 }
 
-static void retire(struct sched *s, struct sched_req *r, enum sched_finish f) {
+/* keep: offer the computed pages to the prefix cache (their KV is valid
+ * unless the forward failed), also for a cancelled request, so that a
+ * client retrying after a disconnect finds its prompt cached */
+static void retire(struct sched *s, struct sched_req *r, enum sched_finish f, int keep) {
     if (r->state == SCHED_RUNNING) {
-        if (f != SCHED_FINISH_ABORT) cache_pages(s, r);
+        if (keep) cache_pages(s, r);
         q_remove(s->running, &s->n_running, r);
     } else if (r->state == SCHED_WAITING) {
         q_remove(s->waiting, &s->n_waiting, r);
@@ -180,8 +183,8 @@ void sched_init(struct sched *s, const struct sched_opts *o, struct kv_pool *poo
 }
 
 void sched_free(struct sched *s) {
-    while (s->n_running) retire(s, s->running[0], SCHED_FINISH_ABORT);
-    while (s->n_waiting) retire(s, s->waiting[0], SCHED_FINISH_ABORT);
+    while (s->n_running) retire(s, s->running[0], SCHED_FINISH_ABORT, 0);
+    while (s->n_waiting) retire(s, s->waiting[0], SCHED_FINISH_ABORT, 0);
     free(s->waiting);
     free(s->running);
     memset(s, 0, sizeof *s);
@@ -214,7 +217,7 @@ void sched_add(struct sched *s, struct sched_req *r) {
 
 void sched_abort(struct sched *s, struct sched_req *r) {
     if (r->state == SCHED_DONE) return;
-    retire(s, r, SCHED_FINISH_ABORT);
+    retire(s, r, SCHED_FINISH_ABORT, 1);
 }
 
 int sched_schedule(struct sched *s, struct sched_batch *b) {
@@ -289,7 +292,7 @@ void sched_commit(struct sched *s, struct sched_batch *b, const int32_t *sampled
         if (!r->ignore_eos && is_eos(s, tok)) f = SCHED_FINISH_STOP;
         else if (n_gen >= r->max_new || r->n_tokens >= s->o.max_context) f = SCHED_FINISH_LENGTH;
         if (f != SCHED_FINISH_NONE) {
-            retire(s, r, f);
+            retire(s, r, f, 1);
             push_done(b, r);
         } else if (!r->prompt_done) {
             /* the prompt is in: let later requests share it now */
@@ -303,7 +306,7 @@ void sched_fail(struct sched *s, struct sched_batch *b) {
     for (int i = 0; i < b->n; i++) {
         struct sched_req *r = b->reqs[i];
         if (r->state == SCHED_DONE) continue;
-        retire(s, r, SCHED_FINISH_ABORT);
+        retire(s, r, SCHED_FINISH_ABORT, 0); /* the step's KV may be garbage: cache nothing */
         push_done(b, r);
     }
 }

@@ -127,8 +127,9 @@ void sched_req_free(struct sched_req *r);
 /* Appends r to the waiting queue (at its head when r->urgent). */
 void sched_add(struct sched *s, struct sched_req *r);
 
-/* Removes r from whichever queue holds it, releases its pages and marks it
- * SCHED_DONE with SCHED_FINISH_ABORT. */
+/* Removes r from whichever queue holds it, releases its pages (its full
+ * computed pages stay in the prefix cache) and marks it SCHED_DONE with
+ * SCHED_FINISH_ABORT. */
 void sched_abort(struct sched *s, struct sched_req *r);
 
 /* Plans one step into b (b->done is cleared first). Returns the number of

@@ -2,8 +2,7 @@
 
 The kiln binary is $KILN (default build/kiln). The model is the
 qwen3-dense-tiny fixture (random weights, the real Qwen3 tokenizer and chat
-template); the tokenizer comes from the fixture itself, or from
-../shared/models/qwen3-tokenizer when the fixture's files are only links.
+template); the tokenizer comes from the fixture itself.
 
 Servers run with -t 1: the tests run on small shared machines where
 OpenMP barriers across busy cores cost more than they give.
@@ -26,14 +25,7 @@ MODEL = os.path.join(ROOT, "tests", "fixtures", "qwen3-dense-tiny")
 
 
 def tokenizer_dir():
-    for d in (MODEL, os.path.join(ROOT, "..", "shared", "models", "qwen3-tokenizer")):
-        try:
-            with open(os.path.join(d, "tokenizer.json"), "rb") as f:
-                if f.read(1) == b"{":
-                    return d
-        except OSError:
-            pass
-    return None
+    return MODEL
 
 
 def free_port():

@@ -22,15 +22,7 @@ MODEL = os.path.join(ROOT, "tests", "fixtures", "qwen3-dense-tiny")
 
 
 def _tokenizer_dir():
-    for d in (MODEL, os.path.join(ROOT, "..", "shared", "models", "qwen3-tokenizer")):
-        p = os.path.join(d, "tokenizer.json")
-        try:
-            with open(p, "rb") as f:
-                if f.read(1) == b"{":
-                    return d
-        except OSError:
-            pass
-    return None
+    return MODEL
 
 
 def _free_port():
