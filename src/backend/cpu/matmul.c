@@ -195,6 +195,57 @@ DOT_AVX512(dot_f32_avx512, float, load16_f32, load16m_f32)
 DOT_AVX512(dot_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
 DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 
+/* Decode GEMV, one activation row: 4 weight rows at a time (8 independent
+ * accumulators, each x vector loaded once for the 4 rows), so the loads of
+ * 4 streams are in flight together; leftover rows go through the dot.
+ * 2 threads, BF16 3072x1024 x 84 from DRAM: 29.4 -> 36.2 GB/s. */
+typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias,
+                         float *out);
+
+#define GEMV1_AVX512(NAME, WT, LOAD, LOADM, DOT)                                                                  \
+    AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,        \
+                            const float *bias, float *out) {                                                      \
+        int64_t r = r0;                                                                                           \
+        for (; r + 4 <= r1; r += 4) {                                                                             \
+            const WT *w0 = (const WT *)(W + (size_t)r * rb), *w1 = (const WT *)(W + (size_t)(r + 1) * rb);        \
+            const WT *w2 = (const WT *)(W + (size_t)(r + 2) * rb), *w3 = (const WT *)(W + (size_t)(r + 3) * rb);  \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;       \
+            int i = 0;                                                                                            \
+            for (; i + 32 <= n_in; i += 32) {                                                                     \
+                __m512 xa = _mm512_loadu_ps(x + i), xb = _mm512_loadu_ps(x + i + 16);                             \
+                a0 = _mm512_fmadd_ps(LOAD(w0 + i), xa, a0), b0 = _mm512_fmadd_ps(LOAD(w0 + i + 16), xb, b0);      \
+                a1 = _mm512_fmadd_ps(LOAD(w1 + i), xa, a1), b1 = _mm512_fmadd_ps(LOAD(w1 + i + 16), xb, b1);      \
+                a2 = _mm512_fmadd_ps(LOAD(w2 + i), xa, a2), b2 = _mm512_fmadd_ps(LOAD(w2 + i + 16), xb, b2);      \
+                a3 = _mm512_fmadd_ps(LOAD(w3 + i), xa, a3), b3 = _mm512_fmadd_ps(LOAD(w3 + i + 16), xb, b3);      \
+            }                                                                                                     \
+            for (; i < n_in; i += 16) {                                                                           \
+                int rem = n_in - i;                                                                               \
+                __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);                        \
+                __m512 xa = _mm512_maskz_loadu_ps(m, x + i);                                                      \
+                a0 = _mm512_fmadd_ps(LOADM(w0 + i, m), xa, a0), a1 = _mm512_fmadd_ps(LOADM(w1 + i, m), xa, a1);   \
+                a2 = _mm512_fmadd_ps(LOADM(w2 + i, m), xa, a2), a3 = _mm512_fmadd_ps(LOADM(w3 + i, m), xa, a3);   \
+            }                                                                                                     \
+            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, b0)) + (bias ? bias[r] : 0.0f);                       \
+            out[r + 1] = _mm512_reduce_add_ps(_mm512_add_ps(a1, b1)) + (bias ? bias[r + 1] : 0.0f);               \
+            out[r + 2] = _mm512_reduce_add_ps(_mm512_add_ps(a2, b2)) + (bias ? bias[r + 2] : 0.0f);               \
+            out[r + 3] = _mm512_reduce_add_ps(_mm512_add_ps(a3, b3)) + (bias ? bias[r + 3] : 0.0f);               \
+        }                                                                                                         \
+        for (; r < r1; r++) {                                                                                     \
+            float o;                                                                                              \
+            DOT(W + (size_t)r * rb, &x, 1, n_in, &o);                                                             \
+            out[r] = o + (bias ? bias[r] : 0.0f);                                                                 \
+        }                                                                                                         \
+    }
+
+GEMV1_AVX512(gemv1_f32_avx512, float, load16_f32, load16m_f32, dot_f32_avx512)
+GEMV1_AVX512(gemv1_bf16_avx512, uint16_t, load16_bf16, load16m_bf16, dot_bf16_avx512)
+GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16, dot_f16_avx512)
+
+static gemv1_fn gemv1_for(enum kiln_dtype t) {
+    if (cpu_isa() != CPU_ISA_AVX512) return NULL;
+    return t == KILN_DTYPE_BF16 ? gemv1_bf16_avx512 : t == KILN_DTYPE_F16 ? gemv1_f16_avx512 : t == KILN_DTYPE_F32 ? gemv1_f32_avx512 : NULL;
+}
+
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t) {
     int v = cpu_isa();
     switch (t) {
@@ -381,6 +432,7 @@ struct mm_job {
     size_t rb, wp_sz;
     int n, n_in, n_out, MR, NR, isa;
     cpu_dot_fn dot;
+    gemv1_fn gemv1;
 };
 
 static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
@@ -435,6 +487,10 @@ static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
     (void)tid;
     const struct mm_job *j = arg;
     const int n = j->n, n_in = j->n_in, n_out = j->n_out;
+    if (n == 1 && j->gemv1) {
+        j->gemv1(j->W, j->rb, j->x, n_in, b, e, j->bias, j->out);
+        return;
+    }
     for (int64_t r = b; r < e; r++) {
         const void *row = j->W + (size_t)r * j->rb;
         float bb = j->bias ? j->bias[r] : 0.0f;
@@ -451,7 +507,7 @@ static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
 
 static void gemv(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, cpu_dot_fn dot) {
     struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                       .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot};
+                       .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype)};
     j.rb = (size_t)j.n_in * dtype_size(j.dt);
     /* chunks of ~64 KiB of weights (at least 16 rows), ~16+ per thread */
     int64_t chunk = (int64_t)(65536 / (j.rb ? j.rb : 1));
