@@ -97,26 +97,10 @@ static int get(struct wsrc *s, struct ktensor *t, const char *name, int64_t rows
     }
     if (quant_type_of(st->dtype) && !dtype_size(st->dtype) && s->m->cfg.quant.method == KILN_QUANT_GGUF) {
         /* a block-quantized GGUF table read by lookup (the token embedding):
-         * held as F16 (F32 when small, so tests see exact values); the tied
-         * lm_head still computes on the blocks */
-        int64_t n = t->rows * cols;
-        int f32 = n <= (1 << 22);
-        void *p = NULL;
-        if (posix_memalign(&p, 64, (size_t)n * (f32 ? 4 : 2)))
-            return kiln_errf(s->err, s->errlen, "%s: out of memory for %s", s->where, name);
-        struct kiln_model *m = s->m;
-        m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
-        m->owned[m->n_owned++] = p;
-        size_t rb = quant_row_bytes(st->dtype, cols);
-        float *row = kiln_malloc(sizeof(float) * (size_t)cols);
-        for (int64_t r = 0; r < t->rows; r++) {
-            quant_dequant_row(st->dtype, (const uint8_t *)st->data + (size_t)r * rb, f32 ? (float *)p + r * cols : row, cols);
-            if (!f32)
-                for (int64_t i = 0; i < cols; i++) ((uint16_t *)p)[r * cols + i] = kiln_f32_to_f16(row[i]);
-        }
-        free(row);
-        t->dtype = f32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16;
-        t->data = p;
+         * kept as stored; the backend dequantizes the rows it gathers, and
+         * the tied lm_head computes on the same blocks */
+        t->dtype = st->dtype;
+        t->data = st->data;
         return 0;
     }
     if (st->dtype != KILN_DTYPE_F32 && st->dtype != KILN_DTYPE_F16 && st->dtype != KILN_DTYPE_BF16)

@@ -30,6 +30,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
+#include "format/quant.h"
 
 /* ==== instruction set choice ==== */
 
@@ -265,7 +266,7 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
     case KILN_DTYPE_F16:
         for (int64_t i = 0; i < n; i++) dst[i] = kiln_f16_to_f32(((const uint16_t *)src)[i]);
         break;
-    default: memset(dst, 0, (size_t)n * 4);
+    default: quant_dequant_row(t, src, dst, n); /* GGUF blocks (a quantized embedding) */
     }
 }
 

@@ -21,6 +21,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/simd.h"
 #include "base/base.h"
+#include "format/quant.h"
 
 /* below this many elements an op runs on the calling thread: handing work
  * to the pool costs more than the work (decode's 1-row ops) */
@@ -52,7 +53,7 @@ static void embed_rows(void *arg, int64_t b, int64_t e, int tid) {
 
 static void cpu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b) {
     struct row_job j = {.out = x, .src = table->data, .ids = b->tokens, .dt = table->dtype, .dim = (int)table->cols};
-    j.rb = (size_t)j.dim * dtype_size(table->dtype);
+    j.rb = quant_row_bytes(table->dtype, j.dim); /* plain dtypes and GGUF blocks alike */
     cpu_parallel_for(be, b->n_tokens, rows_chunk(j.dim), embed_rows, &j);
 }
 
