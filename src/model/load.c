@@ -334,10 +334,7 @@ struct count {
 
 static int count_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
     struct count *c = ctx;
-    if (w == &m->lm_head && m->cfg.tie_embed) { /* shares the embedding (a GGUF block table: counted as stored) */
-        if (w->fmt == KILN_WFMT_GGUF) c->bytes += quant_linear_bytes(w);
-        return 0;
-    }
+    if (w == &m->lm_head && m->cfg.tie_embed) return 0; /* the embedding's bytes, counted once with it */
     c->params += (int64_t)w->n_out * w->n_in + (w->bias.data ? w->n_out : 0);
     c->bytes += quant_linear_bytes(w);
     return 0;
