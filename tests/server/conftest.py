@@ -24,10 +24,6 @@ KILN = os.environ.get("KILN", os.path.join(ROOT, "build", "kiln"))
 MODEL = os.path.join(ROOT, "tests", "fixtures", "qwen3-dense-tiny")
 
 
-def tokenizer_dir():
-    return MODEL
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,9 +36,7 @@ class Server:
     def __init__(self, *extra, env=None):
         if not os.path.exists(KILN):
             pytest.skip(f"{KILN} not built")
-        tok = tokenizer_dir()
-        if tok is None:
-            pytest.skip("no Qwen3 tokenizer.json found")
+        tok = MODEL  # the fixture carries the real Qwen3 tokenizer
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [KILN, "serve", "-m", MODEL, "--tokenizer", tok, "--port", str(self.port), "-t", "1", *extra]

@@ -1,7 +1,7 @@
 """kiln bench serve against kiln serve, end to end (no timing assertions).
 
-Starts `kiln serve` on the qwen3-dense-tiny fixture (with the Qwen3 tokenizer
-when one is found, so tokens stream one chunk each), then runs the prefix
+Starts `kiln serve` on the qwen3-dense-tiny fixture (its Qwen3 tokenizer makes
+tokens stream one chunk each; conftest.Server), then runs the prefix
 profile and the serving mode of `kiln bench serve` and checks the JSON:
 the rows asked for, exact output lengths, positive figures.
 
@@ -9,58 +9,18 @@ The kiln binary: $KILN (default build/kiln).
 """
 import json
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KILN = os.environ.get("KILN", os.path.join(ROOT, "build", "kiln"))
-MODEL = os.path.join(ROOT, "tests", "fixtures", "qwen3-dense-tiny")
-
-
-def _tokenizer_dir():
-    return MODEL
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import KILN, Server, free_port
 
 
 @pytest.fixture(scope="module")
 def server():
-    if not os.path.exists(KILN):
-        pytest.skip(f"{KILN} not built")
-    port = _free_port()
-    cmd = [KILN, "serve", "-m", MODEL, "--port", str(port), "-t", "1", "--max-total-tokens", "4096"]
-    tok = _tokenizer_dir()
-    if tok:
-        cmd += ["--tokenizer", tok]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                pytest.fail("kiln serve exited: " + proc.stderr.read().decode(errors="replace"))
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("kiln serve did not answer /v1/models")
-        yield url, tok is not None
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    s = Server("--max-total-tokens", "4096")
+    yield s.url
+    s.stop()
 
 
 def _bench(*args):
@@ -71,7 +31,7 @@ def _bench(*args):
 
 
 def test_prefix_profile(server):
-    url, streams_tokens = server
+    url = server
     j = _bench("--url", url, "--profile", "prefix", "--inputs", "40,300", "--output-len", "4", "-r", "2",
                "--token-range", "1000")
     assert j["profile"] == "prefix" and j["meta"]["model"] == "qwen3-dense-tiny"
@@ -81,13 +41,12 @@ def test_prefix_profile(server):
     for r in rows:
         assert r["measured_output"] == 4  # ignore_eos + min_tokens: exact
         assert r["ttft_ms"] > 0 and r["prefill_tps"] > 0
-        if streams_tokens:
-            assert r["tpot_ms"] > 0 and r["decode_tps"] > 0
+        assert r["tpot_ms"] > 0 and r["decode_tps"] > 0
         assert r["profile"] == f'{r["prefill_len"]}:{r["input_tokens"]}'
 
 
 def test_serving_mode(server):
-    url, streams_tokens = server
+    url = server
     j = _bench("--url", url, "--profile", "serving", "--num-prompts", "6", "--input-len", "32", "--output-len", "5",
                "--max-concurrency", "2", "--request-rate", "20", "--token-range", "1000")
     assert j["profile"] == "serving"
@@ -96,14 +55,13 @@ def test_serving_mode(server):
     for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_e2e_latency_ms", "request_throughput",
               "output_throughput", "total_token_throughput"):
         assert j[k] > 0, k
-    if streams_tokens:
-        assert j["mean_tpot_ms"] > 0 and j["mean_itl_ms"] > 0
+    assert j["mean_tpot_ms"] > 0 and j["mean_itl_ms"] > 0
     assert j["p99_ttft_ms"] >= j["median_ttft_ms"]
 
 
 def test_unreachable_server():
     if not os.path.exists(KILN):
         pytest.skip(f"{KILN} not built")
-    r = subprocess.run([KILN, "bench", "serve", "--url", f"http://127.0.0.1:{_free_port()}"], capture_output=True, text=True,
+    r = subprocess.run([KILN, "bench", "serve", "--url", f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "connect" in r.stderr
