@@ -58,7 +58,7 @@ $(BUILD)/gen/configs.o: $(BUILD)/gen/configs.c
 
 test: all                       ## C tests (parsers, ops, parity, engine) then the server suite
 	./$(BUILD)/test-kiln
-	$(PYTHON) -m pytest -q tests/server
+	$(PYTHON) -m pytest -q tests/server tests/cli
 
 test-c: $(BUILD)/test-kiln      ## only the C test runner (ARGS=group to pick groups)
 	./$(BUILD)/test-kiln $(ARGS)
@@ -87,7 +87,7 @@ help:                           ## this list
 	@echo "kiln make targets:"
 	@echo "  make            build ./build/kiln and the test runner (CUDA too when nvcc is found)"
 	@echo "  make cpu        CPU-only build in build-cpu/"
-	@echo "  make test       all tests: C runner (parsers, kernels, HF parity, engine) + server pytest"
+	@echo "  make test       all tests: C runner (parsers, kernels, HF parity, engine) + server and CLI pytest"
 	@echo "  make test-c     C runner only; ARGS='group ...' picks groups, ARGS=--list lists them"
 	@echo "  make test-asan  the C runner under ASan+UBSan"
 	@echo "  make test-cuda  CUDA op/model tests on a GPU machine"
