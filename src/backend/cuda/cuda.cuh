@@ -251,4 +251,39 @@ int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void 
         cu_flush(cu_ctx(be));                          \
     } while (0)
 
+
+/* ==== small device helpers shared by the kernels ==== */
+
+/* sum of v over the block (all threads get it); blockDim.x a multiple of 32 */
+__device__ __forceinline__ float cu_block_sum(float v) {
+    __shared__ float s[32];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads(); /* s[] may still be read from a previous call */
+    if (l == 0) s[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += s[i];
+    return t;
+}
+
+/* 8 bf16 (16 bytes, aligned) to f32, and back with rounding to nearest */
+__device__ __forceinline__ void cu_load8(float *f, const bf16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+__device__ __forceinline__ void cu_store8(bf16 *p, const float *f) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+
 #endif

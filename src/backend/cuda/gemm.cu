@@ -131,36 +131,6 @@ struct gemv_norm {
     int *cnt;
 };
 
-__device__ __forceinline__ float gv_block_sum(float v) {
-    __shared__ float s[32];
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) s[w] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += s[i];
-    return t;
-}
-
-__device__ __forceinline__ void gv_load8(float *f, const bf16 *p) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-}
-
-__device__ __forceinline__ void gv_store8(bf16 *p, const float *f) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *(uint4 *)p = u;
-}
-
 /* L2 prefetch of a lane's first GEMV_PF chunks of a weight row: weights are
  * never written by the previous kernel, so this runs before griddepcontrol.wait
  * and overlaps the previous kernel's tail (the block is resident as soon as
@@ -200,25 +170,25 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
             float ss = 0.f;
             for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
                 float a[8];
-                gv_load8(a, xr + c);
+                cu_load8(a, xr + c);
                 if (yr) {
                     float b[8];
-                    gv_load8(b, yr + c);
+                    cu_load8(b, yr + c);
                     for (int i = 0; i < 8; i++) a[i] = __bfloat162float(__float2bfloat16(a[i] + b[i]));
                 }
                 for (int i = 0; i < 8; i++) ss += a[i] * a[i];
             }
-            const float r = rsqrtf(gv_block_sum(ss) / n_in + N.eps);
+            const float r = rsqrtf(cu_block_sum(ss) / n_in + N.eps);
             for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
                 float a[8];
-                gv_load8(a, xr + c);
+                cu_load8(a, xr + c);
                 if (yr) {
                     float b[8];
-                    gv_load8(b, yr + c);
+                    cu_load8(b, yr + c);
                     for (int i = 0; i < 8; i++) a[i] = __bfloat162float(__float2bfloat16(a[i] + b[i]));
                 }
                 for (int i = 0; i < 8; i++) a[i] = N.w[c + i] * (a[i] * r);
-                gv_store8(xs + (size_t)j * n_in + c, a);
+                cu_store8(xs + (size_t)j * n_in + c, a);
             }
         }
         __syncthreads();
@@ -287,10 +257,10 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
                 for (int c = threadIdx.x * 8; c < n_in; c += 256 * 8) {
                     if (yr) {
                         float a[8], b[8];
-                        gv_load8(a, xr + c);
-                        gv_load8(b, yr + c);
+                        cu_load8(a, xr + c);
+                        cu_load8(b, yr + c);
                         for (int i = 0; i < 8; i++) a[i] = a[i] + b[i];
-                        gv_store8(xr + c, a);
+                        cu_store8(xr + c, a);
                     }
                     *(uint4 *)(orow + c) = *(const uint4 *)(xs + (size_t)j * n_in + c);
                 }

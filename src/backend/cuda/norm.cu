@@ -10,36 +10,6 @@
  */
 #include "backend/cuda/cuda.cuh"
 
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float s[32];
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads(); /* s[] may still be read from a previous call */
-    if (l == 0) s[w] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += s[i];
-    return t;
-}
-
-__device__ __forceinline__ void load8(float *f, const bf16 *p) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-}
-
-__device__ __forceinline__ void store8(bf16 *p, const float *f) {
-    uint4 u;
-    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *(uint4 *)p = u;
-}
-
 /* k_add_rmsnorm: x += y (when y), then out = x / rms(x) * w; see the header */
 __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const bf16 *y, const float *__restrict__ w, int dim,
                                                      float eps) {
@@ -50,21 +20,21 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const b
     if (dim % 8 == 0) {
         for (int c = threadIdx.x * 8; c < dim; c += 256 * 8) {
             float a[8];
-            load8(a, xr + c);
+            cu_load8(a, xr + c);
             if (yr) {
                 float b[8];
-                load8(b, yr + c);
+                cu_load8(b, yr + c);
                 for (int i = 0; i < 8; i++) a[i] = __bfloat162float(__float2bfloat16(a[i] + b[i]));
-                store8(xr + c, a);
+                cu_store8(xr + c, a);
             }
             for (int i = 0; i < 8; i++) ss += a[i] * a[i];
         }
-        const float r = rsqrtf(block_sum(ss) / dim + eps);
+        const float r = rsqrtf(cu_block_sum(ss) / dim + eps);
         for (int c = threadIdx.x * 8; c < dim; c += 256 * 8) {
             float a[8];
-            load8(a, xr + c);
+            cu_load8(a, xr + c);
             for (int i = 0; i < 8; i++) a[i] = w[c + i] * (a[i] * r);
-            store8(orow + c, a);
+            cu_store8(orow + c, a);
         }
         return;
     }
@@ -77,7 +47,7 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const b
         }
         ss += a * a;
     }
-    const float r = rsqrtf(block_sum(ss) / dim + eps);
+    const float r = rsqrtf(cu_block_sum(ss) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += 256) orow[i] = __float2bfloat16(w[i] * (__bfloat162float(xr[i]) * r));
 }
 
