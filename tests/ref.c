@@ -38,3 +38,9 @@ int32_t *ref_ids(const cJSON *a, int *n) {
     for (const cJSON *x = a->child; x; x = x->next) ids[i++] = x->valueint;
     return ids;
 }
+
+int ref_collect(int32_t id, void *ctx) {
+    struct ref_collect *c = ctx;
+    c->ids[c->n++] = id;
+    return 0;
+}

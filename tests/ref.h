@@ -21,4 +21,12 @@ void ref_free(struct ref *r);
 /* A JSON list of ints as a malloc'd array; *n its length. */
 int32_t *ref_ids(const cJSON *a, int *n);
 
+/* A kiln_generate callback that appends each token to ids (room for every
+ * token asked for). */
+struct ref_collect {
+    int32_t *ids;
+    int n;
+};
+int ref_collect(int32_t id, void *ctx);
+
 #endif

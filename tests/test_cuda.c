@@ -414,17 +414,6 @@ static float margin(const float *v, int n) {
     return v[b] - s;
 }
 
-struct collect {
-    int32_t *ids;
-    int n;
-};
-
-static int collect(int32_t id, void *ctx) {
-    struct collect *c = ctx;
-    c->ids[c->n++] = id;
-    return 0;
-}
-
 static void check_model(const char *name) {
     char dir[256], err[1024] = "";
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
@@ -492,10 +481,10 @@ static void check_model(const char *name) {
          * (CPU logits on the reference's own prefix) is within tol */
         int ng;
         int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng);
-        struct collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
+        struct ref_collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
         struct kiln_sampling sp = sampling_default();
         sp.temperature = 0;
-        int got = kiln_generate(e, ids, n, ng, &sp, 1, collect, &c, err, sizeof err);
+        int got = kiln_generate(e, ids, n, ng, &sp, 1, ref_collect, &c, err, sizeof err);
         CHECK(got == ng, "%s prompt %d: generated %d of %d: %s", name, p, got, ng, err);
         int first = -1;
         for (int i = 0; i < c.n && i < ng && first < 0; i++)
