@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/simd.h"
 #include "base/base.h"
 #include "format/quant.h"
 
@@ -106,14 +107,6 @@ static void dot_f16_scalar(const void *row, const float *const *x, int nx, int n
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-AVX2 static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
 AVX2 static inline __m256 load8_bf16(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -139,7 +132,7 @@ AVX2 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p);
             }                                                                                       \
         }                                                                                           \
         for (int j = 0; j < nx; j++) {                                                              \
-            float s = hsum8(_mm256_add_ps(a[j][0], a[j][1]));                                       \
+            float s = kiln_hsum8(_mm256_add_ps(a[j][0], a[j][1]));                                       \
             float t;                                                                                \
             const float *xt = x[j] + i;                                                             \
             SCALAR((const void *)(w + i), &xt, 1, n_in - i, &t);                                    \

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/simd.h"
 #include "base/base.h"
 #include "format/quant.h"
 
@@ -92,14 +93,6 @@ static int have_avx2(void) {
         v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && !getenv("KILN_NO_SIMD");
     }
     return v;
-}
-
-AVX2 static inline float hsum8(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
 }
 
 /* ==== exact path: one row dequantized to scratch ==== */
@@ -229,7 +222,7 @@ AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const 
             for (int j = 0; j < nx; j++) tail[j] += (s * qgrp_code(g, r, k) + b) * x[j][k];
     }
 #undef STEP
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) + tail[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + tail[j];
 }
 
 AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
@@ -250,7 +243,7 @@ AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, 
         for (; k < k1; k++)
             for (int j = 0; j < nx; j++) tail[j] += fp8_lut[q[k]] * s[b] * x[j][k];
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) + tail[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + tail[j];
 }
 
 static void matmul_exact(float *out, const float *x, const struct qlinear *w, int n) {
@@ -454,7 +447,7 @@ AVX2 static void dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int
             acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]);
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
 
 AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
@@ -473,7 +466,7 @@ AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int
             off[j] += dd * (float)a[j][i].sum;
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) - 8 * off[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 8 * off[j];
 }
 
 AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
@@ -498,7 +491,7 @@ AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) - mins[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
 
 AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
@@ -516,7 +509,7 @@ AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int
             off[j] += m * a[j][i].d * (float)a[j][i].sum;
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) + off[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
 }
 
 AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
@@ -545,7 +538,7 @@ AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]) - mins[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
 
 AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
@@ -576,7 +569,7 @@ AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
-    for (int j = 0; j < nx; j++) out[j] = hsum8(acc[j]);
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
 
 typedef float (*qdot_fn)(const uint8_t *w, const struct q8a *a, int nb);
