@@ -570,6 +570,17 @@ static cJSON *split(const char *rx) {
     return s;
 }
 
+/* Copies the length-prefixed string at *p (u64 length, then bytes; checked
+ * at parse time) into *buf, NUL-terminated, and steps *p past it. */
+static void take_str(const uint8_t **p, char **buf, size_t *cap) {
+    uint64_t l;
+    memcpy(&l, *p, 8);
+    if (l + 1 > *cap) *buf = kiln_realloc(*buf, *cap = (size_t)l + 64);
+    memcpy(*buf, *p + 8, (size_t)l);
+    (*buf)[l] = 0;
+    *p += 8 + l;
+}
+
 int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_out, char *err, size_t errlen) {
     *json_out = NULL;
     char *model = gguf_get_str(g, "tokenizer.ggml.model");
@@ -647,12 +658,7 @@ int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_
     char *buf = NULL;
     size_t cap = 0;
     for (uint64_t i = 0; i < tok->n; i++) {
-        uint64_t l;
-        memcpy(&l, p, 8);
-        if (l + 1 > cap) buf = kiln_realloc(buf, cap = (size_t)l + 64);
-        memcpy(buf, p + 8, (size_t)l);
-        buf[l] = 0;
-        p += 8 + l;
+        take_str(&p, &buf, &cap);
         int32_t ty = 1;
         if (typ) memcpy(&ty, typ->val + 4 * i, 4);
         if (ty == 3 || ty == 4) {
@@ -671,12 +677,7 @@ int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_
     }
     p = mer->val;
     for (uint64_t i = 0; i < mer->n; i++) {
-        uint64_t l;
-        memcpy(&l, p, 8);
-        if (l + 1 > cap) buf = kiln_realloc(buf, cap = (size_t)l + 64);
-        memcpy(buf, p + 8, (size_t)l);
-        buf[l] = 0;
-        p += 8 + l;
+        take_str(&p, &buf, &cap);
         char *sp = strchr(buf, ' ');
         if (!sp || sp == buf || !sp[1]) {
             kiln_errf(err, errlen, "GGUF: tokenizer.ggml.merges[%llu] '%.40s' is not two tokens separated by a space", (unsigned long long)i, buf);
