@@ -190,6 +190,8 @@ struct jval jinja_global(struct jctx *c, const char *name);
 int jinja_call_func(struct jctx *c, int line, const struct jfunc *f, const struct jargs *a, struct jval *out);
 /* iteration as Python's list(x): list items, dict keys, string characters */
 int jinja_to_list(struct jctx *c, int line, struct jval x, struct jval *out);
+/* v as a string value (Jinja's str(v)), allocated in the context's arena. */
+struct jval jinja_str_of(struct jctx *c, struct jval v);
 
 /* Renders with the variables of the JSON object vars. malloc'd text, or NULL +
  * err ("template line N: ..."). */

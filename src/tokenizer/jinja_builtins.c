@@ -88,15 +88,6 @@ struct jval jinja_global(struct jctx *c, const char *name) {
     return jv_undef();
 }
 
-static struct jval str_of(struct jctx *c, struct jval v) {
-    if (v.t == JV_STR) return v;
-    struct jbuf b = {0};
-    jv_str_to(&b, v);
-    struct jval s = jv_str(&c->arena, b.s ? b.s : "", b.n);
-    free(b.s);
-    return s;
-}
-
 int jinja_to_list(struct jctx *c, int line, struct jval x, struct jval *out) {
     if (x.t == JV_LIST) return *out = x, 0;
     if (x.t == JV_UNDEF) return *out = jv_list(&c->arena, 1), 0;
@@ -489,7 +480,7 @@ int jinja_call_func(struct jctx *c, int line, const struct jfunc *f, const struc
         return *out = d, 0;
     }
     case G_RAISE: {
-        struct jval m = str_of(c, arg(a, 0, NULL, jv_cstr(&c->arena, "")));
+        struct jval m = jinja_str_of(c, arg(a, 0, NULL, jv_cstr(&c->arena, "")));
         return jinja_fail(c, line, "raise_exception: %s", m.u.s->s);
     }
     case G_STRFTIME: {
@@ -639,7 +630,7 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
     struct jval none = jv_none(), l;
     if (!strcmp(name, "tojson")) return filter_tojson(c, line, x, a, out);
     if (!strcmp(name, "safe")) return *out = x, 0;
-    if (!strcmp(name, "string")) return *out = str_of(c, x), 0;
+    if (!strcmp(name, "string")) return *out = jinja_str_of(c, x), 0;
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
         int use = x.t == JV_UNDEF || (jv_truthy(arg(a, 1, "boolean", jv_bool(0))) && !jv_truthy(x));
         return *out = use ? arg(a, 0, "default_value", jv_cstr(&c->arena, "")) : x, 0;
@@ -652,16 +643,16 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
         return jinja_fail(c, line, "object of type '%s' has no len()", jv_type_name(x));
     }
     if (!strcmp(name, "trim")) {
-        struct jval s = str_of(c, x), ch = arg(a, 0, "chars", none);
+        struct jval s = jinja_str_of(c, x), ch = arg(a, 0, "chars", none);
         return *out = str_strip(c, s.u.s, 3, ch.t == JV_STR ? ch.u.s : NULL), 0;
     }
     if (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") || !strcmp(name, "capitalize")) {
-        struct jval s = str_of(c, x);
+        struct jval s = jinja_str_of(c, x);
         int mode = name[0] == 'u' ? 0 : name[0] == 'l' ? 1 : name[0] == 't' ? 2 : 3;
         return *out = str_case(c, s.u.s, mode), 0;
     }
     if (!strcmp(name, "replace")) {
-        struct jval s = str_of(c, x), o = str_of(c, arg(a, 0, "old", none)), n = str_of(c, arg(a, 1, "new", none));
+        struct jval s = jinja_str_of(c, x), o = jinja_str_of(c, arg(a, 0, "old", none)), n = jinja_str_of(c, arg(a, 1, "new", none));
         struct jval cnt = arg(a, 2, "count", none);
         return *out = str_replace(c, s.u.s, o.u.s, n.u.s, cnt.t == JV_INT ? cnt.u.i : -1), 0;
     }
@@ -671,7 +662,7 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
         return *out = l.u.l->v[name[0] == 'f' ? 0 : l.u.l->n - 1], 0;
     }
     if (!strcmp(name, "join")) {
-        struct jval sep = str_of(c, arg(a, 0, "d", jv_cstr(&c->arena, ""))), at = arg(a, 1, "attribute", none);
+        struct jval sep = jinja_str_of(c, arg(a, 0, "d", jv_cstr(&c->arena, ""))), at = arg(a, 1, "attribute", none);
         if (jinja_to_list(c, line, x, &l)) return -1;
         struct jbuf b = {0};
         for (int i = 0; i < l.u.l->n; i++) {
@@ -825,7 +816,7 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
         return *out = r, 0;
     }
     if (!strcmp(name, "escape") || !strcmp(name, "e") || !strcmp(name, "forceescape")) {
-        struct jval s = str_of(c, x);
+        struct jval s = jinja_str_of(c, x);
         struct jbuf b = {0};
         for (size_t i = 0; i < s.u.s->n; i++) {
             char ch = s.u.s->s[i];
@@ -839,7 +830,7 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
         return *out = buf_val(c, &b), 0;
     }
     if (!strcmp(name, "indent")) {
-        struct jval s = str_of(c, x), w = arg(a, 0, "width", jv_int(4)), first = arg(a, 1, "first", jv_bool(0));
+        struct jval s = jinja_str_of(c, x), w = arg(a, 0, "width", jv_int(4)), first = arg(a, 1, "first", jv_bool(0));
         struct jval blank = arg(a, 2, "blank", jv_bool(0));
         struct jbuf pad = {0}, b = {0};
         if (w.t == JV_STR) jbuf_put(&pad, w.u.s->s, w.u.s->n);
@@ -861,13 +852,13 @@ int jinja_filter(struct jctx *c, int line, const char *name, struct jval x, cons
         return *out = buf_val(c, &b), 0;
     }
     if (!strcmp(name, "wordcount")) {
-        struct jval s = str_of(c, x);
+        struct jval s = jinja_str_of(c, x);
         if (jinja_to_list(c, line, s, &l)) return -1;
         struct jval w = str_split(c, s.u.s, NULL, -1, 0);
         return *out = jv_int(w.u.l->n), 0;
     }
     if (!strcmp(name, "format")) { /* printf-style: %s %d %i %f %r %% */
-        struct jval s = str_of(c, x);
+        struct jval s = jinja_str_of(c, x);
         struct jbuf b = {0};
         int k = 0;
         for (size_t i = 0; i < s.u.s->n; i++) {

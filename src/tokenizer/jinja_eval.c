@@ -76,7 +76,7 @@ static int is_num(struct jval v) { return v.t == JV_INT || v.t == JV_FLOAT || v.
 static double as_f(struct jval v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : v.u.b; }
 static int64_t as_i(struct jval v) { return v.t == JV_INT ? v.u.i : v.u.b; }
 
-static struct jval to_str(struct jctx *c, struct jval v) {
+struct jval jinja_str_of(struct jctx *c, struct jval v) {
     if (v.t == JV_STR) return v;
     struct jbuf b = {0};
     jv_str_to(&b, v);
@@ -106,7 +106,7 @@ static int undefined_error(struct jctx *c, const struct jnode *n, const char *wh
 static int binop(struct jctx *c, const struct jnode *n, struct jval a, struct jval b, struct jval *out) {
     const char *op = n->name;
     if (op[0] == '~') {
-        struct jval sa = to_str(c, a), sb = to_str(c, b);
+        struct jval sa = jinja_str_of(c, a), sb = jinja_str_of(c, b);
         struct jval r = jv_str(&c->arena, NULL, sa.u.s->n + sb.u.s->n);
         memcpy(r.u.s->s, sa.u.s->s, sa.u.s->n);
         memcpy(r.u.s->s + sa.u.s->n, sb.u.s->s, sb.u.s->n);
