@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/json_mask.h"
 #include "engine/sampler.h"
 #include "format/config.h"
 
@@ -102,10 +103,16 @@ struct kiln_request_params {
     const int32_t *prompt; /* copied */
     int n_prompt;
     int max_tokens;  /* > 0 */
-    int min_tokens;  /* EOS is masked until this many were generated */
+    int min_tokens;  /* EOS (and stop_ids) are masked until this many were generated */
     int ignore_eos;
     int logprobs;    /* -1: none; else the sampled token's logprob and this many top alternatives (<= 20) */
-    struct kiln_sampling sampling;
+    struct kiln_sampling sampling; /* its logit bias is copied */
+    const int32_t *stop_ids; /* copied: sampling one of these ends the request (KILN_FINISH_STOP), */
+    int n_stop_ids;          /* also with ignore_eos; like EOS they are masked until min_tokens */
+    /* non-NULL: the output is constrained to one JSON object (json_mask.h)
+     * and the request stops (KILN_FINISH_STOP) when it closes. Borrowed:
+     * it must outlive the request. */
+    const struct json_vocab *json;
 };
 
 struct kiln_event {

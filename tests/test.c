@@ -32,7 +32,7 @@ void test_skip(const char *why) { fprintf(stderr, "  skipped: %s\n", why); }
     X(base, 1, "number conversions, rng, file helpers")                                   \
     X(safetensors, 1, "safetensors parsing and its errors (truncated, overlapping, ...)") \
     X(config, 1, "config.json in transformers 4.x and 5.x spellings, bad configs")        \
-    X(sampler, 1, "greedy, temperature, top-k/top-p/min-p sets, penalties, seeds")        \
+    X(sampler, 1, "greedy, temperature, top-k/top-p/min-p sets, penalties, seeds, logit bias, masks")        \
     X(ops, 1, "CPU ops against plain reference loops")                                    \
     X(cpukernels, 1, "CPU kernel paths (scalar/AVX2/AVX-512) against references, odd shapes") \
     X(parity, 1, "HF transformers parity on every model fixture")                        \
@@ -41,7 +41,8 @@ void test_skip(const char *why) { fprintf(stderr, "  skipped: %s\n", why); }
     X(radix, 1, "radix prefix cache: match, split on partial match, insert swaps, LRU eviction under lock") \
     X(sched, 1, "scheduler: admission, chunked prefill, mixed steps, preemption, prefix reuse (synthetic model)") \
     X(serve, 1, "serving loop on the tiny model: concurrent greedy = solo, prefix reuse, preemption, pages freed") \
-    X(serve_text, 1, "server text machines: stop strings across pieces, hold-back, <think> splitting") \
+    X(serve_text, 1, "server text machines: stop strings across pieces, hold-back, <think> splitting, tool calls") \
+    X(json, 1, "JSON validator (response_format json_object) and its vocabulary mask against brute force") \
     X(tokenizer, 1, "tokenizer.json BPE vectors, decode, streaming detokenizer")          \
     X(template, 1, "chat template vectors, Jinja subset, errors")                         \
     X(bench, 1, "kiln bench: metrics on a fake clock, tables, HTTP/SSE, profiles, tiny in-process runs")               \

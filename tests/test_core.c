@@ -399,6 +399,54 @@ void test_sampler(void) {
     CHECK(fabsf(l[5] - (-2.0f - 0.5f - 0.25f)) < 1e-6f, "negative logit multiplied: %g", l[5]);
     CHECK(tok == 6, "2.5 now wins, got %d", tok);
     sampler_free(&s);
+
+    /* logit bias: +100 forces a token under greedy, -100 bans the greedy
+     * one; the sampler keeps its own copy; ids outside are ignored */
+    int32_t bias_ids[] = {7, 1, 99, -3};
+    float bias[] = {100.0f, 0.0f, 100.0f, 100.0f};
+    p = sampling_default();
+    p.temperature = 0;
+    p.n_bias = 4, p.bias_ids = bias_ids, p.bias = bias;
+    sampler_init(&s, &p, V);
+    bias_ids[0] = 0, bias[0] = -5.0f; /* the caller's arrays change: the sampler must not see it */
+    memcpy(l, base, sizeof l);
+    tok = sampler_sample(&s, l);
+    CHECK(tok == 7 && fabsf(l[7] - 100.0f) < 1e-6f, "+100 on id 7 forces it, got %d", tok);
+    sampler_free(&s);
+    int32_t ban_ids[] = {1, 4};
+    float ban[] = {-100.0f, -100.0f};
+    p.n_bias = 2, p.bias_ids = ban_ids, p.bias = ban;
+    sampler_init(&s, &p, V);
+    memcpy(l, base, sizeof l);
+    CHECK(sampler_sample(&s, l) == 6, "-100 on both maxima: 2.5 wins");
+    sampler_free(&s);
+    /* with sampling too: a banned token is (practically) never drawn */
+    p.temperature = 1.0f, p.top_k = 4, p.seed = 3;
+    sampler_init(&s, &p, V);
+    int drawn_banned = 0;
+    for (int i = 0; i < 2000; i++) {
+        memcpy(l, base, sizeof l);
+        int32_t t = sampler_sample(&s, l);
+        drawn_banned += t == 1 || t == 4;
+    }
+    CHECK(drawn_banned == 0, "banned ids drawn %d times", drawn_banned);
+    sampler_free(&s);
+
+    /* masked (-inf) tokens are never drawn, even when top_k keeps more
+     * tokens than remain */
+    p = sampling_default();
+    p.top_k = 6, p.seed = 11;
+    sampler_init(&s, &p, V);
+    int masked_drawn = 0;
+    for (int i = 0; i < 5000; i++) {
+        memcpy(l, base, sizeof l);
+        for (int j = 0; j < V; j++)
+            if (j != 3 && j != 5) l[j] = -INFINITY;
+        int32_t t = sampler_sample(&s, l);
+        masked_drawn += t != 3 && t != 5;
+    }
+    CHECK(masked_drawn == 0, "masked tokens drawn %d times", masked_drawn);
+    sampler_free(&s);
 }
 
 /* ==== CPU ops ==== */

@@ -334,6 +334,7 @@ void test_sched(void) {
 /* ==== the serving loop on a real model ==== */
 
 #include "kiln.h"
+#include "tokenizer/tokenizer.h"
 
 static int collect_tok(int32_t id, void *ctx) {
     int32_t **p = ctx;
@@ -409,7 +410,104 @@ out:
     kiln_engine_close(e);
 }
 
+/* Collects one request's tokens; returns its finish reason. */
+static int serve_collect(kiln_channel *ch, int32_t *out, int cap, int *n_out) {
+    struct kiln_event ev;
+    *n_out = 0;
+    while (kiln_channel_next(ch, &ev, 60.0)) {
+        if (ev.type == KILN_EVENT_TOKEN && *n_out < cap) out[(*n_out)++] = ev.id;
+        if (ev.type == KILN_EVENT_FINISH) return ev.finish;
+    }
+    return -1;
+}
+
+static const uint8_t *serve_token_bytes(void *ctx, int32_t id, size_t *len) {
+    const struct kiln_tokenizer *t = ctx;
+    if (id >= tok_vocab_size(t) || tok_is_special(t, id)) return NULL;
+    return tok_id_bytes(t, id, len);
+}
+
+/* stop token ids, min_tokens masking them, and the JSON constraint, on
+ * the engine directly */
+static void serve_stop_ids_and_json(void) {
+    char err[512] = "";
+    struct kiln_engine_opts eo = {.model = FIXTURES "/qwen3-dense-tiny", .backend = "cpu", .n_threads = 1, .page_size = 16,
+                                  .max_total_tokens = 2048, .prefill_chunk = 64};
+    kiln_engine *e = kiln_engine_open(&eo, err, sizeof err);
+    struct kiln_tokenizer *tok = tok_load(FIXTURES "/qwen3-dense-tiny", err, sizeof err);
+    if (!e || !tok) {
+        CHECK(0, "%s", err);
+        kiln_engine_close(e);
+        tok_free(tok);
+        return;
+    }
+    const struct kiln_config *cfg = kiln_engine_config(e);
+    struct kiln_sampling sp = sampling_default();
+    sp.temperature = 0;
+    int32_t prompt[] = {785, 6722, 315, 9625, 374}, want[16], got[64], *w = want;
+    int n_want = kiln_generate(e, prompt, 5, 16, &sp, 1, collect_tok, &w, err, sizeof err), n_got;
+    struct kiln_serving_opts so = {0};
+    kiln_serving *s = kiln_serving_start(e, &so, err, sizeof err);
+    CHECK(s && n_want == 16, "%s", err);
+    if (!s) goto out;
+    /* the first greedy token that did not occur before, as a stop id */
+    int k = 2;
+    for (;; k++) {
+        int seen = 0;
+        for (int i = 0; i < k; i++) seen |= want[i] == want[k];
+        if (!seen || k == 15) break;
+    }
+    kiln_channel *ch = kiln_channel_new();
+    kiln_request *r;
+    struct kiln_request_params p = {.prompt = prompt, .n_prompt = 5, .max_tokens = 16, .ignore_eos = 1, .logprobs = -1, .sampling = sp,
+                                    .stop_ids = &want[k], .n_stop_ids = 1};
+    CHECK(kiln_serving_submit(s, &p, ch, 0, &r, err, sizeof err) == 0, "%s", err);
+    int fin = serve_collect(ch, got, 64, &n_got);
+    CHECK(fin == KILN_FINISH_STOP && n_got == k + 1 && !memcmp(got, want, sizeof(int32_t) * (size_t)(k + 1)),
+          "stop id %d (greedy token %d): finish %d after %d tokens", want[k], k, fin, n_got);
+    kiln_request_release(r);
+    /* forced by a bias, a stop id still waits for min_tokens */
+    int32_t x = want[k];
+    float big = 100.0f;
+    p.sampling.n_bias = 1, p.sampling.bias_ids = &x, p.sampling.bias = &big;
+    p.min_tokens = 3;
+    CHECK(kiln_serving_submit(s, &p, ch, 0, &r, err, sizeof err) == 0, "%s", err);
+    fin = serve_collect(ch, got, 64, &n_got);
+    CHECK(fin == KILN_FINISH_STOP && n_got == 4 && got[3] == x && got[0] != x && got[1] != x && got[2] != x,
+          "min_tokens 3: finish %d after %d tokens", fin, n_got);
+    kiln_request_release(r);
+
+    /* JSON: greedy output is a valid prefix; with '}' favoured the object
+     * closes and the request stops there */
+    struct json_vocab *jv = json_vocab_new(cfg->vocab, serve_token_bytes, tok, cfg->eos, cfg->n_eos);
+    for (int closing = 0; closing < 2; closing++) {
+        int32_t brace = 92; /* "}" */
+        struct kiln_request_params pj = {.prompt = prompt, .n_prompt = 5, .max_tokens = 40, .logprobs = -1, .sampling = sp, .json = jv};
+        if (closing) pj.sampling.n_bias = 1, pj.sampling.bias_ids = &brace, pj.sampling.bias = &big;
+        CHECK(kiln_serving_submit(s, &pj, ch, 0, &r, err, sizeof err) == 0, "%s", err);
+        fin = serve_collect(ch, got, 64, &n_got);
+        struct json_fsm f;
+        json_fsm_init(&f);
+        int valid = 1;
+        for (int i = 0; i < n_got && valid; i++) {
+            size_t n = 0;
+            const uint8_t *b = serve_token_bytes(tok, got[i], &n);
+            valid = b && json_fsm_feed_bytes(&f, b, n) == 0;
+        }
+        if (closing) CHECK(valid && json_fsm_done(&f) && fin == KILN_FINISH_STOP, "closed object: valid %d, finish %d", valid, fin);
+        else CHECK(valid && n_got == 40 && fin == KILN_FINISH_LENGTH, "greedy JSON prefix: valid %d, %d tokens", valid, n_got);
+        kiln_request_release(r);
+    }
+    json_vocab_free(jv);
+    kiln_channel_release(ch);
+    kiln_serving_free(s);
+out:
+    kiln_engine_close(e);
+    tok_free(tok);
+}
+
 void test_serve(void) {
+    serve_stop_ids_and_json();
     /* 12 requests at once, prompts chunked by 32 next to decodes */
     serve_vs_solo("batch", 4096, 32, 12, 0, 12, 0);
     /* a 48-token shared prefix: later requests reuse its pages */
@@ -448,7 +546,93 @@ static void run_think(const char *const *pieces, int n, int in_reasoning, char *
     sb_free(&r), sb_free(&c);
 }
 
+/* feeds pieces through a tool parser; returns the content, the calls as
+ * "name(arguments);" each */
+static void run_tools(const char *const *pieces, int n, char **content, char **calls) {
+    struct tool_parser t;
+    struct strbuf c = {0}, k = {0};
+    tool_init(&t);
+    for (int i = 0; i < n; i++) tool_feed(&t, pieces[i], strlen(pieces[i]), &c);
+    tool_flush(&t, &c);
+    for (int i = 0; i < t.n_calls; i++) sb_printf(&k, "%s(%s);", t.calls[i].name, t.calls[i].arguments);
+    tool_free(&t);
+    *content = kiln_strdup(sb_str(&c));
+    *calls = kiln_strdup(sb_str(&k));
+    sb_free(&c), sb_free(&k);
+}
+
+/* the same text fed whole and one byte at a time gives the same result */
+static void check_tools(const char *text, const char *want_content, const char *want_calls) {
+    const char *whole[] = {text};
+    char *c, *k;
+    run_tools(whole, 1, &c, &k);
+    CHECK(!strcmp(c, want_content) && !strcmp(k, want_calls), "whole: content '%s' calls '%s'", c, k);
+    free(c), free(k);
+    size_t n = strlen(text);
+    char **bytes = kiln_malloc(sizeof *bytes * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        bytes[i] = kiln_malloc(2);
+        bytes[i][0] = text[i], bytes[i][1] = 0;
+    }
+    run_tools((const char *const *)bytes, (int)n, &c, &k);
+    CHECK(!strcmp(c, want_content) && !strcmp(k, want_calls), "byte by byte: content '%s' calls '%s'", c, k);
+    free(c), free(k);
+    for (size_t i = 0; i < n; i++) free(bytes[i]);
+    free(bytes);
+}
+
+static void test_tool_parser(void) {
+    /* Qwen's format: content before, one call, whitespace around dropped */
+    check_tools("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                "Let me check.", "get_weather({\"city\":\"Paris\"});");
+    /* several calls, nothing else: no content at all */
+    check_tools("<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>\n"
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"u\": \"日本\"}}\n</tool_call>\n",
+                "", "add({\"a\":2,\"b\":3});get_weather({\"city\":\"Oslo\",\"u\":\"日本\"});");
+    /* text between and after calls stays content */
+    check_tools("A <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> B", "AB", "f({});");
+    /* no arguments: {}; arguments as a string holding an object: accepted */
+    check_tools("<tool_call>{\"name\": \"now\"}</tool_call>", "", "now({});");
+    check_tools("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>", "", "f({\"x\":1});");
+    /* not a call: bad JSON, no name, arguments not an object, trailing
+     * junk: the block stays content, verbatim, with its whitespace */
+    check_tools("Hi\n<tool_call>\n{bad json}\n</tool_call>", "Hi\n<tool_call>\n{bad json}\n</tool_call>", "");
+    check_tools("<tool_call>{\"arguments\": {}}</tool_call>", "<tool_call>{\"arguments\": {}}</tool_call>", "");
+    check_tools("<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "");
+    check_tools("<tool_call>{\"name\": \"f\"} x</tool_call>", "<tool_call>{\"name\": \"f\"} x</tool_call>", "");
+    /* a block never closed (max_tokens hit): content at the end */
+    check_tools("ok <tool_call>\n{\"name\": \"f\", \"argu", "ok <tool_call>\n{\"name\": \"f\", \"argu", "");
+    check_tools("<tool_call><tool_call><tool_call>", "<tool_call><tool_call><tool_call>", "");
+    /* look-alikes are plain text */
+    check_tools("<tools> and <tool_ca", "<tools> and <tool_ca", "");
+    check_tools("x < y\n", "x < y\n", "");
+
+    /* streaming: nothing of a tag leaks before it is decided */
+    struct tool_parser t;
+    struct strbuf out = {0};
+    tool_init(&t);
+    tool_feed(&t, "Sure.\n<tool", 11, &out);
+    CHECK(!strcmp(sb_str(&out), "Sure."), "a possible tag and the newline before it are held: '%s'", sb_str(&out));
+    tool_feed(&t, "_call>\n{\"name\": \"f\",", 20, &out);
+    CHECK(!strcmp(sb_str(&out), "Sure.") && t.n_calls == 0, "inside the block: nothing released");
+    tool_feed(&t, " \"arguments\": {}}\n</tool_call>", 30, &out);
+    CHECK(t.n_calls == 1 && !strcmp(t.calls[0].name, "f") && !strcmp(sb_str(&out), "Sure."), "the call is out when its block closes");
+    tool_feed(&t, "\nDone", 5, &out);
+    CHECK(!strcmp(sb_str(&out), "Sure.Done"), "'%s'", sb_str(&out));
+    tool_free(&t);
+    sb_free(&out);
+
+    /* the parser alone */
+    struct tool_call c;
+    const char *ok = " {\"name\": \"f\", \"arguments\": {\"q\": [1, 2.5, \"é\"]}} ";
+    CHECK(tool_parse_call(ok, strlen(ok), &c) == 0 && !strcmp(c.name, "f") && !strcmp(c.arguments, "{\"q\":[1,2.5,\"é\"]}"), "%s", c.arguments);
+    free(c.name), free(c.arguments);
+    CHECK(tool_parse_call("{\"name\": \"\"}", 12, &c) < 0, "an empty name is no call");
+    CHECK(tool_parse_call("[1]", 3, &c) < 0);
+}
+
 void test_serve_text(void) {
+    test_tool_parser();
     int hit;
     char *s;
     /* a stop string split across three pieces is found and not returned */

@@ -23,6 +23,15 @@ void sampler_init(struct kiln_sampler *s, const struct kiln_sampling *p, int voc
     s->p = *p;
     s->vocab = vocab;
     kiln_rng_seed(&s->rng, p->seed);
+    if (p->n_bias > 0) {
+        int32_t *ids = kiln_malloc(sizeof *ids * (size_t)p->n_bias);
+        float *b = kiln_malloc(sizeof *b * (size_t)p->n_bias);
+        memcpy(ids, p->bias_ids, sizeof *ids * (size_t)p->n_bias);
+        memcpy(b, p->bias, sizeof *b * (size_t)p->n_bias);
+        s->p.bias_ids = ids, s->p.bias = b;
+    } else {
+        s->p.n_bias = 0, s->p.bias_ids = NULL, s->p.bias = NULL;
+    }
     if (penalties_on(p)) {
         s->count = kiln_calloc((size_t)vocab, sizeof *s->count);
         s->seen = kiln_calloc((size_t)vocab, 1);
@@ -30,6 +39,8 @@ void sampler_init(struct kiln_sampler *s, const struct kiln_sampling *p, int voc
 }
 
 void sampler_free(struct kiln_sampler *s) {
+    free((void *)s->p.bias_ids);
+    free((void *)s->p.bias);
     free(s->count);
     free(s->seen);
     free(s->prob);
@@ -49,11 +60,38 @@ void sampler_accept(struct kiln_sampler *s, int32_t id) {
     s->seen[id] = 1;
 }
 
+/* The first index of the largest value. Eight independent lanes (lane j
+ * sees indices = j mod 8) so the compares do not wait on one another; each
+ * lane keeps its first maximum, and the merge prefers the lower index on
+ * ties: the same answer as the plain loop, at a fraction of its time on a
+ * 152k vocabulary (it runs once per row per step). */
 int32_t sampler_argmax(const float *l, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
+    if (n < 16) {
+        int32_t b = 0;
+        for (int i = 1; i < n; i++)
+            if (l[i] > l[b]) b = i;
+        return b;
+    }
+    float m[8];
+    int32_t at[8];
+    for (int j = 0; j < 8; j++) m[j] = l[j], at[j] = j;
+    int i = 8;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            if (l[i + j] > m[j]) m[j] = l[i + j], at[j] = i + j;
+    int32_t b = at[0];
+    for (int j = 1; j < 8; j++)
+        if (m[j] > l[b] || (m[j] == l[b] && at[j] < b)) b = at[j];
+    for (; i < n; i++)
         if (l[i] > l[b]) b = i;
     return b;
+}
+
+static void apply_bias(const struct kiln_sampler *s, float *l) {
+    for (int i = 0; i < s->p.n_bias; i++) {
+        int32_t id = s->p.bias_ids[i];
+        if (id >= 0 && id < s->vocab) l[id] += s->p.bias[i];
+    }
 }
 
 static void apply_penalties(struct kiln_sampler *s, float *l) {
@@ -140,6 +178,9 @@ int sampler_candidates(struct kiln_sampler *s, float *l, int32_t *out, float *ou
         while (j < keep && pr[idx[j]] >= thr) j++;
         keep = j;
     }
+    /* masked tokens (-inf) have probability 0: never keep them, so that
+     * rounding in the draw cannot fall through to one */
+    while (keep > 1 && pr[idx[keep - 1]] == 0) keep--;
     double tot = 0;
     for (int i = 0; i < keep; i++) tot += pr[idx[i]];
     for (int i = 0; i < keep; i++) {
@@ -178,6 +219,7 @@ static int32_t sample_unsorted(struct kiln_sampler *s, const float *l) {
 }
 
 int32_t sampler_sample(struct kiln_sampler *s, float *l) {
+    apply_bias(s, l);
     apply_penalties(s, l);
     if (s->p.temperature <= 0 || s->p.top_k == 1) return sampler_argmax(l, s->vocab);
     if (s->p.top_k <= 0 && s->p.top_p >= 1.0f) return sample_unsorted(s, l);

@@ -2,14 +2,17 @@
  * sampler.h: turns one row of logits into a token, per request.
  *
  * Order of operations (as vLLM and transformers apply them):
- *   1. penalties on the raw logits: repetition (prompt + output tokens,
+ *   1. the logit bias (OpenAI's logit_bias: a value added to chosen ids);
+ *   2. penalties: repetition (prompt + output tokens,
  *      transformers' rule: divide positive logits, multiply negative ones),
  *      presence and frequency (output tokens only, OpenAI's rule);
- *   2. temperature 0 (or top_k 1) means greedy: the first maximal logit;
- *   3. otherwise divide by the temperature, softmax, then keep the top_k
+ *   3. temperature 0 (or top_k 1) means greedy: the first maximal logit;
+ *   4. otherwise divide by the temperature, softmax, then keep the top_k
  *      most likely, then the smallest set whose mass reaches top_p, then
  *      those with p >= min_p * p_max; renormalise and draw with the
- *      request's own seeded generator.
+ *      request's own seeded generator. Tokens whose logit is -inf (masked
+ *      by the caller: EOS before min_tokens, a JSON constraint) are never
+ *      drawn.
  */
 #ifndef KILN_SAMPLER_H
 #define KILN_SAMPLER_H
@@ -27,13 +30,18 @@ struct kiln_sampling {
     float presence_penalty;   /* 0: off */
     float frequency_penalty;  /* 0: off */
     uint64_t seed;
+    /* logit_bias: bias[i] is added to the logit of bias_ids[i] (ids outside
+     * the vocabulary are ignored). Borrowed: sampler_init copies them. */
+    int n_bias;
+    const int32_t *bias_ids;
+    const float *bias;
 };
 
 /* temperature 1, top_p 1, everything else off, seed 0 */
 struct kiln_sampling sampling_default(void);
 
 struct kiln_sampler {
-    struct kiln_sampling p;
+    struct kiln_sampling p; /* p.bias_ids / p.bias point to the sampler's own copies */
     struct kiln_rng rng;
     int vocab;
     uint32_t *count; /* [vocab] output-token counts, when penalties are on */
@@ -48,7 +56,7 @@ void sampler_free(struct kiln_sampler *s);
 void sampler_set_prompt(struct kiln_sampler *s, const int32_t *ids, int n);
 /* Records an output token (for all penalties). Call after each sample. */
 void sampler_accept(struct kiln_sampler *s, int32_t id);
-/* Picks a token from logits[vocab]; logits are modified (penalties). */
+/* Picks a token from logits[vocab]; logits are modified (bias, penalties). */
 int32_t sampler_sample(struct kiln_sampler *s, float *logits);
 
 /* The kept set after top-k/top-p/min-p, for tests: writes the kept ids in

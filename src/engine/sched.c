@@ -289,7 +289,7 @@ void sched_commit(struct sched *s, struct sched_batch *b, const int32_t *sampled
         r->tokens[r->n_tokens++] = tok;
         int n_gen = r->n_tokens - r->n_prompt;
         enum sched_finish f = SCHED_FINISH_NONE;
-        if (!r->ignore_eos && is_eos(s, tok)) f = SCHED_FINISH_STOP;
+        if (r->stop_now || (!r->ignore_eos && is_eos(s, tok))) f = SCHED_FINISH_STOP;
         else if (n_gen >= r->max_new || r->n_tokens >= s->o.max_context) f = SCHED_FINISH_LENGTH;
         if (f != SCHED_FINISH_NONE) {
             retire(s, r, f, 1);

@@ -2,9 +2,10 @@
  * sched.h: the continuous-batching scheduler. It decides, step by step,
  * which requests run and how many tokens each appends, owns their KV pages
  * (through the pool and the radix prefix cache), and applies the stop
- * conditions that need no text (EOS, max_new, the context). It never runs
- * the model and never samples: the caller (serve_engine.c, or a test with
- * synthetic tokens) does
+ * conditions that need no text (EOS, max_new, the context, and the
+ * caller's stop_now flag: a stop token id, a completed JSON object). It
+ * never runs the model and never samples: the caller (serve_engine.c, or a
+ * test with synthetic tokens) does
  *
  *     sched_schedule(s, &b)  ->  forward b, sample b.n_out rows  ->  sched_commit(s, &b, sampled)
  *
@@ -73,6 +74,8 @@ struct sched_req {
     int n_preempted;      /* times preempted */
     int prompt_done;      /* the prompt's pages were offered to the cache */
     int urgent;           /* queue ahead of everything waiting (health canary) */
+    int stop_now;         /* set by the caller before sched_commit: the token it sampled ends the
+                           * request (a stop token id, a completed JSON value) */
     enum sched_state state;
     enum sched_finish finish;
     void *user;           /* the caller's request */

@@ -8,7 +8,8 @@
  * while any number of other threads submit requests and wait on their
  * channels. Text never appears here: detokenizing, stop strings and the
  * reasoning split are the server's (src/server/), which cancels a request
- * once a stop string matched.
+ * once a stop string matched. (The JSON constraint sees token bytes, through
+ * a table the server built from its tokenizer.)
  *
  * Locking: `mu` guards the inbox, the stop/flush flags and the statistics;
  * each channel has its own mutex. The scheduler, the radix cache and the
@@ -40,6 +41,10 @@ struct kiln_channel {
 struct kiln_request {
     struct sched_req sr;
     struct kiln_sampler smp;
+    int32_t *stop_ids; /* stop token ids */
+    int n_stop_ids;
+    const struct json_vocab *json; /* the JSON constraint, or NULL */
+    struct json_fsm fsm;           /* its state after the tokens sampled so far */
     kiln_channel *ch;
     int tag, min_tokens, logprobs, canary, finished;
     atomic_int cancel, refs;
@@ -159,6 +164,7 @@ static void request_unref(kiln_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     sched_req_free(&r->sr);
     sampler_free(&r->smp);
+    free(r->stop_ids);
     channel_unref(r->ch);
     free(r);
 }
@@ -233,14 +239,24 @@ static void grow_out(kiln_serving *s, int n_out) {
     s->sampled = kiln_malloc(sizeof(int32_t) * (size_t)s->cap_out);
 }
 
-/* Samples out row j of the step; posts its token event later. */
+/* Samples out row j of the step; posts its token event later. Masks come
+ * first (EOS and stop ids before min_tokens, the JSON constraint), then the
+ * sampler's bias, penalties and draw. Sets stop_now when the token ends
+ * the request (a stop id, the JSON object closed). */
 static int32_t sample_row(kiln_serving *s, kiln_request *r, float *l, struct kiln_event *ev) {
     const int V = s->e->model.cfg.vocab;
     if (r->logprobs >= 0) memcpy(s->row_copy, l, sizeof(float) * (size_t)V);
-    if (r->n_gen < r->min_tokens && !r->sr.ignore_eos)
-        for (int i = 0; i < s->sched.o.n_eos; i++) l[s->eos[i]] = -INFINITY;
+    if (r->n_gen < r->min_tokens) {
+        if (!r->sr.ignore_eos)
+            for (int i = 0; i < s->sched.o.n_eos; i++) l[s->eos[i]] = -INFINITY;
+        for (int i = 0; i < r->n_stop_ids; i++) l[r->stop_ids[i]] = -INFINITY;
+    }
+    if (r->json) json_vocab_mask(r->json, &r->fsm, l);
     int32_t tok = sampler_sample(&r->smp, l);
     sampler_accept(&r->smp, tok);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] == tok) r->sr.stop_now = 1;
+    if (r->json && (json_vocab_accept(r->json, &r->fsm, tok) || json_fsm_done(&r->fsm))) r->sr.stop_now = 1;
     *ev = (struct kiln_event){.type = KILN_EVENT_TOKEN, .tag = r->tag, .id = tok};
     if (r->logprobs >= 0) {
         ev->n_top = r->logprobs;
@@ -439,6 +455,13 @@ static int submit(kiln_serving *s, const struct kiln_request_params *p, kiln_cha
     if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
         return kiln_errf(err, errlen, "min_tokens must be between 0 and max_tokens (%d), got %d", p->max_tokens, p->min_tokens);
     if (p->logprobs > KILN_MAX_TOP_LOGPROBS) return kiln_errf(err, errlen, "at most %d top logprobs, got %d", KILN_MAX_TOP_LOGPROBS, p->logprobs);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= c->vocab)
+            return kiln_errf(err, errlen, "stop token id %d is outside the vocabulary [0, %d)", p->stop_ids[i], c->vocab);
+    for (int i = 0; i < p->sampling.n_bias; i++)
+        if (p->sampling.bias_ids[i] < 0 || p->sampling.bias_ids[i] >= c->vocab || !isfinite(p->sampling.bias[i]))
+            return kiln_errf(err, errlen, "logit bias %g for token id %d: the id must be in [0, %d) and the bias finite",
+                             p->sampling.bias[i], p->sampling.bias_ids[i], c->vocab);
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
@@ -461,6 +484,13 @@ static int submit(kiln_serving *s, const struct kiln_request_params *p, kiln_cha
     sampler_set_prompt(&r->smp, p->prompt, p->n_prompt);
     r->min_tokens = p->min_tokens;
     r->logprobs = p->logprobs < 0 ? -1 : p->logprobs;
+    if (p->n_stop_ids > 0) {
+        r->stop_ids = kiln_malloc(sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+        memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+        r->n_stop_ids = p->n_stop_ids;
+    }
+    r->json = p->json;
+    json_fsm_init(&r->fsm);
     r->ch = ch;
     r->tag = tag;
     r->canary = canary;

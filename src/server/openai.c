@@ -1,20 +1,25 @@
 /*
  * openai.c: the OpenAI-compatible routes (see openai.h).
  *
- * One API call is a job: its n choices are n engine requests posting to
- * one channel, tagged with the choice index. Each choice runs its tokens
- * through the same pipeline whether the call streams or not:
+ * One API call is a job: its choices (n per prompt; several prompts only
+ * for /v1/completions, choice index = prompt * n + sample) are engine
+ * requests posting to one channel, tagged with the choice index. Each
+ * choice runs its tokens through the same pipeline whether the call
+ * streams or not:
  *
- *   id -> tok_stream (UTF-8 safe text) -> stop matcher -> <think> splitter -> text / reasoning
+ *   id -> tok_stream (UTF-8 safe text) -> stop matcher -> <think> splitter -> tool parser -> text / reasoning / tool calls
  *
  * so a streamed answer concatenates to exactly the non-streamed one. A
- * choice is done for the client at EOS / length / a stop string (then its
- * engine request is cancelled); the job is done when every engine request
- * has posted its finish event, so usage counts and the cache-hit count are
- * final and no engine request outlives its job.
+ * choice is done for the client at EOS / a stop token id / length / a stop
+ * string (then its engine request is cancelled); the job is done when
+ * every engine request has posted its finish event, so usage counts and
+ * the cache-hit count are final and no engine request outlives its job.
  *
- * Parameters are validated before anything is queued: a wrong type or an
- * out-of-range value is a 400 naming the parameter.
+ * Parameters are validated before anything is queued (params.c): a wrong
+ * type or an out-of-range value is a 400 naming the parameter. The
+ * engine applies what needs no text: logit_bias (in the sampler),
+ * stop_token_ids, and the JSON constraint of response_format json_object,
+ * whose token table (every token's bytes) is built here once.
  */
 #include "server/openai.h"
 
@@ -30,11 +35,9 @@
 
 #include "base/base.h"
 #include "server/http.h"
+#include "server/params.h"
 #include "server/text.h"
 #include "tokenizer/tokenizer.h"
-
-#define MAX_N 64
-#define MAX_STOPS 16
 
 struct openai_server {
     kiln_engine *e;
@@ -45,7 +48,8 @@ struct openai_server {
     struct http_server *http;
     atomic_ulong next_id;
     long created;
-    int has_think; /* the vocabulary has <think> and </think> */
+    struct params_ctx pc;  /* what request parsing needs to know */
+    struct json_vocab *jv; /* token bytes for response_format json_object (NULL without a tokenizer) */
     pthread_mutex_t mu;
     uint64_t http_by_code[6]; /* 2xx 400 401 404 413 5xx, for /metrics */
 };
@@ -88,248 +92,17 @@ static void reply_error(struct http_response *rs, int status, const char *param,
     reply_json(rs, status, e);
 }
 
-/* ==== parameters ==== */
-
-struct gen_params {
-    int chat, stream, include_usage;
-    int32_t *ids;
-    int n_ids;
-    int n, max_tokens, min_tokens, ignore_eos;
-    struct kiln_sampling sp;
-    int seed_set;
-    int logprobs, top_logprobs; /* logprobs: 0/1 for chat; -1 off */
-    char *stops[MAX_STOPS];
-    int n_stops;
-    int think, think_in_reasoning;
-};
-
-static void params_free(struct gen_params *p) {
-    free(p->ids);
-    for (int i = 0; i < p->n_stops; i++) free(p->stops[i]);
-}
-
-/* Reads an optional number: 0 absent or null, 1 set, -1 error (reply set). */
-static int opt_num(const cJSON *o, const char *k, double lo, double hi, double *v, struct http_response *rs) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!x || cJSON_IsNull(x)) return 0;
-    if (!cJSON_IsNumber(x) || isnan(x->valuedouble)) return reply_error(rs, 400, k, "'%s' must be a number", k), -1;
-    if (x->valuedouble < lo || x->valuedouble > hi)
-        return reply_error(rs, 400, k, "'%s' must be between %g and %g, got %g", k, lo, hi, x->valuedouble), -1;
-    *v = x->valuedouble;
-    return 1;
-}
-
-static int opt_int(const cJSON *o, const char *k, double lo, double hi, long long *v, struct http_response *rs) {
-    double d;
-    int r = opt_num(o, k, lo, hi, &d, rs);
-    if (r <= 0) return r;
-    if (d != floor(d)) return reply_error(rs, 400, k, "'%s' must be an integer, got %g", k, d), -1;
-    *v = (long long)d;
-    return 1;
-}
-
-static int opt_bool(const cJSON *o, const char *k, int *v, struct http_response *rs) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!x || cJSON_IsNull(x)) return 0;
-    if (!cJSON_IsBool(x)) return reply_error(rs, 400, k, "'%s' must be a boolean", k), -1;
-    *v = cJSON_IsTrue(x);
-    return 1;
-}
-
-static int check_model(struct openai_server *s, const cJSON *req, struct http_response *rs) {
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(req, "model");
-    if (!m || cJSON_IsNull(m)) return 0;
-    if (!cJSON_IsString(m)) return reply_error(rs, 400, "model", "'model' must be a string"), -1;
-    if (strcmp(m->valuestring, s->model_name))
-        return reply_error(rs, 400, "model", "The model '%s' does not exist; this server serves '%s'", m->valuestring, s->model_name), -1;
-    return 0;
-}
-
-/* ids from a JSON array of integers; -1 (reply set) if it is not one */
-static int ids_from_json(struct openai_server *s, const cJSON *a, const char *param, int32_t **ids, int *n, struct http_response *rs) {
-    int cnt = cJSON_GetArraySize(a), vocab = kiln_engine_config(s->e)->vocab;
-    *ids = kiln_malloc(sizeof(int32_t) * (size_t)(cnt ? cnt : 1));
-    *n = 0;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, a) {
-        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 || x->valuedouble >= vocab) {
-            free(*ids);
-            *ids = NULL;
-            return reply_error(rs, 400, param, "'%s' must hold token ids in [0, %d)", param, vocab), -1;
-        }
-        (*ids)[(*n)++] = (int32_t)x->valuedouble;
-    }
-    return 0;
-}
-
-static int encode_text(struct openai_server *s, const char *text, int32_t **ids, int *n, struct http_response *rs) {
-    char err[512] = "";
-    if (!s->tok) return reply_error(rs, 400, "prompt", "this model has no tokenizer: send token ids"), -1;
-    int32_t *raw = NULL;
-    int nr = 0;
-    if (tok_encode(s->tok, text, strlen(text), &raw, &nr, err, sizeof err))
-        return reply_error(rs, 400, "prompt", "cannot tokenize the prompt: %s", err), -1;
-    int bos = tok_add_bos_token(s->tok) && tok_bos_token(s->tok) ? tok_token_id(s->tok, tok_bos_token(s->tok)) : -1;
-    *ids = kiln_malloc(sizeof(int32_t) * (size_t)(nr + 1));
-    *n = 0;
-    if (bos >= 0) (*ids)[(*n)++] = bos;
-    if (nr) memcpy(*ids + *n, raw, sizeof(int32_t) * (size_t)nr);
-    *n += nr;
-    free(raw);
-    return 0;
-}
-
-/* messages -> chat template -> ids. Sets think_in_reasoning when the
- * rendered prompt ends inside <think>. */
-static int chat_prompt(struct openai_server *s, const cJSON *req, int add_gen, struct gen_params *p, struct http_response *rs) {
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return reply_error(rs, 400, "messages", "'messages' must be a non-empty array of messages"), -1;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, msgs) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role))
-            return reply_error(rs, 400, "messages", "each message must be an object with a string 'role'"), -1;
-        if (content && !cJSON_IsString(content) && !cJSON_IsArray(content) && !cJSON_IsNull(content))
-            return reply_error(rs, 400, "messages", "a message's 'content' must be a string or an array of parts"), -1;
-    }
-    if (!s->tok || !tok_chat_template(s->tok))
-        return reply_error(rs, 400, "messages", "this model has no chat template: use /v1/completions"), -1;
-    int thinking = -1;
-    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
-    if (kw && !cJSON_IsNull(kw)) {
-        if (!cJSON_IsObject(kw)) return reply_error(rs, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object"), -1;
-        if (opt_bool(kw, "enable_thinking", &thinking, rs) < 0) return -1;
-    }
-    cJSON *wrap = cJSON_CreateObject();
-    cJSON_AddItemReferenceToObject(wrap, "messages", (cJSON *)msgs);
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-    if (cJSON_IsArray(tools)) cJSON_AddItemReferenceToObject(wrap, "tools", (cJSON *)tools);
-    char *mj = cJSON_PrintUnformatted(wrap);
-    cJSON_Delete(wrap);
-    char err[512] = "";
-    char *text = tok_apply_chat_template(s->tok, mj, add_gen, thinking, err, sizeof err);
-    free(mj);
-    if (!text) return reply_error(rs, 400, "messages", "cannot apply the chat template: %s", err), -1;
-    size_t tl = strlen(text);
-    while (tl && (text[tl - 1] == '\n' || text[tl - 1] == ' ')) tl--;
-    p->think_in_reasoning = tl >= 7 && !memcmp(text + tl - 7, "<think>", 7);
-    int rc = encode_text(s, text, &p->ids, &p->n_ids, rs);
-    free(text);
-    return rc;
-}
-
-static int completion_prompt(struct openai_server *s, const cJSON *req, struct gen_params *p, struct http_response *rs) {
-    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-    if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(pr, 0)))
-        pr = cJSON_GetArrayItem(pr, 0); /* ["text"] or [[ids]] */
-    if (cJSON_IsString(pr)) return encode_text(s, pr->valuestring, &p->ids, &p->n_ids, rs);
-    if (cJSON_IsArray(pr)) {
-        const cJSON *first = cJSON_GetArrayItem(pr, 0);
-        if (first && !cJSON_IsNumber(first))
-            return reply_error(rs, 400, "prompt", "one prompt per request: a string, or an array of token ids"), -1;
-        return ids_from_json(s, pr, "prompt", &p->ids, &p->n_ids, rs);
-    }
-    return reply_error(rs, 400, "prompt", "'prompt' must be a string or an array of token ids"), -1;
-}
-
-static int parse_params(struct openai_server *s, const cJSON *req, int chat, struct gen_params *p, struct http_response *rs) {
-    memset(p, 0, sizeof *p);
-    p->chat = chat;
-    p->sp = sampling_default();
-    p->n = 1;
-    p->max_tokens = -1;
-    p->logprobs = -1;
-    if (!cJSON_IsObject(req)) return reply_error(rs, 400, NULL, "the body must be a JSON object"), -1;
-    if (check_model(s, req, rs)) return -1;
-    double d;
-    long long v;
-    int r;
-    if (opt_bool(req, "stream", &p->stream, rs) < 0) return -1;
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
-    if (so && !cJSON_IsNull(so)) {
-        if (!cJSON_IsObject(so)) return reply_error(rs, 400, "stream_options", "'stream_options' must be an object"), -1;
-        if (opt_bool(so, "include_usage", &p->include_usage, rs) < 0) return -1;
-    }
-    if ((r = opt_num(req, "temperature", 0, 2, &d, rs)) < 0) return -1;
-    if (r) p->sp.temperature = (float)d;
-    if ((r = opt_num(req, "top_p", 0, 1, &d, rs)) < 0) return -1;
-    if (r) {
-        if (d <= 0) return reply_error(rs, 400, "top_p", "'top_p' must be in (0, 1]"), -1;
-        p->sp.top_p = (float)d;
-    }
-    if ((r = opt_int(req, "top_k", -1, 1e9, &v, rs)) < 0) return -1;
-    if (r) p->sp.top_k = v < 0 ? 0 : (int)v;
-    if ((r = opt_num(req, "min_p", 0, 1, &d, rs)) < 0) return -1;
-    if (r) p->sp.min_p = (float)d;
-    if ((r = opt_num(req, "presence_penalty", -2, 2, &d, rs)) < 0) return -1;
-    if (r) p->sp.presence_penalty = (float)d;
-    if ((r = opt_num(req, "frequency_penalty", -2, 2, &d, rs)) < 0) return -1;
-    if (r) p->sp.frequency_penalty = (float)d;
-    if ((r = opt_num(req, "repetition_penalty", 0, 10, &d, rs)) < 0) return -1;
-    if (r) {
-        if (d <= 0) return reply_error(rs, 400, "repetition_penalty", "'repetition_penalty' must be > 0"), -1;
-        p->sp.repetition_penalty = (float)d;
-    }
-    if ((r = opt_int(req, "seed", -9.2e18, 9.2e18, &v, rs)) < 0) return -1;
-    if (r) p->sp.seed = (uint64_t)v, p->seed_set = 1;
-    if ((r = opt_int(req, "n", 1, MAX_N, &v, rs)) < 0) return -1;
-    if (r) p->n = (int)v;
-    if ((r = opt_int(req, "max_tokens", 1, 1e9, &v, rs)) < 0) return -1;
-    if (r) p->max_tokens = (int)v;
-    if (chat) {
-        if ((r = opt_int(req, "max_completion_tokens", 1, 1e9, &v, rs)) < 0) return -1;
-        if (r) p->max_tokens = (int)v;
-    }
-    if ((r = opt_int(req, "min_tokens", 0, 1e9, &v, rs)) < 0) return -1;
-    if (r) p->min_tokens = (int)v;
-    if (opt_bool(req, "ignore_eos", &p->ignore_eos, rs) < 0) return -1;
-    if (chat) {
-        int lp = 0;
-        if (opt_bool(req, "logprobs", &lp, rs) < 0) return -1;
-        if ((r = opt_int(req, "top_logprobs", 0, KILN_MAX_TOP_LOGPROBS, &v, rs)) < 0) return -1;
-        if (r && !lp) return reply_error(rs, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true"), -1;
-        if (lp) p->logprobs = 1, p->top_logprobs = r ? (int)v : 0;
-    } else {
-        if ((r = opt_int(req, "logprobs", 0, KILN_MAX_TOP_LOGPROBS, &v, rs)) < 0) return -1;
-        if (r) p->logprobs = 1, p->top_logprobs = (int)v;
-    }
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(req, "stop");
-    if (cJSON_IsString(st)) {
-        if (st->valuestring[0]) p->stops[p->n_stops++] = kiln_strdup(st->valuestring);
-    } else if (cJSON_IsArray(st)) {
-        if (cJSON_GetArraySize(st) > MAX_STOPS) return reply_error(rs, 400, "stop", "at most %d stop strings", MAX_STOPS), -1;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, st) {
-            if (!cJSON_IsString(x)) return reply_error(rs, 400, "stop", "'stop' must be a string or an array of strings"), -1;
-            if (x->valuestring[0]) p->stops[p->n_stops++] = kiln_strdup(x->valuestring);
-        }
-    } else if (st && !cJSON_IsNull(st)) {
-        return reply_error(rs, 400, "stop", "'stop' must be a string or an array of strings"), -1;
-    }
-    if (chat ? chat_prompt(s, req, 1, p, rs) : completion_prompt(s, req, p, rs)) return -1;
-    if (p->n_ids == 0) return reply_error(rs, 400, chat ? "messages" : "prompt", "the prompt is empty"), -1;
-    int limit = kiln_serving_max_tokens(s->srv);
-    if (p->n_ids >= limit)
-        return reply_error(rs, 400, chat ? "messages" : "prompt",
-                           "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", limit, p->n_ids),
-               -1;
-    if (p->max_tokens < 0) p->max_tokens = limit - p->n_ids;
-    if (p->min_tokens > p->max_tokens)
-        return reply_error(rs, 400, "min_tokens", "'min_tokens' (%d) must not exceed max_tokens (%d)", p->min_tokens, p->max_tokens), -1;
-    if (!p->seed_set) p->sp.seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
-    p->think = chat && s->has_think;
-    return 0;
-}
-
-/* ==== jobs: one API call, n choices ==== */
+/* ==== jobs: one API call, its choices ==== */
 
 struct choice {
     kiln_request *req;
+    int prompt; /* index in p.prompts */
     struct tok_stream *ts;
     struct stop_matcher stop;
     struct think_splitter think;
-    int n_tokens, client_done, engine_done, error;
+    struct tool_parser tools;
+    int calls_sent; /* tool calls already streamed */
+    int n_tokens, n_cached, client_done, engine_done, error;
     const char *finish;
     struct strbuf text, reasoning;  /* everything (non-streaming) */
     struct strbuf d_text, d_reason; /* the current delta (streaming) */
@@ -345,7 +118,8 @@ struct job {
     kiln_channel *ch;
     char id[48];
     long created;
-    int n_engine_done, n_cached, fd, error;
+    int n_choices; /* prompts x n */
+    int n_engine_done, fd, error;
     /* streaming */
     struct strbuf out;
     size_t out_off;
@@ -353,12 +127,13 @@ struct job {
 };
 
 static void job_free(struct job *j) {
-    for (int i = 0; i < j->p.n; i++) {
+    for (int i = 0; i < j->n_choices; i++) {
         struct choice *c = &j->c[i];
         kiln_request_release(c->req);
         if (c->ts) tok_stream_free(c->ts);
         stop_free(&c->stop);
         think_free(&c->think);
+        tool_free(&c->tools);
         sb_free(&c->text), sb_free(&c->reasoning), sb_free(&c->d_text), sb_free(&c->d_reason);
         cJSON_Delete(c->lp);
     }
@@ -428,17 +203,46 @@ static void add_logprob(struct job *j, struct choice *c, const struct kiln_event
     free(t);
 }
 
-/* released text -> <think> splitter -> the choice's deltas */
+/* released text -> <think> splitter -> tool parser -> the choice's deltas */
 static void deliver(struct job *j, struct choice *c, const char *text, size_t n, int final) {
-    struct strbuf *dt = &c->d_text, *dr = &c->d_reason;
+    struct strbuf *dt = &c->d_text, *dr = &c->d_reason, content = {0};
+    struct strbuf *to = j->p.tools ? &content : dt;
     size_t t0 = dt->n;
     if (j->p.think) {
-        think_feed(&c->think, text, n, dr, dt);
-        if (final) think_flush(&c->think, dr, dt);
+        think_feed(&c->think, text, n, dr, to);
+        if (final) think_flush(&c->think, dr, to);
     } else {
-        sb_put(dt, text, n);
+        sb_put(to, text, n);
+    }
+    if (j->p.tools) {
+        tool_feed(&c->tools, sb_str(&content), content.n, dt);
+        if (final) tool_flush(&c->tools, dt);
+        sb_free(&content);
     }
     c->text_offset += (int)(dt->n - t0);
+}
+
+static int is_stop_id(const struct gen_params *p, int32_t id) {
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* {"index"?, "id", "type": "function", "function": {"name", "arguments"}};
+ * index only in stream deltas */
+static cJSON *tool_call_json(struct openai_server *s, const struct tool_call *tc, int index) {
+    cJSON *o = cJSON_CreateObject(), *f;
+    char id[32];
+    uint64_t x = (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 31;
+    snprintf(id, sizeof id, "call_%016llx%08x", (unsigned long long)x, (unsigned)(x * 0xbf58476d1ce4e5b9ull >> 32));
+    if (index >= 0) cJSON_AddNumberToObject(o, "index", index);
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "type", "function");
+    f = cJSON_AddObjectToObject(o, "function");
+    cJSON_AddStringToObject(f, "name", tc->name);
+    cJSON_AddStringToObject(f, "arguments", tc->arguments);
+    return o;
 }
 
 static const char *finish_name(int f) {
@@ -458,17 +262,18 @@ static void close_choice(struct job *j, struct choice *c, const char *finish) {
     deliver(j, c, sb_str(&rel), rel.n, 1);
     sb_free(&rel);
     c->client_done = 1;
-    c->finish = finish;
+    int called = c->tools.n_calls > 0 && (!strcmp(finish, "stop") || !strcmp(finish, "length"));
+    c->finish = called ? "tool_calls" : finish;
 }
 
 /* Applies one engine event to its choice; new text lands in the deltas. */
 static void job_event(struct job *j, const struct kiln_event *ev) {
-    if (ev->tag < 0 || ev->tag >= j->p.n) return;
+    if (ev->tag < 0 || ev->tag >= j->n_choices) return;
     struct choice *c = &j->c[ev->tag];
     if (ev->type == KILN_EVENT_FINISH) {
         c->engine_done = 1;
         j->n_engine_done++;
-        if (ev->n_cached > j->n_cached) j->n_cached = ev->n_cached;
+        c->n_cached = ev->n_cached;
         if (ev->finish == KILN_FINISH_ERROR) {
             c->error = j->error = 1;
             snprintf(c->err, sizeof c->err, "%s", ev->err);
@@ -479,6 +284,7 @@ static void job_event(struct job *j, const struct kiln_event *ev) {
     if (c->client_done) return; /* after a stop string: the engine is being cancelled */
     c->n_tokens++;
     if (j->p.logprobs >= 0) add_logprob(j, c, ev);
+    if (is_stop_id(&j->p, ev->id)) return; /* it ended the request; like EOS, its text is not returned */
     struct strbuf rel = {0};
     int hit = 0;
     if (c->ts) {
@@ -498,15 +304,23 @@ static void job_event(struct job *j, const struct kiln_event *ev) {
     }
 }
 
+/* Each prompt counts once (not once per choice), as does its cache hit:
+ * the best of its choices'. */
 static cJSON *usage_json(const struct job *j) {
-    int gen = 0;
-    for (int i = 0; i < j->p.n; i++) gen += j->c[i].n_tokens;
+    int gen = 0, prompt = 0, cached = 0;
+    for (int i = 0; i < j->n_choices; i++) gen += j->c[i].n_tokens;
+    for (int q = 0; q < j->p.n_prompts; q++) {
+        int best = 0;
+        for (int k = 0; k < j->p.n; k++) best = j->c[q * j->p.n + k].n_cached > best ? j->c[q * j->p.n + k].n_cached : best;
+        prompt += j->p.prompts[q].n;
+        cached += best;
+    }
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", j->p.n_ids);
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", gen);
-    cJSON_AddNumberToObject(u, "total_tokens", j->p.n_ids + gen);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + gen);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", cached);
     return u;
 }
 
@@ -526,12 +340,13 @@ static void sse(struct job *j, cJSON *o) {
     cJSON_Delete(o);
 }
 
-/* Streams whatever choice i has new: text, reasoning, logprobs, finish. */
+/* Streams whatever choice i has new: text, reasoning, tool calls,
+ * logprobs, finish. */
 static void emit_chunk(struct job *j, int i, int role) {
     struct choice *c = &j->c[i];
     int has_lp = c->lp && (j->p.chat ? cJSON_GetArraySize(c->lp) : cJSON_GetArraySize(cJSON_GetObjectItem(c->lp, "tokens")));
-    int finish = c->client_done && c->finish;
-    if (!role && !c->d_text.n && !c->d_reason.n && !has_lp && !finish) return;
+    int finish = c->client_done && c->finish, calls = c->tools.n_calls > c->calls_sent;
+    if (!role && !c->d_text.n && !c->d_reason.n && !has_lp && !finish && !calls) return;
     cJSON *o = chunk_base(j), *arr = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", i);
     if (j->p.chat) {
@@ -539,6 +354,11 @@ static void emit_chunk(struct job *j, int i, int role) {
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (c->d_reason.n) cJSON_AddStringToObject(d, "reasoning_content", sb_str(&c->d_reason));
         if (c->d_text.n || role) cJSON_AddStringToObject(d, "content", sb_str(&c->d_text));
+        if (calls) {
+            cJSON *a = cJSON_AddArrayToObject(d, "tool_calls");
+            for (; c->calls_sent < c->tools.n_calls; c->calls_sent++)
+                cJSON_AddItemToArray(a, tool_call_json(j->s, &c->tools.calls[c->calls_sent], c->calls_sent));
+        }
     } else {
         cJSON_AddStringToObject(ch, "text", sb_str(&c->d_text));
     }
@@ -565,7 +385,7 @@ static void emit_chunk(struct job *j, int i, int role) {
 
 static void emit_error(struct job *j) {
     const char *msg = "generation failed";
-    for (int i = 0; i < j->p.n; i++)
+    for (int i = 0; i < j->n_choices; i++)
         if (j->c[i].error) msg = j->c[i].err;
     cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
     cJSON_AddStringToObject(o, "message", msg);
@@ -580,7 +400,7 @@ static ssize_t job_stream(void *cls, char *buf, size_t max) {
         sb_clear(&j->out);
         j->out_off = 0;
         if (j->stream_over) return 0;
-        if (j->n_engine_done == j->p.n) {
+        if (j->n_engine_done == j->n_choices) {
             if (j->error) emit_error(j);
             if (j->p.include_usage) {
                 cJSON *o = chunk_base(j);
@@ -615,15 +435,20 @@ static cJSON *final_response(struct job *j) {
     cJSON_AddNumberToObject(o, "created", (double)j->created);
     cJSON_AddStringToObject(o, "model", j->s->model_name);
     arr = cJSON_AddArrayToObject(o, "choices");
-    for (int i = 0; i < j->p.n; i++) {
+    for (int i = 0; i < j->n_choices; i++) {
         struct choice *c = &j->c[i];
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddNumberToObject(ch, "index", i);
         if (j->p.chat) {
             cJSON *m = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", sb_str(&c->text));
+            if (c->tools.n_calls && !c->text.n) cJSON_AddNullToObject(m, "content");
+            else cJSON_AddStringToObject(m, "content", sb_str(&c->text));
             if (c->reasoning.n) cJSON_AddStringToObject(m, "reasoning_content", sb_str(&c->reasoning));
+            if (c->tools.n_calls) {
+                cJSON *a = cJSON_AddArrayToObject(m, "tool_calls");
+                for (int k = 0; k < c->tools.n_calls; k++) cJSON_AddItemToArray(a, tool_call_json(j->s, &c->tools.calls[k], -1));
+            }
         } else {
             cJSON_AddStringToObject(ch, "text", sb_str(&c->text));
         }
@@ -652,29 +477,41 @@ static void handle_generate(struct openai_server *s, const struct http_request *
     struct job *j = kiln_calloc(1, sizeof *j);
     j->s = s;
     j->fd = rq->fd;
-    int rc = parse_params(s, req, chat, &j->p, rs);
+    struct param_error pe;
+    int rc = params_parse(&s->pc, req, chat, &j->p, &pe);
     cJSON_Delete(req);
     if (rc) {
+        reply_error(rs, 400, pe.param, "%s", pe.msg);
         params_free(&j->p);
         free(j);
         return;
     }
+    if (!j->p.seed_set)
+        j->p.sp.seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull;
+    j->n_choices = j->p.n_prompts * j->p.n;
     snprintf(j->id, sizeof j->id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
     j->created = (long)time(NULL);
     j->ch = kiln_channel_new();
-    j->c = kiln_calloc((size_t)j->p.n, sizeof *j->c);
-    for (int i = 0; i < j->p.n; i++) {
+    j->c = kiln_calloc((size_t)j->n_choices, sizeof *j->c);
+    for (int i = 0; i < j->n_choices; i++) {
         struct choice *c = &j->c[i];
+        c->prompt = i / j->p.n;
         c->ts = s->tok ? tok_stream_new(s->tok, 1) : NULL;
         stop_init(&c->stop, (const char *const *)j->p.stops, j->p.n_stops);
         think_init(&c->think, j->p.think_in_reasoning);
+        tool_init(&c->tools);
     }
-    for (int i = 0; i < j->p.n; i++) {
-        struct kiln_request_params kp = {.prompt = j->p.ids, .n_prompt = j->p.n_ids, .max_tokens = j->p.max_tokens,
+    int limit = kiln_serving_max_tokens(s->srv);
+    for (int i = 0; i < j->n_choices; i++) {
+        const struct prompt *q = &j->p.prompts[j->c[i].prompt];
+        struct kiln_request_params kp = {.prompt = q->ids, .n_prompt = q->n,
+                                         .max_tokens = j->p.max_tokens > 0 ? j->p.max_tokens : limit - q->n,
                                          .min_tokens = j->p.min_tokens, .ignore_eos = j->p.ignore_eos,
-                                         .logprobs = j->p.logprobs >= 0 ? j->p.top_logprobs : -1, .sampling = j->p.sp};
-        kp.sampling.seed = j->p.sp.seed + (uint64_t)i;
+                                         .logprobs = j->p.logprobs >= 0 ? j->p.top_logprobs : -1, .sampling = j->p.sp,
+                                         .stop_ids = j->p.stop_ids, .n_stop_ids = j->p.n_stop_ids,
+                                         .json = j->p.json ? s->jv : NULL};
+        kp.sampling.seed = j->p.sp.seed + (uint64_t)(i % j->p.n); /* sample k of every prompt: seed + k */
         char err[512] = "";
         rc = kiln_serving_submit(s->srv, &kp, j->ch, i, &j->c[i].req, err, sizeof err);
         if (rc) {
@@ -690,7 +527,7 @@ static void handle_generate(struct openai_server *s, const struct http_request *
     }
     if (j->p.stream) {
         if (chat)
-            for (int i = 0; i < j->p.n; i++) emit_chunk(j, i, 1);
+            for (int i = 0; i < j->n_choices; i++) emit_chunk(j, i, 1);
         rs->status = 200;
         rs->stream = job_stream;
         rs->stream_free = job_stream_free;
@@ -701,18 +538,18 @@ static void handle_generate(struct openai_server *s, const struct http_request *
      * faster than the timeout, so the check goes by the clock) */
     double next_check = kiln_now() + 0.2;
     int cancelled = 0;
-    while (j->n_engine_done < j->p.n) {
+    while (j->n_engine_done < j->n_choices) {
         struct kiln_event ev;
         if (!cancelled && kiln_now() >= next_check) {
             next_check = kiln_now() + 0.2;
             if (http_client_gone(j->fd)) {
-                for (int i = 0; i < j->p.n; i++) kiln_request_cancel(j->c[i].req);
+                for (int i = 0; i < j->n_choices; i++) kiln_request_cancel(j->c[i].req);
                 cancelled = 1;
             }
         }
         if (kiln_channel_next(j->ch, &ev, 0.2)) {
             job_event(j, &ev);
-            struct choice *c = &j->c[ev.tag < 0 || ev.tag >= j->p.n ? 0 : ev.tag];
+            struct choice *c = &j->c[ev.tag < 0 || ev.tag >= j->n_choices ? 0 : ev.tag];
             sb_put(&c->text, sb_str(&c->d_text), c->d_text.n);
             sb_put(&c->reasoning, sb_str(&c->d_reason), c->d_reason.n);
             sb_clear(&c->d_text);
@@ -721,7 +558,7 @@ static void handle_generate(struct openai_server *s, const struct http_request *
     }
     if (j->error) {
         const char *msg = "generation failed";
-        for (int i = 0; i < j->p.n; i++)
+        for (int i = 0; i < j->n_choices; i++)
             if (j->c[i].error) msg = j->c[i].err;
         reply_error(rs, 500, NULL, "%s", msg);
     } else {
@@ -814,22 +651,18 @@ static void handle_metrics(struct openai_server *s, struct http_response *rs) {
 static void handle_tokenize(struct openai_server *s, const struct http_request *rq, struct http_response *rs) {
     cJSON *req = cJSON_ParseWithLength(rq->body, rq->body_len);
     if (!req) return reply_error(rs, 400, NULL, "the body is not valid JSON");
-    struct gen_params p = {0};
-    int rc;
-    if (cJSON_GetObjectItemCaseSensitive(req, "messages")) {
-        int add_gen = 1;
-        rc = opt_bool(req, "add_generation_prompt", &add_gen, rs) < 0 ? -1 : chat_prompt(s, req, add_gen, &p, rs);
-    } else if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(req, "prompt"))) {
-        rc = encode_text(s, cJSON_GetObjectItemCaseSensitive(req, "prompt")->valuestring, &p.ids, &p.n_ids, rs);
-    } else {
-        rc = -1;
-        reply_error(rs, 400, "prompt", "give 'prompt' (a string) or 'messages'");
-    }
+    struct gen_params p;
+    struct param_error pe;
+    int rc = params_tokenize(&s->pc, req, &p, &pe);
     cJSON_Delete(req);
-    if (rc) return params_free(&p);
+    if (rc) {
+        reply_error(rs, 400, pe.param, "%s", pe.msg);
+        return params_free(&p);
+    }
+    const struct prompt *q = &p.prompts[0];
     cJSON *o = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(o, "tokens");
-    for (int i = 0; i < p.n_ids; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(p.ids[i]));
-    cJSON_AddNumberToObject(o, "count", p.n_ids);
+    for (int i = 0; i < q->n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(q->ids[i]));
+    cJSON_AddNumberToObject(o, "count", q->n);
     cJSON_AddNumberToObject(o, "max_model_len", kiln_serving_max_tokens(s->srv));
     params_free(&p);
     reply_json(rs, 200, o);
@@ -845,9 +678,10 @@ static void handle_detokenize(struct openai_server *s, const struct http_request
         cJSON_Delete(req);
         return reply_error(rs, 400, "tokens", "'tokens' must be an array of token ids");
     }
-    int rc = ids_from_json(s, t, "tokens", &ids, &n, rs);
+    struct param_error pe;
+    int rc = params_ids(&s->pc, t, "tokens", &ids, &n, &pe);
     cJSON_Delete(req);
-    if (rc) return;
+    if (rc) return reply_error(rs, 400, pe.param, "%s", pe.msg);
     if (!s->tok) {
         free(ids);
         return reply_error(rs, 400, "tokens", "this model has no tokenizer");
@@ -913,6 +747,14 @@ static void route(void *ctx, const struct http_request *rq, struct http_response
     count_status(s, rs->status);
 }
 
+/* The bytes a token adds to the output text (json_vocab's view); NULL for
+ * special tokens (skipped when decoding, so never part of the JSON). */
+static const uint8_t *token_bytes(void *ctx, int32_t id, size_t *len) {
+    const struct kiln_tokenizer *t = ctx;
+    if (id >= tok_vocab_size(t) || tok_is_special(t, id)) return NULL;
+    return tok_id_bytes(t, id, len);
+}
+
 struct openai_server *openai_start(kiln_engine *e, kiln_serving *srv, struct kiln_tokenizer *tok, const struct openai_opts *o,
                                    char *err, size_t errlen) {
     struct openai_server *s = kiln_calloc(1, sizeof *s);
@@ -924,7 +766,10 @@ struct openai_server *openai_start(kiln_engine *e, kiln_serving *srv, struct kil
     s->model_name = kiln_strdup(o->model_name ? o->model_name : "kiln");
     s->created = (long)time(NULL);
     atomic_init(&s->next_id, (unsigned long)s->created);
-    s->has_think = tok && tok_token_id(tok, "<think>") >= 0 && tok_token_id(tok, "</think>") >= 0;
+    const struct kiln_config *cfg = kiln_engine_config(e);
+    s->pc = (struct params_ctx){.tok = tok, .model_name = s->model_name, .vocab = cfg->vocab, .max_len = kiln_serving_max_tokens(srv),
+                                .has_think = tok && tok_token_id(tok, "<think>") >= 0 && tok_token_id(tok, "</think>") >= 0};
+    if (tok) s->jv = json_vocab_new(cfg->vocab, token_bytes, tok, cfg->eos, cfg->n_eos < KILN_MAX_EOS ? cfg->n_eos : KILN_MAX_EOS);
     pthread_mutex_init(&s->mu, NULL);
     s->http = http_start(o->host, o->port, o->max_body, route, s, err, errlen);
     if (!s->http) {
@@ -937,6 +782,7 @@ struct openai_server *openai_start(kiln_engine *e, kiln_serving *srv, struct kil
 void openai_stop(struct openai_server *s) {
     if (!s) return;
     http_stop(s->http);
+    json_vocab_free(s->jv);
     pthread_mutex_destroy(&s->mu);
     free(s->model_name);
     free(s);

@@ -1,11 +1,12 @@
 /*
- * text.c: strbuf, the stop-string matcher and the <think> splitter (see
- * text.h). Held-back text is always cut at the start of a possible match;
+ * text.c: strbuf, the stop-string matcher, the <think> splitter and the
+ * tool-call parser (see text.h). Held-back text is always cut at the start of a possible match;
  * since stop strings and tags begin with a whole UTF-8 character, released
  * text never ends inside a character.
  */
 #include "server/text.h"
 
+#include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,3 +217,115 @@ void think_feed(struct think_splitter *t, const char *text, size_t len, struct s
 void think_flush(struct think_splitter *t, struct strbuf *reasoning, struct strbuf *content) {
     think_run(t, reasoning, content, 1);
 }
+
+/* ==== tool calls ==== */
+
+static const char TOOL_OPEN[] = "<tool_call>", TOOL_CLOSE[] = "</tool_call>";
+
+void tool_init(struct tool_parser *t) { memset(t, 0, sizeof *t); }
+
+void tool_free(struct tool_parser *t) {
+    for (int i = 0; i < t->n_calls; i++) free(t->calls[i].name), free(t->calls[i].arguments);
+    free(t->calls);
+    sb_free(&t->hold);
+    sb_free(&t->pre);
+    memset(t, 0, sizeof *t);
+}
+
+int tool_parse_call(const char *s, size_t n, struct tool_call *out) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+    if (!j) return -1;
+    while (end < s + n && is_ws(*end)) end++;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
+    cJSON *parsed = NULL;
+    if (cJSON_IsString(args)) { /* some models send the arguments as a JSON string */
+        parsed = cJSON_Parse(args->valuestring);
+        args = parsed;
+    }
+    int ok = end == s + n && cJSON_IsObject(j) && cJSON_IsString(name) && name->valuestring[0] && (!args || cJSON_IsObject(args));
+    if (ok) {
+        out->name = kiln_strdup(name->valuestring);
+        out->arguments = args ? cJSON_PrintUnformatted(args) : kiln_strdup("{}");
+    }
+    cJSON_Delete(parsed);
+    cJSON_Delete(j);
+    return ok ? 0 : -1;
+}
+
+static void tool_add(struct tool_parser *t, const struct tool_call *c) {
+    if (t->n_calls == t->cap_calls) {
+        t->cap_calls = t->cap_calls ? t->cap_calls * 2 : 4;
+        t->calls = kiln_realloc(t->calls, sizeof *t->calls * (size_t)t->cap_calls);
+    }
+    t->calls[t->n_calls++] = *c;
+}
+
+/* A block that is no call: content, as the model wrote it. */
+static void tool_verbatim(struct tool_parser *t, const char *inner, size_t n, int closed, struct strbuf *content) {
+    sb_put(content, sb_str(&t->pre), t->pre.n);
+    sb_puts(content, TOOL_OPEN);
+    sb_put(content, inner, n);
+    if (closed) sb_puts(content, TOOL_CLOSE);
+    sb_clear(&t->pre);
+}
+
+static void tool_run(struct tool_parser *t, struct strbuf *content, int final) {
+    for (;;) {
+        const char *h = sb_str(&t->hold);
+        size_t n = t->hold.n;
+        if (t->in_call) {
+            const char *close = memmem(h, n, TOOL_CLOSE, sizeof TOOL_CLOSE - 1);
+            if (!close && !final) return; /* the whole block waits for its end tag */
+            size_t inner = close ? (size_t)(close - h) : n;
+            struct tool_call c;
+            if (close && tool_parse_call(h, inner, &c) == 0) {
+                tool_add(t, &c);
+                sb_clear(&t->pre);
+                t->strip_lead = 1;
+            } else {
+                tool_verbatim(t, h, inner, close != NULL, content);
+            }
+            sb_consume(&t->hold, close ? inner + sizeof TOOL_CLOSE - 1 : n);
+            t->in_call = 0;
+            continue;
+        }
+        if (t->strip_lead) {
+            size_t ws = 0;
+            while (ws < n && is_ws(h[ws])) ws++;
+            sb_consume(&t->hold, ws);
+            if (t->hold.n == 0) return;
+            t->strip_lead = 0;
+            continue;
+        }
+        const char *open = memmem(h, n, TOOL_OPEN, sizeof TOOL_OPEN - 1);
+        if (open) {
+            size_t at = (size_t)(open - h), end = at;
+            while (end && is_ws(h[end - 1])) end--;
+            sb_put(content, h, end);
+            sb_put(&t->pre, h + end, at - end);
+            sb_consume(&t->hold, at + sizeof TOOL_OPEN - 1);
+            t->in_call = 1;
+            continue;
+        }
+        if (final) {
+            sb_put(content, h, n);
+            sb_clear(&t->hold);
+            return;
+        }
+        /* hold back a possible start of the tag and the whitespace before it */
+        size_t end = n - text_partial_suffix(h, n, TOOL_OPEN);
+        while (end && is_ws(h[end - 1])) end--;
+        sb_put(content, h, end);
+        sb_consume(&t->hold, end);
+        return;
+    }
+}
+
+void tool_feed(struct tool_parser *t, const char *text, size_t len, struct strbuf *content) {
+    sb_put(&t->hold, text, len);
+    tool_run(t, content, 0);
+}
+
+void tool_flush(struct tool_parser *t, struct strbuf *content) { tool_run(t, content, 1); }

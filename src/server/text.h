@@ -14,6 +14,14 @@
  *                   output goes to reasoning_content, the rest to content.
  *                   A partial tag is held back; newlines around the tags
  *                   are dropped (as Qwen's own parsers do).
+ *   tool parser     Qwen/Hermes tool calls in the content:
+ *                   "<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>",
+ *                   any number of them. A block whose JSON is a call
+ *                   becomes a tool_call, anything else (bad JSON, a block
+ *                   never closed) stays content, verbatim. Text that could
+ *                   be the start of "<tool_call>", and a whole block until
+ *                   its end tag, is held back; whitespace around the blocks
+ *                   is dropped.
  */
 #ifndef KILN_SERVER_TEXT_H
 #define KILN_SERVER_TEXT_H
@@ -63,6 +71,33 @@ void think_init(struct think_splitter *t, int in_reasoning);
 void think_free(struct think_splitter *t);
 void think_feed(struct think_splitter *t, const char *text, size_t len, struct strbuf *reasoning, struct strbuf *content);
 void think_flush(struct think_splitter *t, struct strbuf *reasoning, struct strbuf *content);
+
+struct tool_call {
+    char *name;      /* malloc'd */
+    char *arguments; /* malloc'd JSON text of an object, as OpenAI sends it */
+};
+
+struct tool_parser {
+    int in_call;        /* inside <tool_call>, waiting for </tool_call> */
+    int strip_lead;     /* drop whitespace before the next content (after a call) */
+    struct strbuf hold; /* text not decided yet */
+    struct strbuf pre;  /* whitespace dropped before the open tag: restored if the block is no call */
+    struct tool_call *calls; /* every call parsed so far, in order */
+    int n_calls, cap_calls;
+};
+
+void tool_init(struct tool_parser *t);
+void tool_free(struct tool_parser *t);
+/* Appends the text that is content for sure to content; complete calls
+ * are appended to t->calls. */
+void tool_feed(struct tool_parser *t, const char *text, size_t len, struct strbuf *content);
+/* End of output: an unterminated block and held text become content. */
+void tool_flush(struct tool_parser *t, struct strbuf *content);
+/* Parses the text between the tags: a JSON object with a string "name" and
+ * an object "arguments" (absent: {}; a string holding a JSON object is
+ * accepted too). 0 with *out filled (the caller frees both strings), or -1
+ * if it is not such a call. */
+int tool_parse_call(const char *s, size_t n, struct tool_call *out);
 
 /* The longest suffix of s[0..n) that is a proper prefix of pat. */
 size_t text_partial_suffix(const char *s, size_t n, const char *pat);
