@@ -173,7 +173,7 @@ static void vec_free(struct pair *p, struct vec2 *v) {
 struct bat {
     struct kiln_batch b;
     struct kiln_seq_view v[4];
-    int32_t tok[4096], pos[4096], rows[4096];
+    int32_t tok[16384], pos[16384], rows[16384];
 };
 
 static void begin_both(struct pair *p, const struct kiln_batch *b) {
@@ -264,7 +264,10 @@ static void test_rope(struct pair *p) {
 /* attention over a paged cache: fills n_past tokens per sequence, then runs
  * the batch (decode rows, or prefill chunks that take the flash kernel) */
 static void attention_case(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new) {
-    const int nh = 32, nkv = 8, hd = 128, P = 16, n_pages = 256;
+    const int nh = 32, nkv = 8, hd = 128, P = 16;
+    int n_pages = 0;
+    for (int s = 0; s < n_seqs; s++) n_pages += (n_past[s] + n_new[s] + P - 1) / P;
+    n_pages = n_pages < 256 ? 256 : n_pages;
     struct kv_cache kc = {1, nkv, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL}, kg = kc;
     kg.dtype = KILN_DTYPE_BF16;
     void *kcv[2], *kgv[2];
@@ -273,7 +276,7 @@ static void attention_case(struct pair *p, const char *what, int n_seqs, const i
     kcv[0] = alloc_both(p, &kgv[0], cache);
     kcv[1] = alloc_both(p, &kgv[1], cache);
     /* page tables: a shuffled pool, so sequences own scattered pages */
-    int32_t perm[256];
+    int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
     for (int i = 0; i < n_pages; i++) perm[i] = i;
     for (int i = n_pages - 1; i > 0; i--) {
         int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), t = perm[i];
@@ -316,6 +319,7 @@ static void attention_case(struct pair *p, const char *what, int n_seqs, const i
     }
     CHECK(used <= n_pages);
     free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
+    free(perm);
 }
 
 static void test_attention(struct pair *p) {
@@ -327,6 +331,14 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention chunk of 9 after 700 (rows)", 1, past3, new3);
     int past4[] = {0}, new4[] = {1000};
     attention_case(p, "attention prefill 1000 (flash)", 1, past4, new4);
+    /* what the server sends: a long cached prefix with a few new tokens,
+     * and decode rows of very different lengths side by side */
+    int past5[] = {15744}, new5[] = {6};
+    attention_case(p, "attention 6 after 15744 cached (rows, 64 splits)", 1, past5, new5);
+    int past6[] = {15000, 3, 0, 700}, new6[] = {1, 1, 1, 1};
+    attention_case(p, "attention decode 15000/3/0/700 (rows)", 4, past6, new6);
+    int past7[] = {4000, 10, 0}, new7[] = {1, 40, 1};
+    attention_case(p, "attention decode + prefill chunk mixed (flash)", 3, past7, new7);
 }
 
 static void test_misc(struct pair *p) {
@@ -514,6 +526,231 @@ done:
     ref_free(&r);
 }
 
+
+/* ==== (c) the batches a server makes, engine against engine ==== */
+
+/*
+ * A dummy Qwen3 with head_dim 128 and a 32k context (tests/fixtures/dummy),
+ * run on CUDA and on the CPU with the same tokens fed to both (teacher
+ * forcing), logits compared row by row with the tolerance of (b): several
+ * sequences in one forward with prefill chunks next to decode rows, decode
+ * steps replayed from graphs while the lengths change, a forward that wants
+ * no logits, and one sequence with 15,744 cached tokens and a few new ones.
+ * Then the serving loop itself on CUDA: concurrent greedy requests against
+ * the same requests alone.
+ */
+#define LONG_CFG FIXTURES "/dummy/qwen3-long-tiny.json"
+
+static kiln_engine *open_dummy(const char *backend, int max_total, int chunk) {
+    char err[512] = "";
+    struct kiln_engine_opts o = {.dummy = LONG_CFG, .seed = 7, .backend = backend, .page_size = 16,
+                                 .max_total_tokens = max_total, .prefill_chunk = chunk};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "dummy engine on %s: %s", backend, err);
+    return e;
+}
+
+static uint32_t tok_state = 12345;
+static int32_t next_tok(void) {
+    tok_state = tok_state * 1103515245u + 12345u;
+    return 3 + (int32_t)((tok_state >> 8) % 4000);
+}
+
+/* rows of logits, CUDA against CPU; returns the worst |delta| / range */
+static float compare_rows(const char *what, int step, const float *g, const float *c, int n_rows, int V) {
+    float worst = 0;
+    for (int r = 0; r < n_rows; r++) {
+        const float *gr = g + (size_t)r * V, *cr = c + (size_t)r * V;
+        float lo = cr[0], hi = cr[0], d = 0;
+        for (int i = 0; i < V; i++) lo = fminf(lo, cr[i]), hi = fmaxf(hi, cr[i]);
+        for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(gr[i] - cr[i])) + (gr[i] != gr[i] ? INFINITY : 0);
+        CHECK(d <= TOL_LOGIT * (hi - lo), "%s, step %d, row %d: max |delta| %g > %g%% of the range %g", what, step, r, d,
+              100 * TOL_LOGIT, hi - lo);
+        worst = fmaxf(worst, d / (hi - lo));
+    }
+    return worst;
+}
+
+static void check_mixed_batches(void) {
+    kiln_engine *eg = open_dummy("cuda", 4096, 512), *ec = open_dummy("cpu", 4096, 512);
+    if (!eg || !ec) goto done;
+    {
+        const int V = kiln_engine_config(eg)->vocab, S = 4;
+        char err[512] = "";
+        kiln_seq *sg[4], *sc[4];
+        for (int i = 0; i < S; i++) sg[i] = kiln_seq_new(eg, err, sizeof err), sc[i] = kiln_seq_new(ec, err, sizeof err);
+        /* per step: tokens per sequence (0: the sequence sits this step out);
+         * -1 in the first slot: no logits wanted */
+        static const int plan[][5] = {
+            {0, 37, 1, 5, 300},                                                 /* prefill, flash, 4 sequences */
+            {0, 1, 1, 1, 1}, {0, 1, 1, 1, 1}, {0, 1, 1, 1, 1}, {0, 1, 1, 1, 1}, /* decode: eager, capture, replays */
+            {0, 1, 20, 1, 3},                                                   /* decode rows next to a chunk */
+            {0, 1, 1, 1, 1}, {0, 1, 1, 1, 1},                                   /* replays at new lengths */
+            {-1, 2, 1, 1, 1},                                                   /* no logits */
+            {0, 1, 0, 1, 0}, {0, 1, 0, 1, 0}, {0, 1, 0, 1, 0},                  /* two of the four */
+            {0, 6, 1, 9, 1},                                                    /* small chunks: row kernel */
+            {0, 1, 1, 1, 1}, {0, 1, 1, 1, 1},
+        };
+        float *lg = kiln_malloc(sizeof(float) * (size_t)S * V), *lc = kiln_malloc(sizeof(float) * (size_t)S * V);
+        float worst = 0;
+        for (size_t st = 0; st < sizeof plan / sizeof plan[0]; st++) {
+            kiln_seq *qg[4], *qc[4];
+            const int32_t *ids[4];
+            int32_t buf[4][512];
+            int n[4], m = 0;
+            for (int i = 0; i < S; i++) {
+                if (!plan[st][1 + i]) continue;
+                n[m] = plan[st][1 + i];
+                for (int j = 0; j < n[m]; j++) buf[m][j] = next_tok();
+                ids[m] = buf[m], qg[m] = sg[i], qc[m] = sc[i], m++;
+            }
+            const int want = plan[st][0] >= 0;
+            int rg = kiln_seqs_eval(qg, m, ids, n, want ? lg : NULL, err, sizeof err);
+            CHECK(rg == 0, "mixed batches step %zu (cuda): %s", st, err);
+            int rc = kiln_seqs_eval(qc, m, ids, n, want ? lc : NULL, err, sizeof err);
+            CHECK(rc == 0, "mixed batches step %zu (cpu): %s", st, err);
+            if (rg || rc) break;
+            if (want) worst = fmaxf(worst, compare_rows("mixed batches", (int)st, lg, lc, m, V));
+        }
+        if (verbose()) fprintf(stderr, "  mixed batches: worst max |delta| %.2f%% of the logit range\n", 100 * worst);
+        for (int i = 0; i < S; i++) kiln_seq_free(sg[i]), kiln_seq_free(sc[i]);
+        free(lg), free(lc);
+    }
+done:
+    kiln_engine_close(eg);
+    kiln_engine_close(ec);
+}
+
+static void check_long_prefix(void) {
+    kiln_engine *eg = open_dummy("cuda", 20000, 2048), *ec = open_dummy("cpu", 20000, 2048);
+    if (!eg || !ec) goto done;
+    {
+        const int V = kiln_engine_config(eg)->vocab, N = 15744;
+        char err[512] = "";
+        int32_t *ids = kiln_malloc(sizeof(int32_t) * (N + 64));
+        for (int i = 0; i < N + 64; i++) ids[i] = next_tok();
+        float *lg = kiln_malloc(sizeof(float) * 8 * V), *lc = kiln_malloc(sizeof(float) * 8 * V);
+        kiln_seq *g = kiln_seq_new(eg, err, sizeof err), *c = kiln_seq_new(ec, err, sizeof err);
+        int rc = kiln_seq_eval(g, ids, N, NULL, 0, err, sizeof err);
+        CHECK(rc == 0, "long prefix (cuda): %s", err);
+        rc |= kiln_seq_eval(c, ids, N, NULL, 0, err, sizeof err);
+        CHECK(rc == 0, "long prefix (cpu): %s", err);
+        float worst = 0;
+        if (rc == 0) {
+            /* 6 new tokens after 15,744 cached: the repro of the server's abort */
+            CHECK(kiln_seq_eval(g, ids + N, 6, lg, 1, err, sizeof err) == 0, "6 after 15744 (cuda): %s", err);
+            CHECK(kiln_seq_eval(c, ids + N, 6, lc, 1, err, sizeof err) == 0, "6 after 15744 (cpu): %s", err);
+            worst = compare_rows("6 new tokens after 15744 cached", 0, lg, lc, 6, V);
+            /* decode next to a short sequence (64 splits for both) */
+            kiln_seq *sg = kiln_seq_new(eg, err, sizeof err), *sc = kiln_seq_new(ec, err, sizeof err);
+            for (int st = 0; st < 4; st++) {
+                kiln_seq *qg[2] = {g, sg}, *qc[2] = {c, sc};
+                const int32_t *pi[2] = {ids + N + 6 + st, ids + N + 20 + 8 * st};
+                int n[2] = {1, st == 0 ? 8 : 1};
+                CHECK(kiln_seqs_eval(qg, 2, pi, n, lg, err, sizeof err) == 0, "long + short (cuda): %s", err);
+                CHECK(kiln_seqs_eval(qc, 2, pi, n, lc, err, sizeof err) == 0, "long + short (cpu): %s", err);
+                worst = fmaxf(worst, compare_rows("long + short decode", st, lg, lc, 2, V));
+            }
+            kiln_seq_free(sg), kiln_seq_free(sc);
+        }
+        if (verbose()) fprintf(stderr, "  long prefix: worst max |delta| %.2f%% of the logit range\n", 100 * worst);
+        kiln_seq_free(g), kiln_seq_free(c);
+        free(ids), free(lg), free(lc);
+    }
+done:
+    kiln_engine_close(eg);
+    kiln_engine_close(ec);
+}
+
+static int collect_into(int32_t id, void *ctx) {
+    int32_t **p = ctx;
+    *(*p)++ = id;
+    return 0;
+}
+
+/* n greedy requests at once through kiln_serving on CUDA against each alone
+ * on the same engine. Batch shapes change the kernels' summation order, so
+ * a request may leave its solo run at a near-tie: wherever they differ, the
+ * CPU's logits on the solo run's prefix must show a margin within the
+ * tolerance there, else the batch computed something else. */
+static void check_serving(void) {
+    enum { N = 24, GEN = 16, MAXP = 400 };
+    kiln_engine *eg = open_dummy("cuda", 8192, 64), *ec = open_dummy("cpu", 8192, 64);
+    if (!eg || !ec) goto done;
+    {
+        char err[512] = "";
+        const int V = kiln_engine_config(eg)->vocab;
+        struct kiln_sampling sp = sampling_default();
+        sp.temperature = 0;
+        static int32_t prompts[N][MAXP], want[N][GEN], got[N][GEN];
+        int len[N], n_got[N] = {0};
+        for (int i = 0; i < N; i++) {
+            len[i] = 5 + (i * 97) % 380;
+            for (int j = 0; j < len[i]; j++) prompts[i][j] = j < 48 && i % 2 ? 100 + j : next_tok(); /* odd ones share 48 */
+            int32_t *w = want[i];
+            int n = kiln_generate(eg, prompts[i], len[i], GEN, &sp, 1, collect_into, &w, err, sizeof err);
+            CHECK(n == GEN, "serving: solo run %d: %s", i, err);
+        }
+        struct kiln_serving_opts so = {.max_running = 64, .chunk = 64};
+        kiln_serving *s = kiln_serving_start(eg, &so, err, sizeof err);
+        CHECK(s != NULL, "serving on cuda: %s", err);
+        if (!s) goto done;
+        kiln_channel *ch = kiln_channel_new();
+        kiln_request *rq[N];
+        for (int i = 0; i < N; i++) {
+            struct kiln_request_params p = {.prompt = prompts[i], .n_prompt = len[i], .max_tokens = GEN, .ignore_eos = 1,
+                                            .logprobs = -1, .sampling = sp};
+            CHECK(kiln_serving_submit(s, &p, ch, i, &rq[i], err, sizeof err) == 0, "%s", err);
+        }
+        int finished = 0;
+        struct kiln_event ev;
+        while (finished < N && kiln_channel_next(ch, &ev, 120.0)) {
+            if (ev.type == KILN_EVENT_TOKEN && n_got[ev.tag] < GEN) got[ev.tag][n_got[ev.tag]++] = ev.id;
+            if (ev.type == KILN_EVENT_FINISH) {
+                finished++;
+                CHECK(ev.finish == KILN_FINISH_LENGTH, "serving on cuda: request %d finished with %d (%s)", ev.tag, ev.finish,
+                      ev.err);
+            }
+        }
+        CHECK(finished == N, "serving on cuda: %d of %d requests finished", finished, N);
+        int same = 0;
+        float *one = kiln_malloc(sizeof(float) * (size_t)V);
+        int32_t *pre = kiln_malloc(sizeof(int32_t) * (MAXP + GEN));
+        for (int i = 0; i < N; i++) {
+            int k = 0;
+            while (k < n_got[i] && got[i][k] == want[i][k]) k++;
+            if (k == GEN) {
+                same++;
+                continue;
+            }
+            if (k >= n_got[i]) continue; /* reported above */
+            memcpy(pre, prompts[i], sizeof(int32_t) * (size_t)len[i]);
+            memcpy(pre + len[i], want[i], sizeof(int32_t) * (size_t)k);
+            kiln_seq *q = kiln_seq_new(ec, err, sizeof err);
+            int rc = kiln_seq_eval(q, pre, len[i] + k, one, 0, err, sizeof err);
+            kiln_seq_free(q);
+            float lo = one[0], hi = one[0];
+            for (int t = 0; t < V; t++) lo = fminf(lo, one[t]), hi = fmaxf(hi, one[t]);
+            float m = margin(one, V);
+            CHECK(rc == 0 && m <= TOL_LOGIT * (hi - lo),
+                  "serving on cuda: request %d differs from its solo run at step %d (%d vs %d) where the margin %g exceeds %g", i,
+                  k, got[i][k], want[i][k], m, TOL_LOGIT * (hi - lo));
+        }
+        if (verbose()) fprintf(stderr, "  serving on cuda: %d of %d concurrent greedy outputs equal their solo runs\n", same, N);
+        struct kiln_serving_stats st;
+        kiln_serving_stats(s, &st);
+        CHECK(st.running == 0 && st.waiting == 0 && st.kv_pages_free + st.kv_pages_evictable == st.kv_pages_total,
+              "serving on cuda: every page free or evictable at the end");
+        for (int i = 0; i < N; i++) kiln_request_release(rq[i]);
+        kiln_channel_release(ch);
+        kiln_serving_free(s);
+        free(one), free(pre);
+    }
+done:
+    kiln_engine_close(eg);
+    kiln_engine_close(ec);
+}
+
 void test_cuda(void) {
     char err[256];
     struct pair p = {NULL, NULL};
@@ -533,4 +770,7 @@ void test_cuda(void) {
     p.gpu->destroy(p.gpu);
     const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+    check_mixed_batches();
+    check_long_prefix();
+    check_serving();
 }

@@ -31,20 +31,31 @@
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
  * (logits widened on the device and copied pageable, the old path).
  */
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <unordered_map>
 
 #include "backend/cuda/cuda.cuh"
 
-/* decode steps of at most this many tokens may be captured as graphs; the
- * ops they call must all be device-driven at these sizes (gemm.cu GEMV,
- * attention.cu row kernel, moe.cu direct path) */
-#define GRAPH_MAX_TOKENS 8
+/* decode steps (one token per sequence) of at most this many tokens may be
+ * captured as graphs; the ops they call must all be device-driven or depend
+ * on the shape only at these sizes (gemm.cu GEMV and cuBLAS, attention.cu
+ * row kernel). MoE models stop at MOE_GRAPH_MAX_TOKENS: above it moe.cu
+ * groups the experts on the host. */
+#define GRAPH_MAX_TOKENS 512
+#define MOE_GRAPH_MAX_TOKENS 8
 
 static cudaEvent_t meta_done;
+/* KILN_CUDA_PROFILE=1: host time per forward, split into issuing the ops
+ * (begin to read), waiting for the GPU, and copying the logits out;
+ * printed when the backend is destroyed */
+static int prof_on;
+static double prof_t0, prof_issue, prof_wait, prof_copy;
+static long prof_n;
 int cu_pdl = 1;
-extern int cu_gemv_pf;
+extern int cu_gemv_pf, cu_gemv_rows;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
 static std::unordered_map<void *, size_t> buf_sizes;
 
@@ -125,8 +136,49 @@ __global__ void k_f32_to_bf16(bf16 *out, const float *in, size_t n) {
 
 static void log_memory(struct cuda_ctx *c);
 
+/* bf16 -> f32 on the host (exact: a shift). Many rows of logits (64 x 152k
+ * at a large decode batch) are tens of MB, so above a few MB the range is
+ * split over threads: one thread writes ~1.3 GB/s here, which made this
+ * copy the largest part of a batch-64 step. */
+struct widen_job {
+    float *dst;
+    const uint16_t *src;
+    size_t n;
+};
+
+static void *widen_run(void *arg) {
+    const struct widen_job *j = (const struct widen_job *)arg;
+    for (size_t i = 0; i < j->n; i++) {
+        uint32_t u = (uint32_t)j->src[i] << 16;
+        memcpy(j->dst + i, &u, 4);
+    }
+    return NULL;
+}
+
+static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
+    enum { MAX_T = 8 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < ((size_t)1 << 20) ? 1 : (int)(cores < MAX_T ? cores : MAX_T);
+    if (nt < 1) nt = 1;
+    struct widen_job jobs[MAX_T];
+    pthread_t th[MAX_T];
+    size_t per = (n + nt - 1) / nt;
+    int started = 0;
+    for (int t = 0; t < nt; t++) {
+        size_t b = (size_t)t * per, e = b + per < n ? b + per : n;
+        jobs[t] = (struct widen_job){dst + b, src + b, b < e ? e - b : 0};
+    }
+    for (int t = 1; t < nt; t++) /* a thread that cannot start leaves its range to this one */
+        if (pthread_create(&th[t], NULL, widen_run, &jobs[t]) == 0) started |= 1 << t;
+        else widen_run(&jobs[t]);
+    widen_run(&jobs[0]);
+    for (int t = 1; t < nt; t++)
+        if (started & (1 << t)) pthread_join(th[t], NULL);
+}
+
 /* the end of a forward: launch the captured graph, then copy out as f32 */
 static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t n) {
+    double t1 = prof_on ? kiln_now() : 0;
     if (cu_ctx(be)->mode != CU_REPLAY) cu_flush(cu_ctx(be));
     struct cuda_ctx *c = cu_ctx(be);
     if (c->mode == CU_CAPTURE) {
@@ -162,10 +214,11 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
     }
     if (n) CUDA_CHECK(cudaMemcpyAsync(c->logit_host, src, n * 2, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    const uint16_t *h = c->logit_host;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)h[i] << 16;
-        memcpy(dst + i, &u, 4);
+    double t2 = prof_on ? kiln_now() : 0;
+    widen_bf16(dst, c->logit_host, n);
+    if (prof_on) {
+        double t3 = kiln_now();
+        prof_issue += t1 - prof_t0, prof_wait += t2 - t1, prof_copy += t3 - t2, prof_n++;
     }
     if (!c->logged) log_memory(c);
 }
@@ -299,6 +352,7 @@ static int tile_cmp(const void *a, const void *b) {
 }
 
 static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
+    if (prof_on) prof_t0 = kiln_now();
     cu_flush(cu_ctx(be));
     struct cuda_ctx *c = cu_ctx(be);
     if (c->mode == CU_CAPTURE) { /* a forward that never reached read(): drop its capture */
@@ -320,9 +374,12 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     }
     c->n_tokens = n, c->n_seqs = S, c->n_out = no, c->max_seq_n = max_n, c->max_len = max_len;
     /* splits of ~ATT_SPLIT_TOKENS keys, rounded up to a power of two (at
-     * most 64) so that only a handful of decode graphs are ever recorded */
+     * most 64) so that only a handful of decode graphs are ever recorded;
+     * with many rows the grid is full without splitting that finely, so
+     * each split takes more keys (fewer blocks, fewer partials to merge) */
+    const int split_tokens = ATT_SPLIT_TOKENS * (n > 4 ? n / 4 : 1);
     c->att_split = 1;
-    while (c->att_split < 64 && c->att_split * ATT_SPLIT_TOKENS < max_len) c->att_split *= 2;
+    while (c->att_split < 64 && (long)c->att_split * split_tokens < max_len) c->att_split *= 2;
     c->out_rows_host = b->out_rows;
     c->seqs_host = b->seqs;
     size_t need = (size_t)4 * n + 4 * S + no + tot_pages + 3 * (size_t)n_tiles;
@@ -367,7 +424,9 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
 
     /* graphs: replay a known decode shape, record it the second time */
-    if (c->no_graphs || n > GRAPH_MAX_TOKENS || max_n > 1 || no == 0) return 0;
+    /* an MoE model has built its expert tables in its first (eager) forward */
+    const int graph_max = c->n_moe_tabs ? MOE_GRAPH_MAX_TOKENS : GRAPH_MAX_TOKENS;
+    if (c->no_graphs || n > graph_max || max_n > 1 || no == 0) return 0;
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].n_tokens == n && c->graphs[i].n_seqs == S && c->graphs[i].n_out == no &&
@@ -404,6 +463,9 @@ static void log_memory(struct cuda_ctx *c) {
 /* ==== the table ==== */
 
 static void cu_destroy(struct kiln_backend *be) {
+    if (prof_on && prof_n)
+        fprintf(stderr, "kiln: cuda profile: %ld forwards, per forward: issue %.3f ms, GPU wait %.3f ms, logits out %.3f ms\n",
+                prof_n, 1e3 * prof_issue / prof_n, 1e3 * prof_wait / prof_n, 1e3 * prof_copy / prof_n);
     cu_flush(cu_ctx(be));
     struct cuda_ctx *c = cu_ctx(be);
     cudaStreamSynchronize(c->stream);
@@ -475,6 +537,10 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     cu_gemv_pf = !(pf && !strcmp(pf, "0"));
     CUDA_CHECK(cudaMalloc(&c->norm_cnt, 64));
     CUDA_CHECK(cudaMemset(c->norm_cnt, 0, 64));
+    const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
+    if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
+    const char *pr = getenv("KILN_CUDA_PROFILE");
+    prof_on = pr && !strcmp(pr, "1");
     const char *pdl = getenv("KILN_CUDA_PDL");
     cu_pdl = !(pdl && !strcmp(pdl, "0")) && prop.major >= 9;
     size_t fr = 0, tot = 0;

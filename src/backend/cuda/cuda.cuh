@@ -216,7 +216,8 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
     cfg.attrs = at, cfg.numAttrs = cu_pdl ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     if (e != cudaSuccess) {
-        fprintf(stderr, "kiln: CUDA launch failed: %s (%s)\n", cudaGetErrorName(e), cudaGetErrorString(e));
+        fprintf(stderr, "kiln: CUDA launch failed: %s (%s): grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared memory\n",
+                cudaGetErrorName(e), cudaGetErrorString(e), grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
         abort();
     }
 }

@@ -17,6 +17,13 @@
 
 #define GEMV_MAX_ROWS 8
 
+/* a model matmul of at most this many rows takes the GEMV, more take cuBLAS
+ * (KILN_CUDA_GEMV_ROWS, 0..8). Measured on the H200 (Qwen3-8B shapes): the
+ * GEMV streams the weights once for all its rows, but each weight chunk
+ * costs NB dot products read from L1, so by 8 rows it runs at 1.5 TB/s
+ * where cuBLAS's tiles stay near 3.5 TB/s (docs/cuda.md) */
+int cu_gemv_rows = 2;
+
 /* ==== the streaming inner loop ==== */
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
@@ -427,7 +434,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
-    if (n <= GEMV_MAX_ROWS && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
+    if (n <= cu_gemv_rows && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
         /* a pending norm stays pending only if this matmul reads its output
          * and writes none of its buffers */
         if (c->pnorm.on && !(norm_fold(c, x, n, w->n_in) && out != c->pnorm.x && out != c->pnorm.out && out != (void *)c->pnorm.y))
@@ -444,7 +451,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
         return;
     }
     cu_flush(c);
-    if (n <= GEMV_MAX_ROWS) {
+    if (n <= cu_gemv_rows) {
         gemv<bf16>(c, (bf16 *)out, (const bf16 *)x, L->w, L->bias, n, w->n_out, w->n_in);
         return;
     }
@@ -457,12 +464,12 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
 }
 
 void cu_matmul_f32(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
-    if (n <= GEMV_MAX_ROWS) gemv<float>(c, out, x, w, NULL, n, n_out, n_in);
+    if (n <= cu_gemv_rows) gemv<float>(c, out, x, w, NULL, n, n_out, n_in);
     else blas_gemm(c, out, CUDA_R_32F, x, w, n, n_out, n_in);
 }
 
 void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
-    if (n <= GEMV_MAX_ROWS && norm_fold(c, x, n, n_in) && gemv_ok(x, w, n_in) && (void *)out != c->pnorm.x &&
+    if (n <= cu_gemv_rows && norm_fold(c, x, n, n_in) && gemv_ok(x, w, n_in) && (void *)out != c->pnorm.x &&
         (void *)out != c->pnorm.out && (const void *)out != c->pnorm.y) {
         cu_flush_mm(c);
         struct gemv_jobs J = {};
