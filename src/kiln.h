@@ -59,6 +59,10 @@ int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all
  * sequence advances. */
 int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, char *err,
                    size_t errlen);
+/* The same, but next[i] receives the argmax of sequence i's last logits
+ * (its greedy next token), found on the device: no logits are copied. */
+int kiln_seqs_eval_argmax(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, int32_t *next, char *err,
+                          size_t errlen);
 /* Forgets the cached tokens after the first n (n <= len). */
 void kiln_seq_truncate(kiln_seq *s, int n);
 

@@ -526,7 +526,7 @@ void test_ops(void) {
     be->prepare_rope(be, &rp, err, sizeof err);
     int32_t tok0 = 0, pos0 = 0, pos5 = 5;
     struct kiln_seq_view sv = {0, 1, 0, NULL, 0};
-    struct kiln_batch b = {1, &tok0, &pos0, 1, &sv, 0, NULL};
+    struct kiln_batch b = {1, &tok0, &pos0, 1, &sv, 0, NULL, NULL, NULL};
     be->qk_norm_rope(be, qv, kv4, NULL, NULL, &rp, &b, 1, 1, 4, 1e-6f);
     CHECK(qv[0] == 1 && qv[1] == 2 && qv[2] == 3 && qv[3] == 4);
     b.pos = &pos5;
@@ -553,10 +553,10 @@ void test_ops(void) {
         for (int i = 0; i < T; i++) toks[i] = 0, pos[i] = i;
         /* 30 tokens as a prefill, then 7 more as a second chunk */
         struct kiln_seq_view s1 = {0, 30, 0, pages, 10};
-        struct kiln_batch b1 = {30, toks, pos, 1, &s1, 0, NULL};
+        struct kiln_batch b1 = {30, toks, pos, 1, &s1, 0, NULL, NULL, NULL};
         be->kv_write(be, &pool.cache, 0, k, v, &b1);
         struct kiln_seq_view s2 = {0, 7, 30, pages, 10};
-        struct kiln_batch b2 = {7, toks + 30, pos + 30, 1, &s2, 0, NULL};
+        struct kiln_batch b2 = {7, toks + 30, pos + 30, 1, &s2, 0, NULL, NULL, NULL};
         be->kv_write(be, &pool.cache, 0, k + 30 * NKV * HD, v + 30 * NKV * HD, &b2);
         be->attention(be, att, q + 30 * NH * HD, &pool.cache, 0, &b2, NH, 0.35f);
         float worst = 0;
@@ -625,6 +625,14 @@ void test_kv(void) {
     int ns[2] = {3, 3};
     CHECK(kiln_seqs_eval(ss, 2, ids, ns, both, err, sizeof err) == 0, "%s", err);
     CHECK(rel_err(both, la, V) < 1e-6f && rel_err(both + V, lb, V) < 1e-6f, "batched == alone");
+    CHECK(kiln_seq_len(sa) == 7 && kiln_seq_len(sb) == 3);
+    /* the same step again, taking the backend's argmax instead of logits */
+    kiln_seq_truncate(sa, 4);
+    kiln_seq_truncate(sb, 0);
+    int32_t next[2] = {-1, -1};
+    CHECK(kiln_seqs_eval_argmax(ss, 2, ids, ns, next, err, sizeof err) == 0, "%s", err);
+    CHECK(next[0] == sampler_argmax(la, V) && next[1] == sampler_argmax(lb, V), "argmax ids %d %d vs %d %d", next[0], next[1],
+          sampler_argmax(la, V), sampler_argmax(lb, V));
     CHECK(kiln_seq_len(sa) == 7 && kiln_seq_len(sb) == 3);
     int32_t *many = kiln_calloc(200, sizeof(int32_t));
     CHECK(kiln_seq_eval(sb, many, 200, lb, 0, err, sizeof err) < 0 && strstr(err, "KV cache full"), "%s", err);

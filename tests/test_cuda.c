@@ -263,8 +263,8 @@ static void test_rope(struct pair *p) {
 
 /* attention over a paged cache: fills n_past tokens per sequence, then runs
  * the batch (decode rows, or prefill chunks that take the flash kernel) */
-static void attention_case(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new) {
-    const int nh = 32, nkv = 8, hd = 128, P = 16;
+static void attention_case_hd(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new, int hd) {
+    const int nh = 32, nkv = 8, P = 16;
     int n_pages = 0;
     for (int s = 0; s < n_seqs; s++) n_pages += (n_past[s] + n_new[s] + P - 1) / P;
     n_pages = n_pages < 256 ? 256 : n_pages;
@@ -296,7 +296,7 @@ static void attention_case(struct pair *p, const char *what, int n_seqs, const i
             B.v[s] = (struct kiln_seq_view){r, n, past, perm + off, np};
             for (int i = 0; i < n; i++, r++) B.pos[r] = past + i, B.rows[r] = r;
         }
-        B.b = (struct kiln_batch){r, B.tok, B.pos, n_seqs, B.v, 0, B.rows};
+        B.b = (struct kiln_batch){r, B.tok, B.pos, n_seqs, B.v, 0, B.rows, NULL, NULL};
         if (r == 0) continue;
         float *k = rand_vec((size_t)r * nkv * hd, 1.f), *v = rand_vec((size_t)r * nkv * hd, 1.f);
         void *kc_, *kg_, *vc_, *vg_;
@@ -322,6 +322,10 @@ static void attention_case(struct pair *p, const char *what, int n_seqs, const i
     free(perm);
 }
 
+static void attention_case(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new) {
+    attention_case_hd(p, what, n_seqs, n_past, n_new, 128);
+}
+
 static void test_attention(struct pair *p) {
     int past1[] = {37, 0, 300, 1000}, new1[] = {1, 1, 1, 1};
     attention_case(p, "attention decode, 4 seqs (split-K rows)", 4, past1, new1);
@@ -339,6 +343,27 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention decode 15000/3/0/700 (rows)", 4, past6, new6);
     int past7[] = {4000, 10, 0}, new7[] = {1, 40, 1};
     attention_case(p, "attention decode + prefill chunk mixed (flash)", 3, past7, new7);
+    /* split-KV flash: few (tile, head) blocks over long key spans. With 32
+     * heads on 132 SMs: 4 tiles of ~250 key blocks -> 5 chunks each (20
+     * entries); 40 after 6000 -> 11 chunks, next to 5 unsplit tiles of a
+     * 300-token prefill in the same launch. Then the same without splits
+     * (KILN_CUDA_FA_SPLIT=0, what the A/B timing runs). */
+    int past8[] = {15750}, new8[] = {250};
+    attention_case(p, "attention 250 after 15750 cached (flash, split-KV)", 1, past8, new8);
+    int past9[] = {6000, 0}, new9[] = {40, 300};
+    attention_case(p, "attention 40 after 6000 + 300 from 0 (flash, split-KV)", 2, past9, new9);
+    attention_case_hd(p, "attention 250 after 15750, head_dim 64 (split-KV)", 1, past8, new8, 64);
+    attention_case_hd(p, "attention 40 after 6000 + 300, head_dim 64 (split-KV)", 2, past9, new9, 64);
+    const char *old = getenv("KILN_CUDA_FA_SPLIT");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("KILN_CUDA_FA_SPLIT", "0", 1);
+    attention_case(p, "attention 250 after 15750 cached (flash, no split)", 1, past8, new8);
+    /* fine splits (64 blocks per SM): chunks of the minimum 8 key blocks */
+    setenv("KILN_CUDA_FA_SPLIT", "64", 1);
+    int past10[] = {1000, 3000}, new10[] = {100, 17};
+    attention_case(p, "attention 100 after 1000 + 17 after 3000 (flash, fine splits)", 2, past10, new10);
+    if (saved) setenv("KILN_CUDA_FA_SPLIT", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_FA_SPLIT");
 }
 
 static void test_misc(struct pair *p) {
@@ -613,6 +638,27 @@ static void check_mixed_batches(void) {
             if (want) worst = fmaxf(worst, compare_rows("mixed batches", (int)st, lg, lc, m, V));
         }
         if (verbose()) fprintf(stderr, "  mixed batches: worst max |delta| %.2f%% of the logit range\n", 100 * worst);
+        /* decode steps whose greedy token is the device's argmax (graphs with
+         * the argmax kernel): it must be the CPU's argmax wherever the CPU's
+         * top-1 margin exceeds the tolerance */
+        int n_clear = 0;
+        for (int st = 0; st < 4; st++) {
+            const int32_t *ids[4];
+            int32_t one[4], next[4] = {-1, -1, -1, -1};
+            int n[4] = {1, 1, 1, 1};
+            for (int i = 0; i < S; i++) one[i] = next_tok(), ids[i] = &one[i];
+            CHECK(kiln_seqs_eval_argmax(sg, S, ids, n, next, err, sizeof err) == 0, "argmax step %d (cuda): %s", st, err);
+            CHECK(kiln_seqs_eval(sc, S, ids, n, lc, err, sizeof err) == 0, "argmax step %d (cpu): %s", st, err);
+            for (int i = 0; i < S; i++) {
+                const float *cr = lc + (size_t)i * V;
+                float lo = cr[0], hi = cr[0];
+                for (int t = 0; t < V; t++) lo = fminf(lo, cr[t]), hi = fmaxf(hi, cr[t]);
+                if (margin(cr, V) <= TOL_LOGIT * (hi - lo)) continue;
+                n_clear++;
+                CHECK(next[i] == argmax(cr, V), "argmax step %d, sequence %d: device %d, cpu %d", st, i, next[i], argmax(cr, V));
+            }
+        }
+        if (verbose()) fprintf(stderr, "  device argmax: agrees with the CPU on all %d rows with a clear margin\n", n_clear);
         for (int i = 0; i < S; i++) kiln_seq_free(sg[i]), kiln_seq_free(sc[i]);
         free(lg), free(lc);
     }

@@ -283,3 +283,30 @@ float kiln_rng_normal(struct kiln_rng *r) {
     if (u1 < 1e-300) u1 = 1e-300;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
+
+/* The first index of the largest value. Eight independent lanes (lane j
+ * sees indices = j mod 8) so the compares do not wait on one another; each
+ * lane keeps its first maximum, and the merge prefers the lower index on
+ * ties: the same answer as the plain loop, at a fraction of its time on a
+ * 152k vocabulary (it runs once per row per decode step). */
+int32_t kiln_argmax(const float *l, int n) {
+    if (n < 16) {
+        int32_t b = 0;
+        for (int i = 1; i < n; i++)
+            if (l[i] > l[b]) b = i;
+        return b;
+    }
+    float m[8];
+    int32_t at[8];
+    for (int j = 0; j < 8; j++) m[j] = l[j], at[j] = j;
+    int i = 8;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            if (l[i + j] > m[j]) m[j] = l[i + j], at[j] = i + j;
+    int32_t b = at[0];
+    for (int j = 1; j < 8; j++)
+        if (m[j] > l[b] || (m[j] == l[b] && at[j] < b)) b = at[j];
+    for (; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return b;
+}

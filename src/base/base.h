@@ -71,6 +71,8 @@ int kiln_file_exists(const char *path);
 /* ==== time ==== */
 
 double kiln_now(void); /* seconds, monotonic */
+/* the first index of the largest of l[0..n) (n >= 1) */
+int32_t kiln_argmax(const float *l, int n);
 
 /* ==== numbers ==== */
 

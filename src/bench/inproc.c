@@ -4,8 +4,10 @@
  * What is timed:
  *   profiles (prefix, speed, batch): from the call that evaluates a row's
  *     new prompt tokens to the argmax of each generated token's logits, i.e.
- *     prefill, every decode forward, the logits copy to the host and greedy
- *     sampling. A cached prefix is evaluated into the sequence before the
+ *     prefill, every decode forward and greedy sampling: the first token's
+ *     logits are copied to the host and its argmax taken there; decode
+ *     steps take the backend's argmax (on the GPU with CUDA) and copy only
+ *     the ids, as the server does for greedy requests. A cached prefix is evaluated into the sequence before the
  *     clock starts. Creating and freeing sequences is outside the clock.
  *   pp-tg: pp = one kiln_seq_eval over p random tokens (one forward when the
  *     prefill chunk allows), logits of the last token included, no sampling;
@@ -126,13 +128,11 @@ static int inproc_run(struct bench_target *t, const struct bench_job *j, struct 
         }
     }
     for (int b = 0; b < B; b++) o->n_out[b] = 1, tp[b] = &tok[b], nn[b] = 1;
+    /* decode: the greedy token is the argmax taken by the backend (on the
+     * GPU with CUDA), as the server does for greedy requests */
     for (int s = 1; s < j->n_out; s++) {
-        if (B == 1) {
-            if (kiln_seq_eval(seqs[0], tok, 1, p->logits, 0, err, errlen)) goto out;
-        } else if (kiln_seqs_eval(seqs, B, tp, nn, p->logits, err, errlen)) {
-            goto out;
-        }
-        for (int b = 0; b < B; b++) tok[b] = sampler_argmax(p->logits + (size_t)b * V, V), o->n_out[b]++;
+        if (kiln_seqs_eval_argmax(seqs, B, tp, nn, tok, err, errlen)) goto out;
+        for (int b = 0; b < B; b++) o->n_out[b]++;
     }
     double end = kiln_now();
     /* ---- end of timing ---- */

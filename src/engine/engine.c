@@ -156,8 +156,8 @@ int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all
     return rc;
 }
 
-int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, char *err,
-                   size_t errlen) {
+static int seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, int32_t *next,
+                     char *err, size_t errlen) {
     if (n_seqs <= 0) return kiln_errf(err, errlen, "nothing to evaluate");
     kiln_engine *e = seqs[0]->e;
     int total = 0;
@@ -180,7 +180,7 @@ int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const
             rows[i] = r - 1;
         }
         struct kiln_batch b = {.n_tokens = total, .tokens = tok, .pos = pos, .n_seqs = n_seqs, .seqs = v,
-                               .n_out = logits ? n_seqs : 0, .out_rows = rows};
+                               .n_out = logits || next ? n_seqs : 0, .out_rows = rows, .out_ids = next};
         rc = model_forward(&e->model, &e->kv.cache, &b, logits, err, errlen);
     }
     for (i = 0; i < n_seqs; i++) {
@@ -193,6 +193,16 @@ int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const
     }
     free(old_pages), free(tok), free(pos), free(rows), free(v);
     return rc;
+}
+
+int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, float *logits, char *err,
+                   size_t errlen) {
+    return seqs_eval(seqs, n_seqs, ids, n, logits, NULL, err, errlen);
+}
+
+int kiln_seqs_eval_argmax(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, int32_t *next, char *err,
+                          size_t errlen) {
+    return seqs_eval(seqs, n_seqs, ids, n, NULL, next, err, errlen);
 }
 
 int kiln_generate(kiln_engine *e, const int32_t *prompt, int n_prompt, int n_gen, const struct kiln_sampling *sp,

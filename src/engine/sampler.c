@@ -60,31 +60,10 @@ void sampler_accept(struct kiln_sampler *s, int32_t id) {
     s->seen[id] = 1;
 }
 
-/* The first index of the largest value. Eight independent lanes (lane j
- * sees indices = j mod 8) so the compares do not wait on one another; each
- * lane keeps its first maximum, and the merge prefers the lower index on
- * ties: the same answer as the plain loop, at a fraction of its time on a
- * 152k vocabulary (it runs once per row per step). */
-int32_t sampler_argmax(const float *l, int n) {
-    if (n < 16) {
-        int32_t b = 0;
-        for (int i = 1; i < n; i++)
-            if (l[i] > l[b]) b = i;
-        return b;
-    }
-    float m[8];
-    int32_t at[8];
-    for (int j = 0; j < 8; j++) m[j] = l[j], at[j] = j;
-    int i = 8;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            if (l[i + j] > m[j]) m[j] = l[i + j], at[j] = i + j;
-    int32_t b = at[0];
-    for (int j = 1; j < 8; j++)
-        if (m[j] > l[b] || (m[j] == l[b] && at[j] < b)) b = at[j];
-    for (; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return b;
+int32_t sampler_argmax(const float *l, int n) { return kiln_argmax(l, n); }
+
+int sampler_is_greedy(const struct kiln_sampler *s) {
+    return (s->p.temperature <= 0 || s->p.top_k == 1) && s->p.n_bias == 0 && !s->count;
 }
 
 static void apply_bias(const struct kiln_sampler *s, float *l) {

@@ -65,6 +65,9 @@ int32_t sampler_sample(struct kiln_sampler *s, float *logits);
 int sampler_candidates(struct kiln_sampler *s, float *logits, int32_t *out, float *prob);
 
 int32_t sampler_argmax(const float *logits, int n);
+/* 1 when sampler_sample is the plain argmax of the raw logits (greedy, no
+ * bias, no penalties): the engine may then take the device's argmax */
+int sampler_is_greedy(const struct kiln_sampler *s);
 
 /* Log-probabilities of one row of raw logits (log-softmax): returns the
  * logprob of token tok and writes the n_top most likely ids and their

@@ -74,6 +74,8 @@ struct kiln_serving {
     int n_live, cap_live;
     float *logits, *row_copy;
     int32_t *sampled;
+    int32_t *argmax; /* [cap_out] the device's argmax of each out row */
+    uint8_t *full;   /* [cap_out] whether the row's logits are copied out (else its argmax is the token) */
     int cap_out;
 };
 
@@ -234,15 +236,33 @@ static void grow_out(kiln_serving *s, int n_out) {
     if (n_out <= s->cap_out) return;
     const int V = s->e->model.cfg.vocab;
     s->cap_out = n_out * 2;
-    free(s->logits), free(s->sampled);
+    free(s->logits), free(s->sampled), free(s->argmax), free(s->full);
     s->logits = kiln_malloc(sizeof(float) * (size_t)V * s->cap_out);
     s->sampled = kiln_malloc(sizeof(int32_t) * (size_t)s->cap_out);
+    s->argmax = kiln_malloc(sizeof(int32_t) * (size_t)s->cap_out);
+    s->full = kiln_malloc((size_t)s->cap_out);
 }
 
 /* Samples out row j of the step; posts its token event later. Masks come
  * first (EOS and stop ids before min_tokens, the JSON constraint), then the
  * sampler's bias, penalties and draw. Sets stop_now when the token ends
  * the request (a stop id, the JSON object closed). */
+/* whether row j's token must be drawn from its logits: anything but a plain
+ * greedy pick (masks, bias, penalties, logprobs) needs them */
+static int needs_logits(kiln_serving *s, const kiln_request *r) {
+    if (!sampler_is_greedy(&r->smp) || r->logprobs >= 0 || r->json) return 1;
+    return r->n_gen < r->min_tokens && ((!r->sr.ignore_eos && s->sched.o.n_eos > 0) || r->n_stop_ids > 0);
+}
+
+/* row j when its logits were not copied: the device's argmax is the greedy token */
+static int32_t take_argmax(kiln_request *r, int32_t tok, struct kiln_event *ev) {
+    sampler_accept(&r->smp, tok);
+    for (int i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] == tok) r->sr.stop_now = 1;
+    *ev = (struct kiln_event){.type = KILN_EVENT_TOKEN, .tag = r->tag, .id = tok};
+    return tok;
+}
+
 static int32_t sample_row(kiln_serving *s, kiln_request *r, float *l, struct kiln_event *ev) {
     const int V = s->e->model.cfg.vocab;
     if (r->logprobs >= 0) memcpy(s->row_copy, l, sizeof(float) * (size_t)V);
@@ -271,8 +291,9 @@ static void step(kiln_serving *s) {
     const int V = e->model.cfg.vocab;
     if (sched_schedule(&s->sched, b) == 0) return;
     grow_out(s, b->n_out);
+    for (int j = 0; j < b->n_out; j++) s->full[j] = (uint8_t)needs_logits(s, b->reqs[b->out_req[j]]->user);
     struct kiln_batch kb = {.n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .n_seqs = b->n, .seqs = b->views,
-                            .n_out = b->n_out, .out_rows = b->out_rows};
+                            .n_out = b->n_out, .out_rows = b->out_rows, .out_ids = s->argmax, .out_full = s->full};
     char err[256] = "";
     if (model_forward(&e->model, &e->kv.cache, &kb, s->logits, err, sizeof err)) {
         kiln_log(KILN_LOG_ERROR, "serving: forward of %d tokens failed: %s", b->n_tokens, err);
@@ -284,7 +305,7 @@ static void step(kiln_serving *s) {
     double now = kiln_now();
     for (int j = 0; j < b->n_out; j++) {
         kiln_request *r = b->reqs[b->out_req[j]]->user;
-        s->sampled[j] = sample_row(s, r, s->logits + (size_t)j * V, &evs[j]);
+        s->sampled[j] = s->full[j] ? sample_row(s, r, s->logits + (size_t)j * V, &evs[j]) : take_argmax(r, s->argmax[j], &evs[j]);
         if (r->n_gen++ == 0) r->t_first = now;
         r->t_last = now;
     }
@@ -429,7 +450,7 @@ void kiln_serving_free(kiln_serving *s) {
     sched_free(&s->sched);
     sched_batch_free(&s->batch);
     radix_free(&s->cache);
-    free(s->inbox), free(s->live), free(s->logits), free(s->row_copy), free(s->sampled);
+    free(s->inbox), free(s->live), free(s->logits), free(s->row_copy), free(s->sampled), free(s->argmax), free(s->full);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->flush_cv);

@@ -98,6 +98,20 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
     be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
     be->rmsnorm(be, m->out_x, m->out_x, &m->norm, b->n_out, dim, eps);
     be->matmul(be, m->out_logits, m->out_x, &m->lm_head, b->n_out);
-    be->read(be, logits, m->out_logits, (size_t)b->n_out * c->vocab);
+    const size_t V = (size_t)c->vocab;
+    if (!b->out_ids) {
+        be->read(be, logits, m->out_logits, (size_t)b->n_out * V);
+        return 0;
+    }
+    be->argmax(be, b->out_ids, m->out_logits, b->n_out, (int)V);
+    /* then the rows that want their logits, in runs of adjacent rows */
+    for (int i = 0, j; logits && i < b->n_out; i = j) {
+        if (b->out_full && !b->out_full[i]) {
+            j = i + 1;
+            continue;
+        }
+        for (j = i + 1; j < b->n_out && (!b->out_full || b->out_full[j]); j++) {}
+        be->read(be, logits + (size_t)i * V, (const char *)m->out_logits + (size_t)i * V * be->act_size, (size_t)(j - i) * V);
+    }
     return 0;
 }

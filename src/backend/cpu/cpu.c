@@ -167,6 +167,11 @@ static void cpu_read(struct kiln_backend *be, float *dst, const void *src, size_
     memcpy(dst, src, n * sizeof(float));
 }
 
+static void cpu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int n, int width) {
+    (void)be;
+    for (int i = 0; i < n; i++) ids[i] = kiln_argmax((const float *)x + (size_t)i * width, width);
+}
+
 static void cpu_write(struct kiln_backend *be, void *dst, const float *src, size_t n) {
     (void)be;
     memcpy(dst, src, n * sizeof(float));
@@ -245,6 +250,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->free = cpu_free;
     be->memzero = cpu_memzero;
     be->read = cpu_read;
+    be->argmax = cpu_argmax;
     be->write = cpu_write;
     be->prepare_tensor = cpu_prepare_tensor;
     be->prepare_linear = cpu_prepare_linear;

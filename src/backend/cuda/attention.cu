@@ -16,16 +16,31 @@
  *    block, 64-key tiles gathered page by page into shared memory with
  *    cp.async, two stages deep. Blocks run heaviest (longest causal span)
  *    first. head_dim 16, 32, 64 or 128.
+ *    Split-KV (flash-decoding applied to prefill tiles): when the (tile,
+ *    head) blocks are too few to fill the GPU and their key spans are long
+ *    (a short chunk after a long cached prefix: 250 new tokens after 15,750
+ *    cached are 4 tiles x 32 heads = 128 blocks, each walking 16k keys on
+ *    one SM), cu_begin splits a tile's key range [0, kv_end) into n_sp
+ *    chunks of whole 64-key blocks, one work-list entry each. A split block
+ *    writes its unnormalised O (f32, 64 x D), row max m and row sum l to a
+ *    partial slot; the last block of the (tile, head) to finish (an atomic
+ *    counter, as in the row kernel) merges the n_sp partials in slot order
+ *    and writes the output, so it stays one launch. The causal mask is the
+ *    same per-key test as unsplit (it only bites in the chunk holding the
+ *    diagonal); a row with no visible key in a chunk keeps m = -inf, l = 0
+ *    and weighs 0 in the merge. The plan (cuda.cu cu_begin): none when
+ *    tiles x heads >= FA_SPLIT_PER_SM x n_sm (a long prefill launches the
+ *    unsplit kernel, unchanged); else chunks of cb = max(FA_SPLIT_MIN_KB,
+ *    ceil(key blocks of all tiles / ceil(target / heads))) key blocks, a
+ *    tile of n_kb blocks taking min(ceil(n_kb / cb), n_kb / FA_SPLIT_MIN_KB)
+ *    chunks (>= 512 keys each). KILN_CUDA_FA_SPLIT=0 turns it off, =N aims
+ *    at N blocks per SM instead of 4.
  * Scores and softmax are f32; P is rounded to bf16 for the P.V product, as
  * FlashAttention does.
  */
 #include <math.h>
 
 #include "backend/cuda/cuda.cuh"
-
-#define ATT_ROWS_MAX 16
-#define FA_BM 64
-#define FA_BN 64
 
 /* ==== KV write ==== */
 
@@ -242,17 +257,24 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 /*
- * k_flash: block (tile, query head); tile = (sequence, first row m0) from
- * the tile list. Warp w owns query rows m0+16w .. m0+16w+15 (its Q fragments
+ * k_flash: block (entry, query head); an entry of the work list (layout in
+ * cuda.cuh) is a tile (sequence, first row m0) and the key blocks it walks:
+ * all of its causal span, or with SPLIT one chunk of it. Warp w owns query rows m0+16w .. m0+16w+15 (its Q fragments
  * stay in registers); lane (g = lane/4, t = lane%4) holds rows g and g+8 of
  * the m16n8 fragments. Per 64-key tile: S = Q K^T (ldmatrix from K rows),
  * causal mask on absolute cache positions, online softmax over the quad,
  * O += P V (P re-packed from the S accumulators as the A operand, V through
  * ldmatrix.trans). Shared memory rows are padded by 16 bytes (conflict-free
  * ldmatrix). Keys past the tile's last row are never loaded.
+ * SPLIT (the launch has split entries; without them the kernel is the plain
+ * one): a split entry writes (O, m, l) of every thread's fragments to its
+ * partial slot, thread-major (element e of thread x at [e * 128 + x], so
+ * both the writes and the merge's reads are coalesced), and the last block
+ * of its group merges the group's slots fragment by fragment, in registers.
  */
-template <int D>
-__global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+template <int D, bool SPLIT>
+__global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
+                                               const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
                                                const bf16 *__restrict__ vc, const int *__restrict__ tiles,
                                                const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                int P, float sl2) {
@@ -261,8 +283,8 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf1
     extern __shared__ uint4 smem_u4[];
     bf16 *smem = (bf16 *)smem_u4;
     /* stage st: K at smem + st * 2 * FA_BN * LD, V right after it */
-    const int tile = blockIdx.x, h = blockIdx.y;
-    const int s = tiles[3 * tile], m0 = tiles[3 * tile + 1];
+    const int *ent = tiles + FA_ENT * blockIdx.x, h = blockIdx.y;
+    const int s = ent[0], m0 = ent[1];
     const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
     const int kh = h / (n_head / nkv);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -281,7 +303,8 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf1
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
-    const int kv_end = n_past + min(m0 + FA_BM, n), n_kb = (kv_end + FA_BN - 1) / FA_BN;
+    const int kv_end = n_past + min(m0 + FA_BM, n);
+    const int kb0 = SPLIT ? ent[2] : 0, n_kb = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
     const int p0 = n_past + qr0, p1 = n_past + qr1;
 
     auto load = [&](int kb, int st) {
@@ -300,8 +323,8 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf1
         asm volatile("cp.async.commit_group;");
     };
 
-    load(0, 0);
-    for (int kb = 0; kb < n_kb; kb++) {
+    load(kb0, kb0 & 1);
+    for (int kb = kb0; kb < n_kb; kb++) {
         if (kb + 1 < n_kb) {
             load(kb + 1, (kb + 1) & 1);
             asm volatile("cp.async.wait_group 1;");
@@ -337,13 +360,17 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf1
             }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
-        const float a0 = exp2f(mr[0] - mn0), a1 = exp2f(mr[1] - mn1);
+        float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
+        /* unsplit, key block 0 holds a visible key of every row, so m is
+         * finite from the first block on; a chunk may start past a row's
+         * position: keep m = -inf there and subtract 0 (p = 0, l = 0) */
+        const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+        const float a0 = exp2f(mr[0] - b0), a1 = exp2f(mr[1] - b1);
         float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
         for (int nt = 0; nt < FA_BN / 8; nt++) {
-            sc[nt][0] = exp2f(sc[nt][0] - mn0), sc[nt][1] = exp2f(sc[nt][1] - mn0);
-            sc[nt][2] = exp2f(sc[nt][2] - mn1), sc[nt][3] = exp2f(sc[nt][3] - mn1);
+            sc[nt][0] = exp2f(sc[nt][0] - b0), sc[nt][1] = exp2f(sc[nt][1] - b0);
+            sc[nt][2] = exp2f(sc[nt][2] - b1), sc[nt][3] = exp2f(sc[nt][3] - b1);
             ls0 += sc[nt][0] + sc[nt][1], ls1 += sc[nt][2] + sc[nt][3];
         }
         ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
@@ -366,6 +393,51 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, const bf1
         }
         __syncthreads(); /* this stage is refilled two tiles on */
     }
+    if (SPLIT && ent[4] >= 0) {
+        /* a chunk of a split tile: (O, m, l) to its slot; the group's last
+         * block to finish merges all the slots into o, lr */
+        constexpr int PE = D / 2 + 4; /* floats per thread: o fragments, m[2], l[2] */
+        const int j0 = ent[4], sp = ent[5], n_sp = ent[6], tid = threadIdx.x;
+        float *pp = part + ((size_t)(j0 + sp) * n_head + h) * PE * 128 + tid;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) pp[(dt * 4 + e) * 128] = o[dt][e];
+        pp[(D / 2) * 128] = mr[0], pp[(D / 2 + 1) * 128] = mr[1];
+        pp[(D / 2 + 2) * 128] = lr[0], pp[(D / 2 + 3) * 128] = lr[1];
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            last = atomicAdd(&done[j0 * n_head + h], 1) == n_sp - 1;
+            if (last) done[j0 * n_head + h] = 0; /* every block of the group has counted: zero for the next launch */
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        /* the merge, in slot order (the result does not depend on which block
+         * came last): M = max m_i, L = sum w_i l_i, O = sum w_i O_i with
+         * w_i = 2^(m_i - M), 0 for a chunk the row saw no key of */
+        const float *pg = part + (size_t)j0 * n_head * PE * 128 + (size_t)h * PE * 128 + tid;
+        const size_t stride = (size_t)n_head * PE * 128;
+        float M0 = -INFINITY, M1 = -INFINITY;
+        for (int i = 0; i < n_sp; i++)
+            M0 = fmaxf(M0, __ldcg(pg + i * stride + (D / 2) * 128)), M1 = fmaxf(M1, __ldcg(pg + i * stride + (D / 2 + 1) * 128));
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+        lr[0] = lr[1] = 0.f;
+        for (int i = 0; i < n_sp; i++) {
+            const float *pi = pg + i * stride;
+            const float m_0 = __ldcg(pi + (D / 2) * 128), m_1 = __ldcg(pi + (D / 2 + 1) * 128);
+            const float w0 = m_0 == -INFINITY ? 0.f : exp2f(m_0 - M0), w1 = m_1 == -INFINITY ? 0.f : exp2f(m_1 - M1);
+            lr[0] += w0 * __ldcg(pi + (D / 2 + 2) * 128), lr[1] += w1 * __ldcg(pi + (D / 2 + 3) * 128);
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][0] += w0 * __ldcg(pi + (dt * 4 + 0) * 128), o[dt][1] += w0 * __ldcg(pi + (dt * 4 + 1) * 128);
+                o[dt][2] += w1 * __ldcg(pi + (dt * 4 + 2) * 128), o[dt][3] += w1 * __ldcg(pi + (dt * 4 + 3) * 128);
+            }
+        }
+    }
     const float i0 = 1.f / lr[0], i1 = 1.f / lr[1];
     bf16 *o0 = out + ((size_t)(start + qr0) * n_head + h) * D, *o1 = out + ((size_t)(start + qr1) * n_head + h) * D;
 #pragma unroll
@@ -381,12 +453,27 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
     const size_t smem = (size_t)4 * FA_BN * (D + 8) * sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     dim3 grid((unsigned)c->n_fa_tiles, (unsigned)n_head);
-    cu_launch(c->stream, k_flash<D>, grid, 128, smem, out, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer], c->fa_tiles,
-                                               c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
+    const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
+    if (!c->fa_slots) {
+        cu_launch(c->stream, k_flash<D, false>, grid, 128, smem, out, (float *)NULL, (int *)NULL, q, kc, vc, c->fa_tiles,
+                  c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
+        CU_LAUNCHED();
+        return;
+    }
+    /* split entries: a partial slot per (slot, head), a counter per (group, head) */
+    const size_t slots = (size_t)c->fa_slots * n_head;
+    float *part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, slots * (D / 2 + 4) * 128 * sizeof(float));
+    if (slots * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernels leave it zeroed */
+        cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, slots * sizeof(int));
+        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
+    }
+    cu_launch(c->stream, k_flash<D, true>, grid, 128, smem, out, part, c->att_cnt, q, kc, vc, c->fa_tiles, c->d_seq, c->d_pages,
+              n_head, kv->n_head_kv, kv->page_size, sl2);
     CU_LAUNCHED();
 }
 
@@ -420,6 +507,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const bf16 *q = (const bf16 *)q_;
     const float sl2 = scale * 1.4426950408889634f;
     const int hd = kv->head_dim;
+    c->fa_heads = n_head; /* for the next forward's split plan (cuda.cu cu_begin) */
     if (c->max_seq_n > ATT_ROWS_MAX && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
         case 16: launch_flash<16>(c, out, q, kv, layer, n_head, sl2); return;

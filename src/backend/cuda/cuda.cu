@@ -26,6 +26,8 @@
  *    activations, and this backend's own workspace, separately.
  * Switches for experiments: KILN_CUDA_GRAPHS=0, KILN_CUDA_DEFER=0,
  * KILN_CUDA_PDL=0, KILN_CUDA_NO_FLASH=1 (prefill attention on the row kernel),
+ * KILN_CUDA_FA_SPLIT=0 (no split-KV in the prefill attention; =N aims at N
+ * blocks per SM),
  * KILN_CUDA_FUSE=0 (no rope+KV write fusion), KILN_CUDA_FUSE_NORM=1 (fold
  * RMSNorm and the residual add into the next decode GEMV), KILN_CUDA_PF=0 (no
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
@@ -177,10 +179,10 @@ static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
 }
 
 /* the end of a forward: launch the captured graph, then copy out as f32 */
-static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t n) {
-    double t1 = prof_on ? kiln_now() : 0;
-    if (cu_ctx(be)->mode != CU_REPLAY) cu_flush(cu_ctx(be));
-    struct cuda_ctx *c = cu_ctx(be);
+/* the end of a forward's queued work: a capture becomes a graph, and a
+ * graph (just captured or replayed) is launched; the stream is eager after */
+static void cu_finish(struct cuda_ctx *c) {
+    if (c->mode != CU_REPLAY) cu_flush(c);
     if (c->mode == CU_CAPTURE) {
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamEndCapture(c->stream, &g));
@@ -194,6 +196,12 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
         CUDA_CHECK(cudaGraphLaunch(c->graphs[c->cur_graph].exec, c->stream));
         c->mode = CU_EAGER;
     }
+}
+
+static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t n) {
+    double t1 = prof_on ? kiln_now() : 0;
+    struct cuda_ctx *c = cu_ctx(be);
+    cu_finish(c);
     if (c->old_read) { /* the previous path: widened on the device, pageable copy */
         if (n) {
             float *f = (float *)cu_scratch(c, (void **)&c->f32buf, &c->f32buf_cap, n * sizeof(float));
@@ -220,6 +228,60 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
         double t3 = kiln_now();
         prof_issue += t1 - prof_t0, prof_wait += t2 - t1, prof_copy += t3 - t2, prof_n++;
     }
+    if (!c->logged) log_memory(c);
+}
+
+/*
+ * k_argmax: block i finds the first maximum of row i. Threads stride over
+ * the row keeping their first maximum; warp shuffles then shared memory
+ * merge (value, index) pairs, the larger value winning and the lower index
+ * on ties, which is what the host's kiln_argmax returns on the same
+ * (bf16-exact) values.
+ */
+__device__ __forceinline__ void amax_merge(float &m, int &at, float m2, int at2) {
+    if (m2 > m || (m2 == m && at2 < at)) m = m2, at = at2;
+}
+
+__global__ void __launch_bounds__(256) k_argmax(int *ids, const bf16 *x, int width) {
+    pdl_wait();
+    const bf16 *r = x + (size_t)blockIdx.x * width;
+    float m = -INFINITY;
+    int at = 0x7fffffff;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = __bfloat162float(r[i]);
+        if (v > m || at == 0x7fffffff) m = v, at = i;
+    }
+    for (int o = 16; o; o >>= 1) amax_merge(m, at, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, at, o));
+    __shared__ float sm[8];
+    __shared__ int sa[8];
+    const int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) sm[w] = m, sa[w] = at;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); i++) amax_merge(m, at, sm[i], sa[i]);
+        ids[blockIdx.x] = at;
+    }
+}
+
+/* the argmax of the out rows on the device; only the ids come back */
+static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int n, int width) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (n <= 0) return;
+    int *d = (int *)cu_scratch(c, (void **)&c->ids_dev, &c->ids_dev_cap, (size_t)n * 4);
+    if (c->mode != CU_REPLAY) {
+        cu_flush(c);
+        cu_launch(c->stream, k_argmax, (unsigned)n, 256, 0, d, (const bf16 *)x, width);
+        CU_LAUNCHED();
+    }
+    cu_finish(c);
+    if ((size_t)n > c->ids_host_cap) {
+        if (c->ids_host) CUDA_CHECK(cudaFreeHost(c->ids_host));
+        c->ids_host_cap = (size_t)n * 2 + 64;
+        CUDA_CHECK(cudaMallocHost(&c->ids_host, c->ids_host_cap * 4));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(c->ids_host, d, (size_t)n * 4, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    memcpy(ids, c->ids_host, (size_t)n * 4);
     if (!c->logged) log_memory(c);
 }
 
@@ -348,7 +410,43 @@ static void cu_release_rope(struct kiln_backend *be, struct rope *r) {
 
 static int tile_cmp(const void *a, const void *b) {
     const int *x = (const int *)a, *y = (const int *)b;
-    return y[2] - x[2]; /* heaviest (longest causal span) first */
+    return y[7] - x[7]; /* heaviest (most keys to walk) first */
+}
+
+/* key blocks (FA_BN keys) that the tile of rows m0.. of v walks */
+static int fa_tile_kb(const struct kiln_seq_view *v, int m0) {
+    const int rows = v->n - m0 < FA_BM ? v->n - m0 : FA_BM;
+    return (v->n_past + m0 + rows + FA_BN - 1) / FA_BN;
+}
+
+/*
+ * Split-KV plan of the flash kernel (attention.cu): the chunk length cb in
+ * key blocks, or 0 for no split. None unless the flash kernel runs and its
+ * (tile, head) blocks number under FA_SPLIT_PER_SM per SM; then the key
+ * blocks of all tiles over the entries that would reach that many blocks,
+ * at least FA_SPLIT_MIN_KB. The q head count comes from the last attention
+ * call (it is not part of the batch); a different count only makes the
+ * plan coarser or finer, never wrong.
+ */
+static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
+    const char *e = getenv("KILN_CUDA_FA_SPLIT");
+    long per_sm = e && *e ? strtol(e, NULL, 10) : FA_SPLIT_PER_SM;
+    if (per_sm <= 0) return 0;
+    per_sm = per_sm > 64 ? 64 : per_sm;
+    const long heads = c->fa_heads > 0 ? c->fa_heads : 32, target = per_sm * c->n_sm;
+    if ((long)n_tiles * heads >= target) return 0;
+    long kb = 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) kb += fa_tile_kb(&b->seqs[s], m0);
+    const long want = (target + heads - 1) / heads, cb = (kb + want - 1) / want;
+    return (int)(cb > FA_SPLIT_MIN_KB ? cb : FA_SPLIT_MIN_KB);
+}
+
+/* chunks of a tile of n_kb key blocks: ~n_kb / cb, each >= FA_SPLIT_MIN_KB blocks */
+static int fa_n_split(int n_kb, int cb) {
+    if (!cb) return 1;
+    const int a = (n_kb + cb - 1) / cb, m = n_kb / FA_SPLIT_MIN_KB;
+    return a < m ? a : m > 1 ? m : 1;
 }
 
 static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
@@ -370,7 +468,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         tot_pages += (size_t)b->seqs[s].n_pages;
         if (b->seqs[s].n > max_n) max_n = b->seqs[s].n;
         if (b->seqs[s].n_past + b->seqs[s].n > max_len) max_len = b->seqs[s].n_past + b->seqs[s].n;
-        n_tiles += (b->seqs[s].n + 63) / 64;
+        n_tiles += (b->seqs[s].n + FA_BM - 1) / FA_BM;
     }
     c->n_tokens = n, c->n_seqs = S, c->n_out = no, c->max_seq_n = max_n, c->max_len = max_len;
     /* splits of ~ATT_SPLIT_TOKENS keys, rounded up to a power of two (at
@@ -382,7 +480,18 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     while (c->att_split < 64 && (long)c->att_split * split_tokens < max_len) c->att_split *= 2;
     c->out_rows_host = b->out_rows;
     c->seqs_host = b->seqs;
-    size_t need = (size_t)4 * n + 4 * S + no + tot_pages + 3 * (size_t)n_tiles;
+    /* the flash kernel's work list (layout in cuda.cuh): a tile per 64 rows
+     * of a sequence, or n_sp entries for a tile split into key chunks */
+    int n_ent = 0, n_slots = 0, cb = 0;
+    if (max_n > ATT_ROWS_MAX) {
+        cb = fa_split_kb(c, b, n_tiles);
+        for (int s = 0; s < S; s++)
+            for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
+                const int k = fa_n_split(fa_tile_kb(&b->seqs[s], m0), cb);
+                n_ent += k, n_slots += k > 1 ? k : 0;
+            }
+    }
+    size_t need = (size_t)4 * n + 4 * S + no + tot_pages + (size_t)FA_ENT * n_ent;
     CUDA_CHECK(cudaEventSynchronize(meta_done)); /* the last upload has left meta_host */
     if (need > c->meta_cap) {
         graphs_drop(c);
@@ -409,17 +518,25 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         off += v->n_pages;
     }
     p += off;
-    /* prefill attention tiles: (seq, first row, weight), heaviest first */
+    /* prefill attention work list, heaviest first */
     int *tiles = p;
-    for (int s = 0, t = 0; s < S; s++)
-        for (int m0 = 0; m0 < b->seqs[s].n; m0 += 64, t++)
-            tiles[3 * t] = s, tiles[3 * t + 1] = m0, tiles[3 * t + 2] = b->seqs[s].n_past + m0;
-    if (n_tiles > 1) qsort(tiles, (size_t)n_tiles, 3 * sizeof(int), tile_cmp);
-    p += 3 * n_tiles;
+    for (int s = 0, t = 0, j = 0; s < S && n_ent; s++)
+        for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
+            const int kb = fa_tile_kb(&b->seqs[s], m0), k = fa_n_split(kb, cb);
+            for (int i = 0; i < k; i++, t++) {
+                int *e = tiles + FA_ENT * t;
+                const int kb0 = (int)((long)i * kb / k), kb1 = (int)((long)(i + 1) * kb / k);
+                e[0] = s, e[1] = m0, e[2] = kb0, e[3] = kb1, e[4] = k > 1 ? j : -1, e[5] = i, e[6] = k;
+                e[7] = k > 1 ? (kb1 - kb0 - 1) * FA_BN : b->seqs[s].n_past + m0;
+            }
+            j += k > 1 ? k : 0;
+        }
+    if (n_ent > 1) qsort(tiles, (size_t)n_ent, FA_ENT * sizeof(int), tile_cmp);
+    p += FA_ENT * n_ent;
     int *d = c->meta;
     c->d_tokens = d, c->d_pos = d + n, c->d_row_seq = d + 2 * n, c->d_row_t = d + 3 * n, c->d_seq = d + 4 * n;
     c->d_out_rows = d + 4 * n + 4 * S, c->d_pages = d + 4 * n + 4 * S + no;
-    c->fa_tiles = d + (pages - h) + off, c->n_fa_tiles = n_tiles;
+    c->fa_tiles = d + (pages - h) + off, c->n_fa_tiles = n_ent, c->fa_slots = n_slots;
     CUDA_CHECK(cudaMemcpyAsync(d, h, (size_t)(p - h) * 4, cudaMemcpyHostToDevice, c->stream));
     CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
 
@@ -430,12 +547,12 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].n_tokens == n && c->graphs[i].n_seqs == S && c->graphs[i].n_out == no &&
-            c->graphs[i].att_split == c->att_split)
+            c->graphs[i].att_split == c->att_split && c->graphs[i].ids == (b->out_ids != NULL))
             gi = i;
     if (gi < 0) {
         c->graphs = (struct cu_graph *)kiln_realloc(c->graphs, sizeof *c->graphs * (size_t)(c->n_graphs + 1));
         gi = c->n_graphs++;
-        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, 0, NULL, NULL};
+        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, b->out_ids != NULL, 0, NULL, NULL};
     }
     struct cu_graph *g = &c->graphs[gi];
     c->cur_graph = gi;
@@ -478,6 +595,8 @@ static void cu_destroy(struct kiln_backend *be) {
         if (dev[i]) cudaFree(dev[i]);
     if (c->meta_host) cudaFreeHost(c->meta_host);
     if (c->logit_host) cudaFreeHost(c->logit_host);
+    if (c->ids_host) cudaFreeHost(c->ids_host);
+    if (c->ids_dev) cudaFree(c->ids_dev);
     if (c->norm_cnt) cudaFree(c->norm_cnt);
     if (c->moe_host) cudaFreeHost(c->moe_host);
     cublasDestroy(c->blas);
@@ -555,6 +674,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->free = cu_free;
     be->memzero = cu_memzero;
     be->read = cu_read;
+    be->argmax = cu_argmax;
     be->write = cu_write;
     be->prepare_tensor = cu_prepare_tensor;
     be->prepare_linear = cu_prepare_linear;

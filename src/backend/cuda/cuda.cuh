@@ -13,9 +13,20 @@
  * (n_tokens, n_seqs, n_out), which is what lets a captured CUDA graph be
  * replayed for a later decode step of the same shape with new contents:
  *
- *   meta: | tokens[n] | pos[n] | row_seq[n] | row_t[n] | seq[4*S] | out_rows[n_out] | pages[...] |
+ *   meta: | tokens[n] | pos[n] | row_seq[n] | row_t[n] | seq[4*S] | out_rows[n_out] | pages[...] | fa[FA_ENT*E] |
  *         seq[4*s+0..3] = start, n, n_past, offset of its page table in pages
  *         row_t[i] = the cache slot (n_past + i) that row i writes and attends up to
+ *         fa: the prefill attention work list (only when the flash kernel runs,
+ *         i.e. some sequence has more than ATT_ROWS_MAX new rows), E entries of
+ *         FA_ENT ints, heaviest first; one k_flash block per (entry, q head):
+ *           [0] seq  [1] m0 (first of its 64 query rows)
+ *           [2] kb0  [3] kb1: the key blocks (FA_BN keys each) it walks
+ *           [4] j0: first partial slot of its split group, -1 when unsplit
+ *           [5] sp: its index in the group  [6] n_sp: the group's size
+ *           [7] weight (host sort key: keys walked - 64)
+ *         An unsplit tile walks [0, ceil(kv_end / 64)), kv_end = n_past +
+ *         min(m0 + 64, n); a split tile's n_sp entries cover that range in
+ *         consecutive chunks (attention.cu, "split-KV").
  */
 #ifndef KILN_CUDA_CUH
 #define KILN_CUDA_CUH
@@ -69,8 +80,20 @@ struct cu_moe_tab {
 /* One captured decode step. */
 #define ATT_SPLIT_TOKENS 16
 
+/* attention: sequences with at most ATT_ROWS_MAX new rows take the row
+ * kernel; above it the flash kernel (FA_BM query rows x FA_BN-key blocks) */
+#define ATT_ROWS_MAX 16
+#define FA_BM 64
+#define FA_BN 64
+#define FA_ENT 8
+/* split-KV of the flash kernel (cu_begin plans it): a split walks at least
+ * FA_SPLIT_MIN_KB key blocks (512 keys); the plan aims at FA_SPLIT_PER_SM
+ * blocks per SM (KILN_CUDA_FA_SPLIT=N overrides it, 0 turns splitting off) */
+#define FA_SPLIT_MIN_KB 8
+#define FA_SPLIT_PER_SM 4
+
 struct cu_graph {
-    int n_tokens, n_seqs, n_out, att_split, seen;
+    int n_tokens, n_seqs, n_out, att_split, ids, seen; /* ids: the step ends with argmax (kiln_batch.out_ids) */
     const void *kv; /* the k[] array of the cache it attends to */
     cudaGraphExec_t exec;
 };
@@ -92,11 +115,13 @@ struct cuda_ctx {
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
-    int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention tiles */
+    int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention work list (entries, layout above) */
+    int fa_slots; /* partial slots of the split entries (0: no tile is split) */
+    int fa_heads; /* q heads of the last attention call: cu_begin plans splits with it (32 before any) */
 
     /* scratch: grown on demand, counted as workspace */
-    float *att_part;  size_t att_part_cap;  /* split-K partials */
-    int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row, head), kept zero between launches */
+    float *att_part;  size_t att_part_cap;  /* split-K partials (row kernel and split flash entries) */
+    int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row or split group, head), kept zero between launches */
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
     int *moe_host;    size_t moe_host_cap;  /* pinned: routing ids for the prefill grouping */
@@ -146,6 +171,9 @@ struct cuda_ctx {
     /* the logits' bf16 staging copy in pinned host memory (read) */
     uint16_t *logit_host;
     size_t logit_host_cap;
+    /* argmax of the out rows: device ids (scratch) and their pinned host copy */
+    int *ids_dev, *ids_host;
+    size_t ids_dev_cap, ids_host_cap;
 
     /* memory accounting (bytes) */
     size_t bytes_weights, bytes_buffers, bytes_ws, bytes_kv; /* kv: set at the first kv_write */
