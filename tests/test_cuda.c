@@ -263,8 +263,12 @@ static void test_rope(struct pair *p) {
 
 /* attention over a paged cache: fills n_past tokens per sequence, then runs
  * the batch (decode rows, or prefill chunks that take the flash kernel) */
+/* KV heads of the attention cases (32 query heads): 8 unless a case
+ * checks another grouping (the GQA decode kernel handles 2, 4 and 8) */
+static int att_nkv = 8;
+
 static void attention_case_hd(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new, int hd) {
-    const int nh = 32, nkv = 8, P = 16;
+    const int nh = 32, nkv = att_nkv, P = 16;
     int n_pages = 0;
     for (int s = 0; s < n_seqs; s++) n_pages += (n_past[s] + n_new[s] + P - 1) / P;
     n_pages = n_pages < 256 ? 256 : n_pages;
@@ -341,13 +345,24 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention 6 after 15744 cached (rows, 64 splits)", 1, past5, new5);
     int past6[] = {15000, 3, 0, 700}, new6[] = {1, 1, 1, 1};
     attention_case(p, "attention decode 15000/3/0/700 (rows)", 4, past6, new6);
+    att_nkv = 16; /* 2 query heads per KV head */
+    attention_case(p, "attention decode 15000/3/0/700, 32/16 heads (GQA 2)", 4, past6, new6);
+    int past3b[] = {5000};
+    attention_case_hd(p, "attention chunk of 9 after 5000, 32/16 heads, head_dim 64", 1, past3b, new3, 64);
+    att_nkv = 4; /* 8 per KV head */
+    attention_case(p, "attention decode 15000/3/0/700, 32/4 heads (GQA 8)", 4, past6, new6);
+    attention_case_hd(p, "attention chunk of 9 after 5000, 32/4 heads, head_dim 64", 1, past3b, new3, 64);
+    att_nkv = 8;
     int past7[] = {4000, 10, 0}, new7[] = {1, 40, 1};
     attention_case(p, "attention decode + prefill chunk mixed (flash)", 3, past7, new7);
     /* split-KV flash: few (tile, head) blocks over long key spans. With 32
-     * heads on 132 SMs: 4 tiles of ~250 key blocks -> 5 chunks each (20
-     * entries); 40 after 6000 -> 11 chunks, next to 5 unsplit tiles of a
-     * 300-token prefill in the same launch. Then the same without splits
-     * (KILN_CUDA_FA_SPLIT=0, what the A/B timing runs). */
+     * heads on 132 SMs (2 blocks each at head_dim 128): 4 tiles of ~250 key
+     * blocks -> 2 chunks each; 40 after 6000 -> 10 chunks, next to 5
+     * unsplit tiles of a 300-token prefill in the same launch (the plan
+     * takes heads and head_dim from the previous call, so the head_dim 64
+     * cases split as for 128, then as for 64). Then the same without splits
+     * (KILN_CUDA_FA_SPLIT=0, what the A/B timing runs) and with the most
+     * chunks (=64: 8 key blocks each). */
     int past8[] = {15750}, new8[] = {250};
     attention_case(p, "attention 250 after 15750 cached (flash, split-KV)", 1, past8, new8);
     int past9[] = {6000, 0}, new9[] = {40, 300};
@@ -358,7 +373,7 @@ static void test_attention(struct pair *p) {
     char *saved = old ? strdup(old) : NULL;
     setenv("KILN_CUDA_FA_SPLIT", "0", 1);
     attention_case(p, "attention 250 after 15750 cached (flash, no split)", 1, past8, new8);
-    /* fine splits (64 blocks per SM): chunks of the minimum 8 key blocks */
+    /* the longest tile cut into 64 chunks: every chunk at the minimum 8 key blocks */
     setenv("KILN_CUDA_FA_SPLIT", "64", 1);
     int past10[] = {1000, 3000}, new10[] = {100, 17};
     attention_case(p, "attention 100 after 1000 + 17 after 3000 (flash, fine splits)", 2, past10, new10);

@@ -28,13 +28,17 @@
  *    and writes the output, so it stays one launch. The causal mask is the
  *    same per-key test as unsplit (it only bites in the chunk holding the
  *    diagonal); a row with no visible key in a chunk keeps m = -inf, l = 0
- *    and weighs 0 in the merge. The plan (cuda.cu cu_begin): none when
- *    tiles x heads >= FA_SPLIT_PER_SM x n_sm (a long prefill launches the
- *    unsplit kernel, unchanged); else chunks of cb = max(FA_SPLIT_MIN_KB,
- *    ceil(key blocks of all tiles / ceil(target / heads))) key blocks, a
- *    tile of n_kb blocks taking min(ceil(n_kb / cb), n_kb / FA_SPLIT_MIN_KB)
- *    chunks (>= 512 keys each). KILN_CUDA_FA_SPLIT=0 turns it off, =N aims
- *    at N blocks per SM instead of 4.
+ *    and weighs 0 in the merge. The plan (cuda.cu fa_split_kb) is
+ *    FlashAttention-2's wave heuristic: none when the unsplit blocks fill
+ *    0.8 of a wave (slots = SMs x resident blocks per SM, 2 at head_dim 128)
+ *    or no tile walks 16 key blocks, so a long prefill launches the unsplit
+ *    kernel, unchanged; else, for the longest tile cut into k = 1..64
+ *    chunks, every tile takes chunks of cb = ceil(longest / k) key blocks
+ *    (>= 8, i.e. 512 keys), the time is estimated as waves x longest chunk,
+ *    ceil(blocks / slots) x cb, and the smallest k within 1/0.85 of the best
+ *    wins (250 new after 15,750 on 32 heads: 2 chunks, 256 blocks in one
+ *    wave). KILN_CUDA_FA_SPLIT=0 turns it off; =N cuts the longest tile
+ *    into N chunks whatever the estimate says.
  * Scores and softmax are f32; P is rounded to bf16 for the P.V product, as
  * FlashAttention does.
  */
@@ -259,8 +263,8 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 /*
  * k_flash: block (entry, query head); an entry of the work list (layout in
  * cuda.cuh) is a tile (sequence, first row m0) and the key blocks it walks:
- * all of its causal span, or with SPLIT one chunk of it. Warp w owns query rows m0+16w .. m0+16w+15 (its Q fragments
- * stay in registers); lane (g = lane/4, t = lane%4) holds rows g and g+8 of
+ * all of its causal span, or with SPLIT one chunk of it. Warp w owns query
+ * rows m0+16w .. m0+16w+15 (its Q fragments stay in registers); lane (g = lane/4, t = lane%4) holds rows g and g+8 of
  * the m16n8 fragments. Per 64-key tile: S = Q K^T (ldmatrix from K rows),
  * causal mask on absolute cache positions, online softmax over the quad,
  * O += P V (P re-packed from the S accumulators as the A operand, V through
@@ -360,7 +364,7 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
             }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
+        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
         /* unsplit, key block 0 holds a visible key of every row, so m is
          * finite from the first block on; a chunk may start past a row's
          * position: keep m = -inf there and subtract 0 (p = 0, l = 0) */
@@ -447,9 +451,9 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
     }
 }
 
+/* two stages of K and V tiles */
 template <int D>
-static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
-                         float sl2) {
+static size_t flash_smem(void) {
     const size_t smem = (size_t)4 * FA_BN * (D + 8) * sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
@@ -457,6 +461,34 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
         CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
+    return smem;
+}
+
+template <int D>
+static int flash_blocks_per_sm(void) {
+    static int nb = 0;
+    if (!nb) {
+        const size_t smem = flash_smem<D>();
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_flash<D, true>, 128, smem));
+        nb = nb > 0 ? nb : 1;
+    }
+    return nb;
+}
+
+int cu_flash_blocks_per_sm(int hd) {
+    switch (hd) {
+    case 16: return flash_blocks_per_sm<16>();
+    case 32: return flash_blocks_per_sm<32>();
+    case 64: return flash_blocks_per_sm<64>();
+    case 128: return flash_blocks_per_sm<128>();
+    default: return 1;
+    }
+}
+
+template <int D>
+static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                         float sl2) {
+    const size_t smem = flash_smem<D>();
     dim3 grid((unsigned)c->n_fa_tiles, (unsigned)n_head);
     const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
     if (!c->fa_slots) {
@@ -507,7 +539,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const bf16 *q = (const bf16 *)q_;
     const float sl2 = scale * 1.4426950408889634f;
     const int hd = kv->head_dim;
-    c->fa_heads = n_head; /* for the next forward's split plan (cuda.cu cu_begin) */
+    c->fa_heads = n_head, c->fa_hd = hd; /* for the next forward's split plan (cuda.cu cu_begin) */
     if (c->max_seq_n > ATT_ROWS_MAX && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
         case 16: launch_flash<16>(c, out, q, kv, layer, n_head, sl2); return;
@@ -517,6 +549,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
         default: break;
         }
     }
+    if (cu_attention_gqa(c, out, q, kv, layer, n_head, sl2)) return; /* attn_gqa.cu: the KV group's heads together */
     switch (hd) {
     case 16: launch_rows<16>(c, out, q, kv, layer, n_head, sl2); return;
     case 32: launch_rows<32>(c, out, q, kv, layer, n_head, sl2); return;

@@ -26,8 +26,8 @@
  *    activations, and this backend's own workspace, separately.
  * Switches for experiments: KILN_CUDA_GRAPHS=0, KILN_CUDA_DEFER=0,
  * KILN_CUDA_PDL=0, KILN_CUDA_NO_FLASH=1 (prefill attention on the row kernel),
- * KILN_CUDA_FA_SPLIT=0 (no split-KV in the prefill attention; =N aims at N
- * blocks per SM),
+ * KILN_CUDA_FA_SPLIT=0 (no split-KV in the prefill attention; =N cuts the
+ * longest tile's keys into N chunks),
  * KILN_CUDA_FUSE=0 (no rope+KV write fusion), KILN_CUDA_FUSE_NORM=1 (fold
  * RMSNorm and the residual add into the next decode GEMV), KILN_CUDA_PF=0 (no
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
@@ -419,34 +419,61 @@ static int fa_tile_kb(const struct kiln_seq_view *v, int m0) {
     return (v->n_past + m0 + rows + FA_BN - 1) / FA_BN;
 }
 
-/*
- * Split-KV plan of the flash kernel (attention.cu): the chunk length cb in
- * key blocks, or 0 for no split. None unless the flash kernel runs and its
- * (tile, head) blocks number under FA_SPLIT_PER_SM per SM; then the key
- * blocks of all tiles over the entries that would reach that many blocks,
- * at least FA_SPLIT_MIN_KB. The q head count comes from the last attention
- * call (it is not part of the batch); a different count only makes the
- * plan coarser or finer, never wrong.
- */
-static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
-    const char *e = getenv("KILN_CUDA_FA_SPLIT");
-    long per_sm = e && *e ? strtol(e, NULL, 10) : FA_SPLIT_PER_SM;
-    if (per_sm <= 0) return 0;
-    per_sm = per_sm > 64 ? 64 : per_sm;
-    const long heads = c->fa_heads > 0 ? c->fa_heads : 32, target = per_sm * c->n_sm;
-    if ((long)n_tiles * heads >= target) return 0;
-    long kb = 0;
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) kb += fa_tile_kb(&b->seqs[s], m0);
-    const long want = (target + heads - 1) / heads, cb = (kb + want - 1) / want;
-    return (int)(cb > FA_SPLIT_MIN_KB ? cb : FA_SPLIT_MIN_KB);
-}
-
-/* chunks of a tile of n_kb key blocks: ~n_kb / cb, each >= FA_SPLIT_MIN_KB blocks */
+/* chunks of a tile of n_kb key blocks cut into chunks of ~cb (0: none),
+ * each of at least FA_SPLIT_MIN_KB blocks */
 static int fa_n_split(int n_kb, int cb) {
     if (!cb) return 1;
     const int a = (n_kb + cb - 1) / cb, m = n_kb / FA_SPLIT_MIN_KB;
     return a < m ? a : m > 1 ? m : 1;
+}
+
+/*
+ * Split-KV plan of the flash kernel (attention.cu): the chunk length cb in
+ * key blocks, or 0 for no split. FlashAttention-2's num_splits heuristic
+ * for tiles of unequal length: none when the unsplit (tile, head) blocks
+ * already fill 0.8 of a wave of resident blocks or no tile is 16 key
+ * blocks long; else for the longest tile (J key blocks) cut into k chunks,
+ * every tile takes chunks of cb = ceil(J / k), and the launch is estimated
+ * at ceil(blocks / slots) waves of the longest chunk; the smallest k within
+ * 1/0.85 of the best estimate wins (fewer partials to write and merge).
+ * The q head count and head_dim come from the last attention call (they
+ * are not part of the batch): others only make the plan coarser or finer,
+ * never wrong.
+ */
+static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
+    const char *e = getenv("KILN_CUDA_FA_SPLIT");
+    const long force = e && *e ? strtol(e, NULL, 10) : 1;
+    if (force <= 0) return 0;
+    int J = 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
+            const int kb = fa_tile_kb(&b->seqs[s], m0);
+            J = kb > J ? kb : J;
+        }
+    if (J < 2 * FA_SPLIT_MIN_KB) return 0;
+    if (force > 1) { /* KILN_CUDA_FA_SPLIT=N: the longest tile in N chunks */
+        const int k = force < FA_SPLIT_MAX ? (int)force : FA_SPLIT_MAX, cb = (J + k - 1) / k;
+        return cb > FA_SPLIT_MIN_KB ? cb : FA_SPLIT_MIN_KB;
+    }
+    const long heads = c->fa_heads > 0 ? c->fa_heads : 32;
+    const long slots = (long)c->n_sm * cu_flash_blocks_per_sm(c->fa_hd > 0 ? c->fa_hd : 128);
+    if (5 * (long)n_tiles * heads >= 4 * slots) return 0;
+    const int k_max = J / FA_SPLIT_MIN_KB < FA_SPLIT_MAX ? J / FA_SPLIT_MIN_KB : FA_SPLIT_MAX;
+    long est[FA_SPLIT_MAX + 1], best = -1;
+    for (int k = 1; k <= k_max; k++) {
+        const int cb = (J + k - 1) / k;
+        long blocks = 0, longest = 0;
+        for (int s = 0; s < b->n_seqs; s++)
+            for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
+                const int kb = fa_tile_kb(&b->seqs[s], m0), n_sp = fa_n_split(kb, cb), len = (kb + n_sp - 1) / n_sp;
+                blocks += n_sp * heads, longest = len > longest ? len : longest;
+            }
+        est[k] = (blocks + slots - 1) / slots * longest;
+        best = best < 0 || est[k] < best ? est[k] : best;
+    }
+    for (int k = 1; k <= k_max; k++)
+        if (100 * best >= 85 * est[k]) return k == 1 ? 0 : (J + k - 1) / k;
+    return 0;
 }
 
 static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {

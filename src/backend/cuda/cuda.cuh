@@ -86,11 +86,11 @@ struct cu_moe_tab {
 #define FA_BM 64
 #define FA_BN 64
 #define FA_ENT 8
-/* split-KV of the flash kernel (cu_begin plans it): a split walks at least
- * FA_SPLIT_MIN_KB key blocks (512 keys); the plan aims at FA_SPLIT_PER_SM
- * blocks per SM (KILN_CUDA_FA_SPLIT=N overrides it, 0 turns splitting off) */
+/* split-KV of the flash kernel (cuda.cu cu_begin plans it, attention.cu
+ * describes it): a chunk walks at least FA_SPLIT_MIN_KB key blocks (512
+ * keys), a tile is cut into at most FA_SPLIT_MAX chunks */
 #define FA_SPLIT_MIN_KB 8
-#define FA_SPLIT_PER_SM 4
+#define FA_SPLIT_MAX 64
 
 struct cu_graph {
     int n_tokens, n_seqs, n_out, att_split, ids, seen; /* ids: the step ends with argmax (kiln_batch.out_ids) */
@@ -117,7 +117,7 @@ struct cuda_ctx {
     const struct kiln_seq_view *seqs_host;
     int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention work list (entries, layout above) */
     int fa_slots; /* partial slots of the split entries (0: no tile is split) */
-    int fa_heads; /* q heads of the last attention call: cu_begin plans splits with it (32 before any) */
+    int fa_heads, fa_hd; /* q heads, head_dim of the last attention call, for cu_begin's split plan (0: 32, 128) */
 
     /* scratch: grown on demand, counted as workspace */
     float *att_part;  size_t att_part_cap;  /* split-K partials (row kernel and split flash entries) */
@@ -204,7 +204,12 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
                  const struct kiln_batch *b);
 void cu_attention(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
                   const struct kiln_batch *b, int n_head, float scale);
+/* resident blocks per SM of the split flash kernel at head_dim hd (1 if unsupported) */
+int cu_flash_blocks_per_sm(int hd);
 void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
+/* decode attention with a KV group's query heads in one block (attn_gqa.cu);
+ * 0 when the shape is not one it handles */
+int cu_attention_gqa(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2);
 void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);
 void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn);
 void cu_add(struct kiln_backend *be, void *x, const void *y, size_t n);
