@@ -27,7 +27,9 @@ struct kiln_engine_opts {
     const char *backend;     /* "cpu", "cuda", NULL or "auto" for the best present */
     int n_threads;           /* CPU threads; 0 = every core */
     int page_size;           /* KV page size in tokens; 0 = 16 */
-    int max_total_tokens;    /* KV pool capacity; 0 = the context, at most 32768 */
+    int max_total_tokens;    /* KV pool capacity; 0 = the context, at most 32768 (or what mem_fraction gives) */
+    double mem_fraction;     /* > 0: size the KV pool so that weights + KV take this fraction of the device's
+                              * memory (SGLang's --mem-fraction-static); with max_total_tokens, the smaller */
     int prefill_chunk;       /* most tokens in one forward; 0 = 512 */
     const char *quant;       /* dummy weights built quantized: "gptq-int4", "q4_k", "fp8", ... (NULL: dense) */
     int quant_group;         /* their GPTQ/AWQ group size; 0 = 128 */
@@ -36,6 +38,8 @@ struct kiln_engine_opts {
 kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_t errlen);
 void kiln_engine_close(kiln_engine *e);
 const struct kiln_config *kiln_engine_config(const kiln_engine *e);
+/* the KV pool's capacity in tokens */
+int kiln_engine_max_tokens(const kiln_engine *e);
 const char *kiln_engine_backend(const kiln_engine *e);
 /* The model directory, or NULL for dummy weights (no tokenizer then). */
 const char *kiln_engine_model_dir(const kiln_engine *e);

@@ -643,4 +643,30 @@ void test_kv(void) {
     kiln_seq_free(sa);
     kiln_seq_free(sb);
     kiln_engine_close(e);
+
+    /* --mem-fraction: below what is already in use is an error before
+     * anything runs; above it, the pool gets what is left of the fraction */
+    o.max_total_tokens = 0;
+    o.mem_fraction = 1e-9;
+    e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e == NULL && strstr(err, "--mem-fraction") && strstr(err, "no room"), "%s", err);
+    kiln_engine_close(e);
+    struct kiln_backend *mb = backend_create("cpu", 1, err, sizeof err);
+    size_t fr = 0, tot = 0;
+    mb->mem_info(mb, &fr, &tot);
+    mb->destroy(mb);
+    CHECK(tot > 0 && fr > 0 && fr <= tot, "host memory %zu free of %zu", fr, tot);
+    const double want = 64.0 * 1048576; /* bytes of KV the fraction leaves */
+    o.mem_fraction = ((double)(tot - fr) + want) / (double)tot;
+    e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "%s", err);
+    if (e) {
+        const struct kiln_config *cf = kiln_engine_config(e);
+        double per_tok = (double)kv_bytes_per_token(cf->n_layer, cf->n_head_kv, cf->head_dim, KILN_DTYPE_F32);
+        double got = kiln_engine_max_tokens(e) * per_tok;
+        /* other processes move the free figure between the two readings */
+        CHECK(got > 0.25 * want && got < 4 * want, "KV pool %.1f MiB for a %.1f MiB budget", got / 1048576, want / 1048576);
+        kiln_engine_close(e);
+    }
+    o.mem_fraction = 0;
 }

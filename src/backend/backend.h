@@ -87,6 +87,8 @@ struct kiln_backend {
     /* memory: NULL on failure; buffers hold activations or KV pages */
     void *(*alloc)(struct kiln_backend *be, size_t bytes);
     void (*free)(struct kiln_backend *be, void *p);
+    /* the device memory now free and in total (host RAM on the CPU), bytes */
+    void (*mem_info)(struct kiln_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* zero n bytes of a buffer */
     void (*memzero)(struct kiln_backend *be, void *p, size_t bytes);
     /* copies n activations to the host as f32 (waits for queued ops) */

@@ -18,6 +18,7 @@ const char *cli_model_usage =
     "  --backend cpu|cuda     compute backend (default: the best present)\n"
     "  -t, --threads N        CPU threads (default: all cores)\n"
     "  --max-total-tokens N   KV cache capacity in tokens\n"
+    "  --mem-fraction F       size the KV cache so that weights + KV use F of the device's memory (0 < F <= 1)\n"
     "  --page-size N          KV page size in tokens (default 16)\n"
     "  --chunk N              most prompt tokens per forward (default 512)\n"
     "  -v                     log more\n";
@@ -52,7 +53,17 @@ int cli_model_opt(int argc, char **argv, int *i, struct kiln_engine_opts *o) {
     else if (!strcmp(a, "--max-total-tokens")) iv = &o->max_total_tokens;
     else if (!strcmp(a, "--page-size")) iv = &o->page_size;
     else if (!strcmp(a, "--chunk")) iv = &o->prefill_chunk;
-    else if (!strcmp(a, "--seed-weights")) {
+    else if (!strcmp(a, "--mem-fraction")) {
+        if (need(argc, argv, *i)) return -1;
+        char *end;
+        const char *v = argv[++*i];
+        o->mem_fraction = strtod(v, &end);
+        if (end == v || *end || !(o->mem_fraction > 0 && o->mem_fraction <= 1)) {
+            fprintf(stderr, "kiln: --mem-fraction expects a number in (0, 1], got '%s'\n", v);
+            return -1;
+        }
+        return 1;
+    } else if (!strcmp(a, "--seed-weights")) {
         if (need(argc, argv, *i)) return -1;
         o->seed = strtoull(argv[++*i], NULL, 10);
         return 1;

@@ -27,6 +27,34 @@ static enum kiln_dtype parse_dtype(const char *s) {
     return KILN_DTYPE_NONE;
 }
 
+/* --mem-fraction F: the KV pool takes what is left of F x the device's
+ * memory once the weights are in (what is in use now counts against it);
+ * with --max-total-tokens too, the smaller of the two. Too little left is an
+ * error here, before anything is served. */
+static int kv_tokens_for_fraction(kiln_engine *e, const struct kiln_engine_opts *o, enum kiln_dtype kvt, int *tokens, char *err,
+                                  size_t errlen) {
+    const struct kiln_config *c = &e->model.cfg;
+    if (o->mem_fraction > 1) return kiln_errf(err, errlen, "--mem-fraction %g: expected a fraction in (0, 1]", o->mem_fraction);
+    size_t fr = 0, tot = 0;
+    e->be->mem_info(e->be, &fr, &tot);
+    const double G = 1073741824.0, budget = o->mem_fraction * (double)tot, used = (double)(tot - fr);
+    const size_t per_tok = kv_bytes_per_token(c->n_layer, c->n_head_kv, c->head_dim, kvt);
+    const double left = budget - used;
+    const int page = o->page_size > 0 ? o->page_size : 16;
+    if (left < (double)per_tok * page)
+        return kiln_errf(err, errlen,
+                         "--mem-fraction %g: %.2f GiB of %.2f GiB (%s) are already in use with the weights loaded, which leaves no "
+                         "room for a KV cache in %.2f GiB; raise the fraction or use --max-total-tokens",
+                         o->mem_fraction, used / G, tot / G, e->be->name, budget / G);
+    double t = left / (double)per_tok;
+    if (t > 1 << 30) t = 1 << 30;
+    int from_mem = (int)t / page * page;
+    *tokens = o->max_total_tokens > 0 && o->max_total_tokens < from_mem ? o->max_total_tokens : from_mem;
+    kiln_log(KILN_LOG_INFO, "--mem-fraction %g: %.2f GiB in use, KV pool %d tokens (%.2f GiB)", o->mem_fraction, used / G, *tokens,
+             (double)*tokens * per_tok / G);
+    return 0;
+}
+
 kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_t errlen) {
     kiln_engine *e = kiln_calloc(1, sizeof *e);
     e->be = backend_create(o->backend, o->n_threads, err, errlen);
@@ -49,9 +77,10 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     const struct kiln_config *c = &e->model.cfg;
     int page = o->page_size > 0 ? o->page_size : 16;
     int tokens = o->max_total_tokens > 0 ? o->max_total_tokens : (c->max_pos < 32768 ? c->max_pos : 32768);
+    enum kiln_dtype kvt = e->be->act_size == 4 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
+    if (o->mem_fraction > 0 && kv_tokens_for_fraction(e, o, kvt, &tokens, err, errlen)) goto fail;
     e->max_tokens = tokens;
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;
-    enum kiln_dtype kvt = e->be->act_size == 4 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
     if (kv_pool_init(&e->kv, e->be, c->n_layer, c->n_head_kv, c->head_dim, page, (tokens + page - 1) / page, kvt, err, errlen))
         goto fail;
     return e;
@@ -70,6 +99,8 @@ void kiln_engine_close(kiln_engine *e) {
 
 const struct kiln_config *kiln_engine_config(const kiln_engine *e) { return &e->model.cfg; }
 const char *kiln_engine_backend(const kiln_engine *e) { return e->be->name; }
+
+int kiln_engine_max_tokens(const kiln_engine *e) { return e->max_tokens; }
 const char *kiln_engine_model_dir(const kiln_engine *e) { return strncmp(e->model.path, "dummy:", 6) ? e->model.path : NULL; }
 int64_t kiln_engine_param_bytes(const kiln_engine *e) { return model_n_bytes(&e->model); }
 int64_t kiln_engine_n_params(const kiln_engine *e) { return model_n_params(&e->model); }

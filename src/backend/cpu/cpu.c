@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -167,6 +168,22 @@ static void cpu_read(struct kiln_backend *be, float *dst, const void *src, size_
     memcpy(dst, src, n * sizeof(float));
 }
 
+/* host RAM: MemAvailable and MemTotal of /proc/meminfo (sysconf where that is missing) */
+static void cpu_mem_info(struct kiln_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    long pg = sysconf(_SC_PAGESIZE);
+    *total_bytes = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)pg;
+    *free_bytes = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)pg;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return;
+    char line[256];
+    unsigned long long kb;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *free_bytes = (size_t)kb * 1024;
+        else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total_bytes = (size_t)kb * 1024;
+    fclose(f);
+}
+
 static void cpu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int n, int width) {
     (void)be;
     for (int i = 0; i < n; i++) ids[i] = kiln_argmax((const float *)x + (size_t)i * width, width);
@@ -251,6 +268,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->memzero = cpu_memzero;
     be->read = cpu_read;
     be->argmax = cpu_argmax;
+    be->mem_info = cpu_mem_info;
     be->write = cpu_write;
     be->prepare_tensor = cpu_prepare_tensor;
     be->prepare_linear = cpu_prepare_linear;

@@ -285,6 +285,12 @@ static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int 
     if (!c->logged) log_memory(c);
 }
 
+static void cu_mem_info(struct kiln_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = *total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 static void cu_write(struct kiln_backend *be, void *dst, const float *src, size_t n) {
     cu_flush(cu_ctx(be));
     struct cuda_ctx *c = cu_ctx(be);
@@ -702,6 +708,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->memzero = cu_memzero;
     be->read = cu_read;
     be->argmax = cu_argmax;
+    be->mem_info = cu_mem_info;
     be->write = cu_write;
     be->prepare_tensor = cu_prepare_tensor;
     be->prepare_linear = cu_prepare_linear;
