@@ -4,7 +4,9 @@
  * that exercise the tails: the dense matmul in its GEMV and GEMM shapes for
  * F32/BF16/F16 weights with and without bias, the row dot products that
  * qmatmul.c borrows, paged attention at head_dim 128 (the register path) and
- * an odd head_dim, SwiGLU (the vector exp) and RoPE. A path the CPU lacks
+ * an odd head_dim, the tiled prefill attention against the plain reference
+ * (ragged sequences, cached prefixes, GQA 1/2/3/4/8, head_dim 64/128),
+ * SwiGLU (the vector exp) and RoPE. A path the CPU lacks
  * is reported as skipped; the path in use before the group is restored.
  */
 #include <math.h>
@@ -96,10 +98,10 @@ static void check_attention(struct kiln_backend *be, struct kiln_rng *r, const c
     int32_t toks[T], pos[T];
     for (int i = 0; i < T; i++) toks[i] = 0, pos[i] = i;
     struct kiln_seq_view s1 = {0, PAST, 0, pages, n_pages};
-    struct kiln_batch b1 = {PAST, toks, pos, 1, &s1, 0, NULL};
+    struct kiln_batch b1 = {PAST, toks, pos, 1, &s1, 0, NULL, NULL, NULL};
     be->kv_write(be, &kv, 0, k, v, &b1);
     struct kiln_seq_view s2 = {0, NEW, PAST, pages, n_pages};
-    struct kiln_batch b2 = {NEW, toks + PAST, pos + PAST, 1, &s2, 0, NULL};
+    struct kiln_batch b2 = {NEW, toks + PAST, pos + PAST, 1, &s2, 0, NULL, NULL, NULL};
     be->kv_write(be, &kv, 0, k + PAST * NKV * hd, v + PAST * NKV * hd, &b2);
     float scale = 1.0f / sqrtf((float)hd);
     be->attention(be, att, q + PAST * NH * hd, &kv, 0, &b2, NH, scale);
@@ -124,6 +126,103 @@ static void check_attention(struct kiln_backend *be, struct kiln_rng *r, const c
         }
     CHECK(worst < 2e-6f, "%s attention hd=%d page=%d: max |delta| %g", isa, hd, P, worst);
     free(k), free(v), free(q), free(att);
+    be->free(be, kb), be->free(be, vb);
+}
+
+/*
+ * The tiled (flash-style) attention against the plain reference
+ * (cpu_attention_ref: per row and head, exact softmax, scalar loops) and both
+ * against double precision, on one batch of ragged sequences: a fresh
+ * prefill long enough for two row blocks, a decode row, chunks after cached
+ * prefixes of several pages (one with keys growing along the sequence, so the
+ * running max rises tile after tile and the accumulator is rescaled), short
+ * chunks on either side of the tiled/row threshold; pages shuffled in one
+ * pool. Bound: f32 sums in another order (and the vector exp), so every
+ * output is within 1e-5 x the sum of magnitudes sum_j p_j |v_j| it adds up
+ * (~1e-5 relative).
+ */
+static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, const char *isa, int hd, int G, int P,
+                                  double *worst_out) {
+    enum { NKV = 2, NS = 6 };
+    static const int past[NS] = {0, 37, 70, 100, 5, 3};
+    static const int nnew[NS] = {150, 1, 45, 3, 9, 40};
+    const int NH = NKV * G;
+    int n_pages = 0, rows = 0, tot = 0;
+    for (int s = 0; s < NS; s++) n_pages += (past[s] + nnew[s] + P - 1) / P, rows += nnew[s], tot += past[s] + nnew[s];
+    n_pages += 5;
+    struct kv_cache kv = {1, NKV, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL};
+    size_t kvn = (size_t)n_pages * NKV * P * hd;
+    void *kb = be->alloc(be, sizeof(float) * kvn), *vb = be->alloc(be, sizeof(float) * kvn);
+    memset(kb, 0xff, sizeof(float) * kvn), memset(vb, 0xff, sizeof(float) * kvn); /* NaN: nothing unwritten may be read */
+    kv.k = &kb, kv.v = &vb;
+    int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        int k = (int)(kiln_rng_uniform(r) * (i + 1)), t = perm[i];
+        perm[i] = perm[k], perm[k] = t;
+    }
+    /* every token's k, v (all sequences, [token][NKV][hd]), the new rows' q */
+    float *k = kiln_malloc(sizeof(float) * (size_t)tot * NKV * hd), *v = kiln_malloc(sizeof(float) * (size_t)tot * NKV * hd);
+    float *q = kiln_malloc(sizeof(float) * (size_t)rows * NH * hd);
+    float *o = kiln_malloc(sizeof(float) * (size_t)rows * NH * hd), *oref = kiln_malloc(sizeof(float) * (size_t)rows * NH * hd);
+    struct kiln_seq_view sw[NS], sa[NS];
+    int32_t *toks = kiln_calloc((size_t)tot, sizeof(int32_t)), *pos = kiln_calloc((size_t)tot, sizeof(int32_t));
+    int pg = 0, t0 = 0, r0 = 0;
+    for (int s = 0; s < NS; s++) {
+        int T = past[s] + nnew[s], np = (T + P - 1) / P;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < NKV * hd; i++) {
+                float grow = s == 2 ? 1.0f + t / 80.0f : 1.0f; /* s2: scores grow along the keys */
+                k[(size_t)(t0 + t) * NKV * hd + i] = kiln_rng_normal(r) * grow;
+                v[(size_t)(t0 + t) * NKV * hd + i] = kiln_rng_normal(r);
+            }
+        for (int i = 0; i < nnew[s] * NH * hd; i++) q[(size_t)r0 * NH * hd + i] = kiln_rng_normal(r);
+        sw[s] = (struct kiln_seq_view){t0, T, 0, perm + pg, np};
+        sa[s] = (struct kiln_seq_view){r0, nnew[s], past[s], perm + pg, np};
+        pg += np, t0 += T, r0 += nnew[s];
+    }
+    struct kiln_batch bw = {.n_tokens = tot, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sw};
+    struct kiln_batch ba = {.n_tokens = rows, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sa};
+    be->kv_write(be, &kv, 0, k, v, &bw);
+    const float scale = 1.0f / sqrtf((float)hd);
+    memset(o, 0xff, sizeof(float) * (size_t)rows * NH * hd); /* NaN: every output must be written */
+    be->attention(be, o, q, &kv, 0, &ba, NH, scale);
+    cpu_attention_ref(be, oref, q, &kv, 0, &ba, NH, scale);
+    double worst_ref = 0, worst_dbl = 0, ref_dbl = 0;
+    double *sc = kiln_malloc(sizeof(double) * 256);
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < nnew[s]; i++)
+            for (int h = 0; h < NH; h++) {
+                int row = sa[s].start + i, len = past[s] + i + 1, kh = h / G;
+                const float *qr = q + ((size_t)row * NH + h) * hd;
+                double mx = -1e300, sum = 0;
+                for (int t = 0; t < len; t++) {
+                    const float *kr = k + ((size_t)(sw[s].start + t) * NKV + kh) * hd;
+                    double d = 0;
+                    for (int c = 0; c < hd; c++) d += (double)qr[c] * kr[c];
+                    sc[t] = d * scale;
+                    mx = sc[t] > mx ? sc[t] : mx;
+                }
+                for (int t = 0; t < len; t++) sum += (sc[t] = exp(sc[t] - mx));
+                for (int c = 0; c < hd; c++) {
+                    double ex = 0, mag = 0;
+                    for (int t = 0; t < len; t++) {
+                        double vv = v[((size_t)(sw[s].start + t) * NKV + kh) * hd + c];
+                        ex += sc[t] / sum * vv, mag += sc[t] / sum * fabs(vv);
+                    }
+                    size_t at = ((size_t)row * NH + h) * hd + c;
+                    double e1 = fabs((double)o[at] - oref[at]) / mag, e2 = fabs((double)o[at] - ex) / mag,
+                           e3 = fabs((double)oref[at] - ex) / mag;
+                    if (!(e1 <= worst_ref)) worst_ref = e1; /* NaN sticks */
+                    if (!(e2 <= worst_dbl)) worst_dbl = e2;
+                    if (!(e3 <= ref_dbl)) ref_dbl = e3;
+                }
+            }
+    CHECK(worst_ref <= 1e-5, "%s tiled attention hd=%d G=%d page=%d vs reference: %g x magnitude", isa, hd, G, P, worst_ref);
+    CHECK(worst_dbl <= 1e-5, "%s tiled attention hd=%d G=%d page=%d vs double: %g x magnitude", isa, hd, G, P, worst_dbl);
+    CHECK(ref_dbl <= 1e-5, "reference attention hd=%d G=%d page=%d vs double: %g x magnitude", hd, G, P, ref_dbl);
+    if (worst_ref > *worst_out || worst_ref != worst_ref) *worst_out = worst_ref;
+    free(sc), free(k), free(v), free(q), free(o), free(oref), free(toks), free(pos), free(perm);
     be->free(be, kb), be->free(be, vb);
 }
 
@@ -162,7 +261,7 @@ static void check_swiglu_rope(struct kiln_backend *be, struct kiln_rng *r, const
         int32_t toks[NT] = {0}, pos[NT];
         for (int i = 0; i < NT; i++) pos[i] = round * 1000 + i * 7;
         struct kiln_seq_view sv = {0, NT, 0, NULL, 0};
-        struct kiln_batch b = {NT, toks, pos, 1, &sv, 0, NULL};
+        struct kiln_batch b = {NT, toks, pos, 1, &sv, 0, NULL, NULL, NULL};
         be->qk_norm_rope(be, q, k, &qnt, &knt, &rp, &b, NH, NKV, HD, 1e-6f);
         float worst = 0;
         for (int t = 0; t < NT; t++)
@@ -211,6 +310,14 @@ void test_cpukernels(void) {
         check_attention(be, &r, name, 128, 16);
         check_attention(be, &r, name, 40, 4);
         check_attention(be, &r, name, 8, 3);
+        {
+            static const int gs[] = {1, 2, 3, 4, 8};
+            double worst = 0;
+            for (int hi = 0; hi < 2; hi++)
+                for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
+                    check_attention_tiled(be, &r, name, hi ? 128 : 64, gs[gi], hi ? 16 : 5, &worst);
+            fprintf(stderr, "  %s tiled attention: worst |tiled - reference| = %.2g x sum p|v|\n", name, worst);
+        }
         check_swiglu_rope(be, &r, name);
     }
     cpu_set_isa(saved);

@@ -2,17 +2,50 @@
  * attention.c: causal grouped-query attention over the paged KV cache, and
  * the write of new keys/values into their pages (layout in backend.h).
  *
- * Decomposition: one work item per (query row, query head), handed out by
- * the worker pool (cpu.c) one at a time (later rows see more context). Each
- * computes scores against every cached position of its sequence up to its
- * own (causal), a softmax in f32 (max-subtracted, as torch does), and the
- * weighted sum of values. Query head h reads KV head h / (n_head/n_head_kv).
+ * Query head h reads KV head h / G (G = n_head / n_head_kv). The G query
+ * heads of one KV head are always handled together, so a sequence's keys
+ * and values of one KV head are read once for all of them. Two paths:
  *
- * The three inner loops walk the cache a page at a time (a page's keys of
- * one head are contiguous) and come in scalar, AVX2 and AVX-512 flavours
- * (cpu_isa()): scores (q . k for the page's keys; head_dim 128 keeps q in
- * registers), exp-and-sum over the scores (vector exp, simd.h), and the
- * p-weighted sum of the page's values accumulated in registers.
+ * Tiled (prefill and chunks: n >= 2 new tokens, n * G >= 4 rows), in the
+ * manner of flash attention. A sequence's query rows of one KV head are
+ * numbered r = i * G + g (position i, head g: position-major, so a run of
+ * rows covers consecutive positions) and cut into blocks of QB rows, one
+ * work item each; a block is cut into subtiles of L rows, the vector lanes
+ * (32 on AVX-512, 16 otherwise). Inside a subtile the rows are in the lanes
+ * ("transposed"): Q^T [hd][L] (pre-scaled), scores S^T [BK][L], the
+ * accumulator O^T [hd][L]. Per key tile of BK keys (row pointers gathered
+ * across pages), per subtile that still sees a key of the tile:
+ *
+ *   qk:      S^T[j][:] = sum_d K[j][d] Q^T[d][:]; AVX-512: blocks of 12 keys
+ *            x 32 lanes (24 zmm accumulators); per d, 2 vector loads of Q^T,
+ *            one broadcast per key, 24 FMAs: no horizontal sums, any hd
+ *   softmax: online, per lane: causal mask (key t > the row's position:
+ *            p = 0), m' = max(m, max_j S), alpha = exp(m - m'),
+ *            P = exp(S - m'), l = alpha l + sum_j P (vector exp, simd.h)
+ *   pv:      O^T[d][:] = alpha O^T[d][:] + sum_j V[j][d] P[j][:]; blocks of
+ *            12 dims x 32 lanes, alpha applied as the accumulators load
+ *
+ * and at the end O = O^T / l goes back to the rows. Each K/V page is thus
+ * read from memory once per block of QB rows and reused from L1/L2 by every
+ * subtile, instead of once per (row, head); the next key tile is prefetched
+ * while one is computed. A subtile stops at its last row's position
+ * (causal), so the diagonal costs at most one partly masked tile.
+ *
+ * Rows (decode: one new token): one work item per (row, KV head): page by
+ * page, the scores of the G heads (q . k, head_dim 128 keeps q in
+ * registers), an exact max-subtracted softmax per head (as torch), then
+ * page by page the p-weighted sums of values (accumulated in registers).
+ * A page stays in L1 across the G heads, and the next page is prefetched
+ * (pages are a few KB apart: the hardware prefetcher restarts at each).
+ *
+ * Work items of both kinds go to the worker pool (cpu.c) one at a time,
+ * longest first (cost ~ rows x keys), so the long causal blocks start first
+ * and the short ones fill in at the end.
+ *
+ * Every kernel comes in scalar, AVX2 and AVX-512 flavours (cpu_isa()); they
+ * differ only in the order of f32 sums (and the vector exp, ~1-2 ulp).
+ * cpu_attention_ref is the plain reference the tests hold them to: the row
+ * path with scalar loops, for every row.
  */
 #include <float.h>
 #include <math.h>
@@ -45,7 +78,7 @@ void cpu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const
     }
 }
 
-/* ==== inner loops: scores, exp-sum, p.V ==== */
+/* ==== row path inner loops: scores, exp-sum, p.V ==== */
 
 /* sc[j] = scale * q . k[j] for nk keys of hd floats, contiguous */
 typedef void (*qk_fn)(const float *q, const float *k, int nk, int hd, float scale, float *sc);
@@ -193,71 +226,426 @@ KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int 
     }
 }
 
+/* ==== tiled path kernels: rows in the lanes ==== */
+
+enum {
+    BK = 32,             /* keys per key tile (a multiple of every kernel's key block) */
+    QB = 256,            /* query rows per work item (a multiple of every L) */
+    TILE_MIN_ROWS = 4,   /* a sequence of one row, or fewer rows (n * G), takes the row path */
+    LMAX = 32,
+};
+
+/* s[j][0..L) = sum_d k[j][d] * qt[d][0..L) for j < nk rounded up to the
+ * kernel's key block (krow[j] valid up to BK: spare entries repeat a key) */
+typedef void (*tqk_fn)(const float *qt, const float *const *krow, int nk, int hd, float *s);
+/* online softmax of nk keys (key j is position t0 + j; lane r sees keys up
+ * to lim[r]): s becomes P in place, m and l are updated, alpha gets
+ * exp(m_old - m_new) */
+typedef void (*tsm_fn)(float *s, int nk, int t0, const int32_t *lim, float *m, float *l, float *alpha);
+/* ot[d][0..L) = alpha * ot[d] + sum_{j < nk} vrow[j][d] * p[j][0..L) */
+typedef void (*tpv_fn)(float *ot, const float *alpha, const float *p, const float *const *vrow, int nk, int hd);
+
+#define LS 16 /* lanes of the scalar tiles */
+
+static void tqk_scalar(const float *qt, const float *const *krow, int nk, int hd, float *s) {
+    for (int j = 0; j < nk; j++) {
+        float a[LS] = {0};
+        const float *k = krow[j];
+        for (int d = 0; d < hd; d++)
+            for (int r = 0; r < LS; r++) a[r] += k[d] * qt[d * LS + r];
+        for (int r = 0; r < LS; r++) s[j * LS + r] = a[r];
+    }
+}
+
+static void tsm_scalar(float *s, int nk, int t0, const int32_t *lim, float *m, float *l, float *alpha) {
+    for (int r = 0; r < LS; r++) {
+        float mx = m[r], sum = 0;
+        for (int j = 0; j < nk; j++)
+            if (t0 + j <= lim[r] && s[j * LS + r] > mx) mx = s[j * LS + r];
+        for (int j = 0; j < nk; j++) {
+            float p = t0 + j <= lim[r] ? expf(s[j * LS + r] - mx) : 0.0f;
+            s[j * LS + r] = p;
+            sum += p;
+        }
+        alpha[r] = expf(m[r] - mx);
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mx;
+    }
+}
+
+static void tpv_scalar(float *ot, const float *alpha, const float *p, const float *const *vrow, int nk, int hd) {
+    for (int d = 0; d < hd; d++) {
+        float a[LS];
+        for (int r = 0; r < LS; r++) a[r] = ot[d * LS + r] * alpha[r];
+        for (int j = 0; j < nk; j++) {
+            float v = vrow[j][d];
+            for (int r = 0; r < LS; r++) a[r] += v * p[j * LS + r];
+        }
+        for (int r = 0; r < LS; r++) ot[d * LS + r] = a[r];
+    }
+}
+
+/* AVX2: 16 lanes = 2 ymm; qk blocks of 4 keys (8 accumulators), pv blocks
+ * of 4 dims (8 accumulators) */
+#define NK2 4
+KILN_AVX2 static void tqk_avx2(const float *qt, const float *const *krow, int nk, int hd, float *s) {
+    for (int j0 = 0; j0 < nk; j0 += NK2) {
+        const float *k0 = krow[j0], *k1 = krow[j0 + 1], *k2 = krow[j0 + 2], *k3 = krow[j0 + 3];
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        const float *q = qt;
+        for (int d = 0; d < hd; d++, q += 16) {
+            __m256 q0 = _mm256_load_ps(q), q1 = _mm256_load_ps(q + 8), b;
+            b = _mm256_broadcast_ss(k0 + d), a00 = _mm256_fmadd_ps(b, q0, a00), a01 = _mm256_fmadd_ps(b, q1, a01);
+            b = _mm256_broadcast_ss(k1 + d), a10 = _mm256_fmadd_ps(b, q0, a10), a11 = _mm256_fmadd_ps(b, q1, a11);
+            b = _mm256_broadcast_ss(k2 + d), a20 = _mm256_fmadd_ps(b, q0, a20), a21 = _mm256_fmadd_ps(b, q1, a21);
+            b = _mm256_broadcast_ss(k3 + d), a30 = _mm256_fmadd_ps(b, q0, a30), a31 = _mm256_fmadd_ps(b, q1, a31);
+        }
+        float *o = s + (size_t)j0 * 16;
+        _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), _mm256_store_ps(o + 16, a10), _mm256_store_ps(o + 24, a11);
+        _mm256_store_ps(o + 32, a20), _mm256_store_ps(o + 40, a21), _mm256_store_ps(o + 48, a30), _mm256_store_ps(o + 56, a31);
+    }
+}
+
+KILN_AVX2 static void tsm_avx2(float *s, int nk, int t0, const int32_t *lim, float *m, float *l, float *alpha) {
+    for (int h = 0; h < 16; h += 8) {
+        __m256i lv = _mm256_loadu_si256((const __m256i *)(lim + h));
+        __m256 mo = _mm256_load_ps(m + h), mx = mo, ninf = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < nk; j++) {
+            __m256 inval = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(t0 + j), lv));
+            __m256 x = _mm256_blendv_ps(_mm256_load_ps(s + j * 16 + h), ninf, inval);
+            mx = _mm256_max_ps(mx, x);
+        }
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            __m256 inval = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(t0 + j), lv));
+            __m256 p = _mm256_andnot_ps(inval, kiln_exp8(_mm256_sub_ps(_mm256_load_ps(s + j * 16 + h), mx)));
+            _mm256_store_ps(s + j * 16 + h, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        __m256 al = kiln_exp8(_mm256_sub_ps(mo, mx));
+        _mm256_store_ps(alpha + h, al);
+        _mm256_store_ps(l + h, _mm256_fmadd_ps(_mm256_load_ps(l + h), al, sum));
+        _mm256_store_ps(m + h, mx);
+    }
+}
+
+KILN_AVX2 static void tpv_avx2(float *ot, const float *alpha, const float *p, const float *const *vrow, int nk, int hd) {
+    const __m256 al0 = _mm256_load_ps(alpha), al1 = _mm256_load_ps(alpha + 8);
+    int d0 = 0;
+    for (; d0 + 4 <= hd; d0 += 4) {
+        float *o = ot + (size_t)d0 * 16;
+        __m256 a00 = _mm256_mul_ps(_mm256_load_ps(o), al0), a01 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+        __m256 a10 = _mm256_mul_ps(_mm256_load_ps(o + 16), al0), a11 = _mm256_mul_ps(_mm256_load_ps(o + 24), al1);
+        __m256 a20 = _mm256_mul_ps(_mm256_load_ps(o + 32), al0), a21 = _mm256_mul_ps(_mm256_load_ps(o + 40), al1);
+        __m256 a30 = _mm256_mul_ps(_mm256_load_ps(o + 48), al0), a31 = _mm256_mul_ps(_mm256_load_ps(o + 56), al1);
+        for (int j = 0; j < nk; j++) {
+            const float *v = vrow[j] + d0;
+            __m256 p0 = _mm256_load_ps(p + j * 16), p1 = _mm256_load_ps(p + j * 16 + 8), b;
+            b = _mm256_broadcast_ss(v), a00 = _mm256_fmadd_ps(b, p0, a00), a01 = _mm256_fmadd_ps(b, p1, a01);
+            b = _mm256_broadcast_ss(v + 1), a10 = _mm256_fmadd_ps(b, p0, a10), a11 = _mm256_fmadd_ps(b, p1, a11);
+            b = _mm256_broadcast_ss(v + 2), a20 = _mm256_fmadd_ps(b, p0, a20), a21 = _mm256_fmadd_ps(b, p1, a21);
+            b = _mm256_broadcast_ss(v + 3), a30 = _mm256_fmadd_ps(b, p0, a30), a31 = _mm256_fmadd_ps(b, p1, a31);
+        }
+        _mm256_store_ps(o, a00), _mm256_store_ps(o + 8, a01), _mm256_store_ps(o + 16, a10), _mm256_store_ps(o + 24, a11);
+        _mm256_store_ps(o + 32, a20), _mm256_store_ps(o + 40, a21), _mm256_store_ps(o + 48, a30), _mm256_store_ps(o + 56, a31);
+    }
+    for (; d0 < hd; d0++) {
+        float *o = ot + (size_t)d0 * 16;
+        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(o), al0), a1 = _mm256_mul_ps(_mm256_load_ps(o + 8), al1);
+        for (int j = 0; j < nk; j++) {
+            __m256 b = _mm256_broadcast_ss(vrow[j] + d0);
+            a0 = _mm256_fmadd_ps(b, _mm256_load_ps(p + j * 16), a0), a1 = _mm256_fmadd_ps(b, _mm256_load_ps(p + j * 16 + 8), a1);
+        }
+        _mm256_store_ps(o, a0), _mm256_store_ps(o + 8, a1);
+    }
+}
+
+/* AVX-512: 32 lanes = 2 zmm; qk blocks of 12 keys (24 accumulators; 8 and
+ * 4 for the rest), pv blocks of 12 dims (24 accumulators; 8, 4, 1 for the
+ * rest). The block helpers are inlined with a constant width, so their
+ * accumulators stay in registers. */
+#define KILN_INLINE __attribute__((always_inline)) inline
+KILN_AVX512 static KILN_INLINE void tqk512_block(const float *qt, const float *const *krow, int hd, float *s, const int NK) {
+    const float *k[12];
+    __m512 a[12][2];
+#pragma GCC unroll 12
+    for (int u = 0; u < NK; u++) k[u] = krow[u], a[u][0] = a[u][1] = _mm512_setzero_ps();
+    const float *q = qt;
+    for (int d = 0; d < hd; d++, q += 32) {
+        __m512 q0 = _mm512_load_ps(q), q1 = _mm512_load_ps(q + 16);
+#pragma GCC unroll 12
+        for (int u = 0; u < NK; u++) {
+            __m512 b = _mm512_set1_ps(k[u][d]);
+            a[u][0] = _mm512_fmadd_ps(b, q0, a[u][0]), a[u][1] = _mm512_fmadd_ps(b, q1, a[u][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int u = 0; u < NK; u++) _mm512_store_ps(s + 32 * u, a[u][0]), _mm512_store_ps(s + 32 * u + 16, a[u][1]);
+}
+
+KILN_AVX512 static void tqk_avx512(const float *qt, const float *const *krow, int nk, int hd, float *s) {
+    int j0 = 0;
+    for (; nk - j0 >= 12; j0 += 12) tqk512_block(qt, krow + j0, hd, s + (size_t)j0 * 32, 12);
+    if (nk - j0 > 4) tqk512_block(qt, krow + j0, hd, s + (size_t)j0 * 32, 8), j0 += 8;
+    if (nk - j0 > 0) tqk512_block(qt, krow + j0, hd, s + (size_t)j0 * 32, 4);
+}
+
+KILN_AVX512 static void tsm_avx512(float *s, int nk, int t0, const int32_t *lim, float *m, float *l, float *alpha) {
+    for (int h = 0; h < 32; h += 16) {
+        __m512i lv = _mm512_loadu_si512(lim + h);
+        __m512 mo = _mm512_load_ps(m + h), mx = mo;
+        for (int j = 0; j < nk; j++) {
+            __mmask16 ok = _mm512_cmple_epi32_mask(_mm512_set1_epi32(t0 + j), lv);
+            mx = _mm512_mask_max_ps(mx, ok, mx, _mm512_load_ps(s + j * 32 + h));
+        }
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j++) {
+            __mmask16 ok = _mm512_cmple_epi32_mask(_mm512_set1_epi32(t0 + j), lv);
+            __m512 p = _mm512_maskz_mov_ps(ok, kiln_exp16(_mm512_sub_ps(_mm512_load_ps(s + j * 32 + h), mx)));
+            _mm512_store_ps(s + j * 32 + h, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        __m512 al = kiln_exp16(_mm512_sub_ps(mo, mx));
+        _mm512_store_ps(alpha + h, al);
+        _mm512_store_ps(l + h, _mm512_fmadd_ps(_mm512_load_ps(l + h), al, sum));
+        _mm512_store_ps(m + h, mx);
+    }
+}
+
+KILN_AVX512 static KILN_INLINE void tpv512_block(float *o, __m512 al0, __m512 al1, const float *p, const float *const *vrow, int d0,
+                                                 int nk, const int ND) {
+    __m512 a[12][2];
+#pragma GCC unroll 12
+    for (int u = 0; u < ND; u++)
+        a[u][0] = _mm512_mul_ps(_mm512_load_ps(o + 32 * u), al0), a[u][1] = _mm512_mul_ps(_mm512_load_ps(o + 32 * u + 16), al1);
+    for (int j = 0; j < nk; j++) {
+        const float *v = vrow[j] + d0;
+        __m512 p0 = _mm512_load_ps(p + j * 32), p1 = _mm512_load_ps(p + j * 32 + 16);
+#pragma GCC unroll 12
+        for (int u = 0; u < ND; u++) {
+            __m512 b = _mm512_set1_ps(v[u]);
+            a[u][0] = _mm512_fmadd_ps(b, p0, a[u][0]), a[u][1] = _mm512_fmadd_ps(b, p1, a[u][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int u = 0; u < ND; u++) _mm512_store_ps(o + 32 * u, a[u][0]), _mm512_store_ps(o + 32 * u + 16, a[u][1]);
+}
+
+KILN_AVX512 static void tpv_avx512(float *ot, const float *alpha, const float *p, const float *const *vrow, int nk, int hd) {
+    const __m512 al0 = _mm512_load_ps(alpha), al1 = _mm512_load_ps(alpha + 16);
+    int d0 = 0;
+    for (; hd - d0 >= 12; d0 += 12) tpv512_block(ot + (size_t)d0 * 32, al0, al1, p, vrow, d0, nk, 12);
+    for (; hd - d0 >= 4; d0 += 4) tpv512_block(ot + (size_t)d0 * 32, al0, al1, p, vrow, d0, nk, 4);
+    for (; d0 < hd; d0++) tpv512_block(ot + (size_t)d0 * 32, al0, al1, p, vrow, d0, nk, 1);
+}
+
+/* ==== work items and the drivers ==== */
+
+struct att_item {
+    int64_t cost; /* ~ rows x keys */
+    int seq, kh;
+    int r0, r1; /* tiled: the sequence's rows [r0, r1) (r = i * G + g); rows: r0 = the batch row */
+    int tiled;
+};
+
 struct att_job {
-    float *out, *sc; /* sc: one score row of sc_len floats per thread */
+    float *out, *scratch; /* scratch: scr_len floats per thread */
+    size_t scr_len;
     const float *q;
     const struct kv_cache *kv;
     const struct kiln_batch *b;
-    const int32_t *row_seq; /* batch row -> its sequence */
+    const struct att_item *items;
     int layer, n_head, group, sc_len;
     float scale;
     qk_fn qk;
     expsum_fn expsum;
     pv_fn pv;
+    int L; /* lanes of the tiled kernels */
+    tqk_fn tqk;
+    tsm_fn tsm;
+    tpv_fn tpv;
 };
 
-/* items are (batch row, query head), row-major */
-static void att_items(void *arg, int64_t b0, int64_t e0, int tid) {
-    const struct att_job *j = arg;
+/* the next page of one head towards L2 while this one is computed: pages
+ * are a few KB apart, so the hardware prefetcher restarts at every page */
+static inline void prefetch_page(const void *base, int page, int kh, int nkv, size_t page_stride, int n, int hd) {
+    const char *p = (const char *)((const float *)base + ((size_t)page * nkv + kh) * page_stride), *e = p + (size_t)n * hd * 4;
+    for (; p < e; p += 64) _mm_prefetch(p, _MM_HINT_T1);
+}
+
+/* one (row, KV head): the G heads together, page by page */
+static void att_row(const struct att_job *j, const struct att_item *it, float *sc) {
     const struct kv_cache *kv = j->kv;
-    const int hd = kv->head_dim, nkv = kv->n_head_kv, P = kv->page_size, n_head = j->n_head;
+    const int hd = kv->head_dim, nkv = kv->n_head_kv, P = kv->page_size, G = j->group, kh = it->kh, row = it->r0;
     const size_t page_stride = (size_t)P * hd; /* one head's page */
-    float *sc = j->sc + (size_t)tid * j->sc_len;
-    for (int64_t it = b0; it < e0; it++) {
-        int row = (int)(it / n_head), h = (int)(it % n_head);
-        if (j->row_seq[row] < 0) continue; /* a row of no sequence */
-        const struct kiln_seq_view *sq = &j->b->seqs[j->row_seq[row]];
-        int len = sq->n_past + (row - sq->start) + 1, kh = h / j->group;
-        const float *qh = j->q + ((size_t)row * n_head + h) * hd;
-        for (int t0 = 0; t0 < len; t0 += P) {
-            const float *kp = (const float *)kv->k[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
-            j->qk(qh, kp, len - t0 < P ? len - t0 : P, hd, j->scale, sc + t0);
-        }
-        float mx = -FLT_MAX;
+    const struct kiln_seq_view *sq = &j->b->seqs[it->seq];
+    const int len = sq->n_past + (row - sq->start) + 1;
+    const float *qr = j->q + ((size_t)row * j->n_head + (size_t)kh * G) * hd;
+    float *out = j->out + ((size_t)row * j->n_head + (size_t)kh * G) * hd;
+    for (int t0 = 0; t0 < len; t0 += P) {
+        const float *kp = (const float *)kv->k[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
+        if (t0 + P < len) prefetch_page(kv->k[j->layer], sq->pages[t0 / P + 1], kh, nkv, page_stride, len - t0 - P < P ? len - t0 - P : P, hd);
+        for (int g = 0; g < G; g++) j->qk(qr + (size_t)g * hd, kp, len - t0 < P ? len - t0 : P, hd, j->scale, sc + (size_t)g * j->sc_len + t0);
+    }
+    for (int g = 0; g < G; g++) {
+        float *s = sc + (size_t)g * j->sc_len, mx = -FLT_MAX;
         for (int t = 0; t < len; t++)
-            if (sc[t] > mx) mx = sc[t];
-        float inv = 1.0f / j->expsum(sc, len, mx);
-        for (int t = 0; t < len; t++) sc[t] *= inv;
-        float *o = j->out + ((size_t)row * n_head + h) * hd;
-        for (int d = 0; d < hd; d++) o[d] = 0;
-        for (int t0 = 0; t0 < len; t0 += P) {
-            const float *vp = (const float *)kv->v[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
-            j->pv(o, sc + t0, vp, len - t0 < P ? len - t0 : P, hd);
+            if (s[t] > mx) mx = s[t];
+        float inv = 1.0f / j->expsum(s, len, mx);
+        for (int t = 0; t < len; t++) s[t] *= inv;
+        memset(out + (size_t)g * hd, 0, sizeof(float) * (size_t)hd);
+    }
+    for (int t0 = 0; t0 < len; t0 += P) {
+        const float *vp = (const float *)kv->v[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
+        if (t0 + P < len) prefetch_page(kv->v[j->layer], sq->pages[t0 / P + 1], kh, nkv, page_stride, len - t0 - P < P ? len - t0 - P : P, hd);
+        for (int g = 0; g < G; g++) j->pv(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, len - t0 < P ? len - t0 : P, hd);
+    }
+}
+
+/* one (sequence, KV head, block of up to QB rows), flash style */
+static void att_tile(const struct att_job *j, const struct att_item *it, float *scr) {
+    const struct kv_cache *kv = j->kv;
+    const int hd = kv->head_dim, nkv = kv->n_head_kv, P = kv->page_size, G = j->group, kh = it->kh, L = j->L;
+    const struct kiln_seq_view *sq = &j->b->seqs[it->seq];
+    const int R = it->r1 - it->r0, nst = (R + L - 1) / L;
+    /* scratch: Q^T and O^T [nst][hd][L], S [BK][L], m, l, alpha [nst][L], lim [nst][L] */
+    float *qt = scr, *ot = qt + (size_t)QB * hd, *S = ot + (size_t)QB * hd, *m = S + BK * LMAX, *l = m + QB, *al = l + QB;
+    int32_t *lim = (int32_t *)(al + QB);
+    const float *krow[BK], *vrow[BK];
+    int st_hi[QB / 16]; /* per subtile: the largest key limit of its rows */
+    for (int st = 0; st < nst; st++) {
+        float *q = qt + (size_t)st * hd * L;
+        st_hi[st] = -1;
+        for (int r = 0; r < L; r++) {
+            int rr = it->r0 + st * L + r;
+            int32_t *lm = lim + st * L + r;
+            m[st * L + r] = -INFINITY, l[st * L + r] = 0;
+            if (rr >= it->r1) { /* a spare lane: q = 0, never masked, never written out */
+                for (int d = 0; d < hd; d++) q[d * L + r] = 0;
+                *lm = INT32_MAX;
+                continue;
+            }
+            int i = rr / G, g = rr % G;
+            const float *src = j->q + ((size_t)(sq->start + i) * j->n_head + (size_t)kh * G + g) * hd;
+            for (int d = 0; d < hd; d++) q[d * L + r] = src[d] * j->scale;
+            *lm = sq->n_past + i;
+            if (*lm > st_hi[st]) st_hi[st] = *lm;
         }
     }
+    memset(ot, 0, sizeof(float) * (size_t)nst * hd * L);
+    const int n_keys = st_hi[nst - 1] + 1; /* rows are position-major: the last subtile sees the most */
+    const size_t page_stride = (size_t)P * hd;
+    const float *kbase = (const float *)kv->k[j->layer], *vbase = (const float *)kv->v[j->layer];
+    for (int t0 = 0; t0 < n_keys; t0 += BK) {
+        int nt = n_keys - t0 < BK ? n_keys - t0 : BK;
+        for (int u = 0; u < BK; u++) {
+            int t = t0 + (u < nt ? u : nt - 1); /* spare entries: the last key again (scores unused) */
+            size_t off = ((size_t)sq->pages[t / P] * nkv + kh) * page_stride + (size_t)(t % P) * hd;
+            krow[u] = kbase + off, vrow[u] = vbase + off;
+        }
+        /* the next tile's keys and values towards L2 while this one is computed
+         * (rows gathered from pages defeat the hardware prefetcher's ramp-up) */
+        for (int t = t0 + BK; t < t0 + 2 * BK && t < n_keys; t++) {
+            size_t off = ((size_t)sq->pages[t / P] * nkv + kh) * page_stride + (size_t)(t % P) * hd;
+            for (int d = 0; d < hd; d += 16) {
+                _mm_prefetch((const char *)(kbase + off + d), _MM_HINT_T1);
+                _mm_prefetch((const char *)(vbase + off + d), _MM_HINT_T1);
+            }
+        }
+        for (int st = 0; st < nst; st++) {
+            if (t0 > st_hi[st]) continue; /* causal: this subtile's rows see none of these keys */
+            int nk = st_hi[st] + 1 - t0 < nt ? st_hi[st] + 1 - t0 : nt;
+            float *sm = m + st * L, *sl = l + st * L, *sa = al + st * L, *so = ot + (size_t)st * hd * L;
+            j->tqk(qt + (size_t)st * hd * L, krow, nk, hd, S);
+            j->tsm(S, nk, t0, lim + st * L, sm, sl, sa);
+            j->tpv(so, sa, S, vrow, nk, hd);
+        }
+    }
+    for (int st = 0; st < nst; st++)
+        for (int r = 0; r < L; r++) {
+            int rr = it->r0 + st * L + r;
+            if (rr >= it->r1) break;
+            int i = rr / G, g = rr % G;
+            float *dst = j->out + ((size_t)(sq->start + i) * j->n_head + (size_t)kh * G + g) * hd, inv = 1.0f / l[st * L + r];
+            const float *src = ot + (size_t)st * hd * L + r;
+            for (int d = 0; d < hd; d++) dst[d] = src[(size_t)d * L] * inv;
+        }
+}
+
+static void att_items(void *arg, int64_t b0, int64_t e0, int tid) {
+    const struct att_job *j = arg;
+    float *scr = j->scratch + (size_t)tid * j->scr_len;
+    for (int64_t i = b0; i < e0; i++) {
+        const struct att_item *it = &j->items[i];
+        if (it->tiled) att_tile(j, it, scr);
+        else att_row(j, it, scr);
+    }
+}
+
+static int item_cmp(const void *a_, const void *b_) {
+    const struct att_item *a = a_, *b = b_;
+    return a->cost > b->cost ? -1 : a->cost < b->cost ? 1 : 0;
+}
+
+/* isa < 0: the reference (every row on the row path, scalar loops) */
+static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
+                      const struct kiln_batch *b, int n_head, float scale, int isa) {
+    const int G = n_head / kv->n_head_kv, nkv = kv->n_head_kv, hd = kv->head_dim, nth = cpu_n_threads(be);
+    struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .layer = layer, .n_head = n_head, .group = G, .scale = scale};
+    j.qk = isa == CPU_ISA_AVX512 ? qk_avx512 : isa == CPU_ISA_AVX2 ? qk_avx2 : qk_scalar;
+    j.expsum = isa == CPU_ISA_AVX512 ? expsum_avx512 : isa == CPU_ISA_AVX2 ? expsum_avx2 : expsum_scalar;
+    j.pv = isa == CPU_ISA_AVX512 ? pv_avx512 : isa == CPU_ISA_AVX2 ? pv_avx2 : pv_scalar;
+    j.L = isa == CPU_ISA_AVX512 ? 32 : 16;
+    j.tqk = isa == CPU_ISA_AVX512 ? tqk_avx512 : isa == CPU_ISA_AVX2 ? tqk_avx2 : tqk_scalar;
+    j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
+    j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
+    int n_items = 0, max_len = 1, any_tiled = 0;
+    int64_t work = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct kiln_seq_view *sq = &b->seqs[s];
+        int rows = sq->n * G;
+        if (sq->n_past + sq->n > max_len) max_len = sq->n_past + sq->n;
+        n_items += nkv * (isa >= 0 && sq->n >= 2 && rows >= TILE_MIN_ROWS ? (rows + QB - 1) / QB : sq->n);
+    }
+    struct att_item *items = kiln_malloc(sizeof *items * (size_t)(n_items > 0 ? n_items : 1));
+    n_items = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const struct kiln_seq_view *sq = &b->seqs[s];
+        int rows = sq->n * G;
+        if (isa >= 0 && sq->n >= 2 && rows >= TILE_MIN_ROWS) {
+            any_tiled = 1;
+            for (int r0 = 0; r0 < rows; r0 += QB) {
+                int r1 = rows - r0 < QB ? rows : r0 + QB;
+                int64_t cost = (int64_t)(r1 - r0) * (sq->n_past + (r1 - 1) / G + 1) * hd;
+                for (int kh = 0; kh < nkv; kh++) items[n_items++] = (struct att_item){cost, s, kh, r0, r1, 1};
+                work += cost * nkv;
+            }
+        } else {
+            for (int i = 0; i < sq->n; i++) {
+                int64_t cost = (int64_t)G * (sq->n_past + i + 1) * hd;
+                for (int kh = 0; kh < nkv; kh++) items[n_items++] = (struct att_item){cost, s, kh, sq->start + i, 0, 0};
+                work += cost * nkv;
+            }
+        }
+    }
+    qsort(items, (size_t)n_items, sizeof *items, item_cmp);
+    j.items = items;
+    j.sc_len = (max_len + 31) & ~31;
+    size_t row_len = (size_t)G * j.sc_len;
+    size_t tile_len = any_tiled ? 2 * (size_t)QB * hd + BK * LMAX + 4 * QB : 0;
+    j.scr_len = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
+    if (posix_memalign((void **)&j.scratch, 64, sizeof(float) * j.scr_len * (size_t)nth)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
+    cpu_parallel_for(be, n_items, work >= 65536 ? 1 : n_items, att_items, &j);
+    free(j.scratch);
+    free(items);
 }
 
 void cpu_attention(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
                    const struct kiln_batch *b, int n_head, float scale) {
-    int max_len = 1;
-    int64_t work = 0; /* about rows x heads x context x head_dim multiply-adds, twice */
-    int32_t *row_seq = kiln_malloc(sizeof(int32_t) * (size_t)(b->n_tokens > 0 ? b->n_tokens : 1));
-    for (int i = 0; i < b->n_tokens; i++) row_seq[i] = -1;
-    for (int s = 0; s < b->n_seqs; s++) {
-        const struct kiln_seq_view *sq = &b->seqs[s];
-        if (sq->n_past + sq->n > max_len) max_len = sq->n_past + sq->n;
-        for (int i = 0; i < sq->n; i++) row_seq[sq->start + i] = s;
-        work += (int64_t)sq->n * n_head * (sq->n_past + sq->n) * kv->head_dim;
-    }
-    const int isa = cpu_isa(), nth = cpu_n_threads(be);
-    struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .row_seq = row_seq, .layer = layer, .n_head = n_head,
-                        .group = n_head / kv->n_head_kv, .sc_len = (max_len + 31) & ~31, .scale = scale};
-    j.qk = isa == CPU_ISA_AVX512 ? qk_avx512 : isa == CPU_ISA_AVX2 ? qk_avx2 : qk_scalar;
-    j.expsum = isa == CPU_ISA_AVX512 ? expsum_avx512 : isa == CPU_ISA_AVX2 ? expsum_avx2 : expsum_scalar;
-    j.pv = isa == CPU_ISA_AVX512 ? pv_avx512 : isa == CPU_ISA_AVX2 ? pv_avx2 : pv_scalar;
-    j.sc = kiln_malloc(sizeof(float) * (size_t)j.sc_len * nth);
-    int64_t items = (int64_t)b->n_tokens * n_head;
-    cpu_parallel_for(be, items, work >= 65536 ? 1 : items, att_items, &j);
-    free(j.sc);
-    free(row_seq);
+    attention(be, out, q, kv, layer, b, n_head, scale, cpu_isa());
+}
+
+void cpu_attention_ref(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
+                       const struct kiln_batch *b, int n_head, float scale) {
+    attention(be, out, q, kv, layer, b, n_head, scale, -1);
 }

@@ -72,6 +72,11 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n);
 
 void cpu_attention(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
                    const struct kiln_batch *b, int n_head, float scale);
+/* the same attention computed plainly (attention.c): per row and head, exact
+ * max-subtracted softmax, scalar loops, whatever cpu_isa() says; the
+ * reference the tests hold cpu_attention's tiled and vector paths to */
+void cpu_attention_ref(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
+                       const struct kiln_batch *b, int n_head, float scale);
 void cpu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k, const void *v,
                   const struct kiln_batch *b);
 void cpu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
