@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "base/base.h"
 #include "format/config.h"
 #include "format/gguf.h"
@@ -184,6 +185,77 @@ static void test_kernels(void) {
         }
     }
     free(x), free(out), free(W);
+    be->destroy(be);
+}
+
+/* The prefill kernels (int8 GEMM for Q8_0/Q4_0, the f32 GEMM on dequantized
+ * panels for GPTQ/AWQ/FP8/exact GGUF) and the decode row dots on each
+ * instruction set the CPU has, against the scalar path (itself checked
+ * against the dequantized weights above): ragged shapes (rows not a
+ * multiple of the 8/16/32-row panels, tokens not a multiple of the 4/6/8/12
+ * token tiles, K of several blocks, bias on and off). The int8 sums are
+ * exact, so paths differ only in the f32 order of the per-block terms. */
+static void test_qgemm(void) {
+    char err[512];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    const int saved = cpu_isa();
+    struct {
+        const char *fmt;
+        int N, K, f32act, group;
+    } cs[] = {{"q8_0", 37, 320, 0, 64},      {"q4_0", 37, 320, 0, 64},      {"q8_0", 53, 96, 0, 64},  {"q4_0", 16, 64, 0, 64},
+              {"q4_k", 21, 512, 0, 64},      {"q8_0", 37, 320, 1, 64},      {"gptq-int4", 40, 320, 0, 64},
+              {"gptq-int8", 24, 192, 0, 64}, {"awq", 40, 320, 0, 64},       {"fp8", 37, 320, 0, 64},
+              {"gptq-int4", 40, 384, 0, 128}, {"awq", 24, 512, 0, 256},     {"q4_0", 45, 1056, 0, 64}};
+    static const int ns[] = {1, 3, 8, 13, 37};
+    const int maxn = 37;
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 99);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int N = cs[c].N, K = cs[c].K;
+        if (cs[c].f32act) setenv("KILN_QACT", "f32", 1);
+        void **owned = kiln_calloc(1, sizeof(void *));
+        struct qlinear w = {.n_out = N, .n_in = K};
+        int rc = quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 300 + c, 0.05f, test_alloc, &owned, err, sizeof err);
+        CHECK(rc == 0, "%s: %s", cs[c].fmt, err);
+        float *bias = kiln_malloc(sizeof(float) * N);
+        for (int i = 0; i < N; i++) bias[i] = kiln_rng_normal(&r);
+        if (c & 1) w.bias = (struct ktensor){KILN_DTYPE_F32, 1, N, bias, NULL};
+        if (rc == 0 && be->prepare_linear(be, &w, err, sizeof err) == 0) {
+            float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
+            float *W = kiln_malloc(sizeof(float) * N * K);
+            quant_dequant_linear(&w, W);
+            for (int i = 0; i < maxn * K; i++) x[i] = kiln_rng_normal(&r) * (i % 97 == 0 ? 8.0f : 1.0f);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                const int n = ns[ni];
+                double scale = 0;
+                for (int t = 0; t < n; t++)
+                    for (int o = 0; o < N; o++) {
+                        double a = 0;
+                        for (int k = 0; k < K; k++) a += fabs(W[(size_t)o * K + k] * x[(size_t)t * K + k]);
+                        scale = fmax(scale, a);
+                    }
+                cpu_set_isa(CPU_ISA_SCALAR);
+                be->matmul(be, ref, x, &w, n);
+                for (int isa = CPU_ISA_AVX2; isa <= cpu_isa_max(); isa++) {
+                    cpu_set_isa(isa);
+                    memset(out, 0xff, sizeof(float) * (size_t)n * N); /* NaN: every output must be written */
+                    be->matmul(be, out, x, &w, n);
+                    double md = 0;
+                    for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i]));
+                    CHECK(md <= 2e-6 * scale, "%s %s%s N=%d K=%d n=%d: max |%s - scalar| %g > %g", cpu_isa_name(isa), cs[c].fmt,
+                          cs[c].f32act ? " (f32 act)" : "", N, K, n, cpu_isa_name(isa), md, 2e-6 * scale);
+                }
+            }
+            be->release_linear(be, &w);
+            free(x), free(ref), free(out), free(W);
+        }
+        unsetenv("KILN_QACT");
+        for (int i = 0; owned[i]; i++) free(owned[i]);
+        free(owned), free(bias);
+    }
+    cpu_set_isa(saved);
     be->destroy(be);
 }
 
@@ -569,6 +641,7 @@ void test_quant(void) {
     test_quantize_roundtrip();
     test_roundtrip();
     test_kernels();
+    test_qgemm();
     test_config_errors();
     test_gguf_parser();
     test_pairs();

@@ -1,32 +1,45 @@
 /*
  * qmatmul.c: y = x W^T + b on the CPU for the quantized formats (FP8 block,
  * GPTQ, AWQ, GGUF blocks). matmul.c hands every non-dense linear here.
+ * Everything runs on the backend's worker pool (cpu_parallel_for), and each
+ * kernel has a scalar reference path (KILN_CPU_ISA=scalar) that the tests
+ * hold the AVX2 and AVX-512 paths to (test_quant.c, test_qgemm).
  *
- * Two paths, both reading the weights as stored (or as repacked once at
- * load, for GPTQ/AWQ: format/quant.h struct qgrp); nothing is ever
- * dequantized to f32 beyond one row of scratch per thread:
+ * Two numerics, both reading the weights as stored (or as repacked once at
+ * load, for GPTQ/AWQ: format/quant.h struct qgrp):
  *
- *   exact   (every format) OpenMP splits the n_out rows across threads; a
- *           thread dequantizes its current row into an L1/L2-resident
- *           scratch row and takes f32 dot products with up to 4 activation
- *           rows at a time (matmul.c's dot kernels). At decode (n <= 4) FP8,
- *           GPTQ and AWQ skip the scratch: dequantized registers feed the
- *           FMAs directly. The result equals the dequantized weights'
- *           matmul up to f32 summation order.
- *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way) activations are
- *           quantized once per call to int8 blocks of 32 (f32 scale + the
- *           block's integer sum); each output is then integer dot products
- *           of the stored weight codes with the activation codes, scaled per
- *           block. AVX2 (maddubs/madd) with a scalar fallback, picked at run
- *           time. Costs ~0.5% relative error per dot from rounding x: the
- *           tests bound it separately. KILN_QACT=f32 forces the exact path.
+ *   exact   (FP8, GPTQ, AWQ; GGUF Q5_0/Q5_1, or any GGUF with KILN_QACT=f32)
+ *           f32 activations, weights dequantized to f32 (w = s * q + b), f32
+ *           products: equal to the dequantized weights' matmul up to f32
+ *           summation order.
+ *             decode (n <= 4): fused dequantize + FMA per row, no scratch
+ *               (AVX-512 one-row kernel for 4-bit GPTQ/AWQ);
+ *             prefill (n >= 8): a GEMM: NR weight rows dequantized once into
+ *               an f32 panel [k][NR] (8 x 8 transposes), x packed once in
+ *               tiles of MR tokens, an MR x NR register-tiled microkernel
+ *               (AVX-512 12 x 32, AVX2 6 x 16);
+ *             otherwise (scalar, n 5..7): one row dequantized to scratch and
+ *               matmul.c's f32 dots.
+ *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way)
+ *           activations quantized once per call to int8 blocks of 32 (f32
+ *           scale + the block's integer sum); integer dot products of the
+ *           stored codes with the activation codes, scaled per block. Costs
+ *           ~0.5% relative error per dot from rounding x: the tests bound it
+ *           separately. KILN_QACT=f32 forces the exact path.
+ *             decode (n = 1): one row at a time, 4+ independent accumulators,
+ *               software prefetch; AVX-512 VNNI kernels for Q8_0 / Q4_0
+ *               (vpdpbusd, 8 block scales converted at once; Q4_0 two blocks
+ *               per zmm);
+ *             prefill (n >= 8, Q8_0 / Q4_0): the int8 GEMM below (weights
+ *               repacked per call into 4-byte-interleaved panels, VNNI or
+ *               AVX2 microkernel over tiles of tokens);
+ *             otherwise: row dots over up to 4 activation rows (AVX2).
  *
  * Act-order GPTQ: x is permuted once per call (x'[k] = x[perm[k]]) so the
  * repacked rows read groups contiguously.
  */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 
 #include "backend/cpu/cpu.h"
@@ -85,15 +98,8 @@ void cpu_qrelease_linear(struct qlinear *w) {
 }
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-static int have_avx2(void) {
-    static int v = -1;
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") && !getenv("KILN_NO_SIMD");
-    }
-    return v;
-}
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* ==== exact path: one row dequantized to scratch ==== */
 
@@ -185,16 +191,22 @@ AVX2 static void row_grp_avx2(const struct qgrp *g, int r, float *y) {
 /* Decode (n <= 4): the same arithmetic fused, without the scratch row: each
  * 8 dequantized weights go from registers straight into the FMAs of up to 4
  * activation rows. */
-AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+AVX2 static inline __attribute__((always_inline)) void fused_grp_avx2_(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
     const uint8_t *q = g->q + (size_t)r * g->row_bytes;
     const float *sb = g->sb + (size_t)r * g->n_group * 2;
     const __m128i m4 = _mm_set1_epi8(15);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    /* NA independent accumulators per activation row (4 at nx = 1): one
+     * FMA chain per row would wait on the FMA latency at every step */
+    enum { NA = 4 };
+    const int na = nx == 1 ? 4 : nx == 2 ? 2 : 1;
+    __m256 acc[4][NA];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < NA; i++) acc[j][i] = _mm256_setzero_ps();
     float tail[4] = {0, 0, 0, 0};
 #define STEP(bytes, off)                                                                                   \
     do {                                                                                                   \
         __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), vs, vb);             \
-        for (int j = 0; j < nx; j++) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + k + (off)), acc[j]); \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) acc[j][((off) / 8) % na] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + k + (off)), acc[j][((off) / 8) % na]); \
     } while (0)
     for (int gi = 0; gi < g->n_group; gi++) {
         int a = g->gstart[gi], e = g->gstart[gi + 1], k = a;
@@ -208,6 +220,7 @@ AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const 
             }
         } else {
             for (; k < e && (k & 31); k++)
+                #pragma GCC unroll 4
                 for (int j = 0; j < nx; j++) tail[j] += (s * qgrp_code(g, r, k) + b) * x[j][k];
             for (; k + 32 <= e; k += 32) {
                 __m128i v = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16));
@@ -219,13 +232,28 @@ AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const 
             }
         }
         for (; k < e; k++)
+            #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) tail[j] += (s * qgrp_code(g, r, k) + b) * x[j][k];
     }
 #undef STEP
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + tail[j];
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) {
+        __m256 t = acc[j][0];
+        for (int i = 1; i < na; i++) t = _mm256_add_ps(t, acc[j][i]);
+        out[j] = kiln_hsum8(t) + tail[j];
+    }
+}
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+    switch (nx) {
+    case 1: fused_grp_avx2_(g, r, x, 1, out); break;
+    case 2: fused_grp_avx2_(g, r, x, 2, out); break;
+    case 3: fused_grp_avx2_(g, r, x, 3, out); break;
+    default: fused_grp_avx2_(g, r, x, 4, out); break;
+    }
 }
 
-AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+AVX2 static inline __attribute__((always_inline)) void fused_fp8_avx2_(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
     const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
     const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
     const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
@@ -238,65 +266,365 @@ AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, 
             __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + k)));
             __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
             __m256 wv = _mm256_mul_ps(_mm256_cvtph_ps(h), sc);
+            #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + k), acc[j]);
         }
         for (; k < k1; k++)
+            #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) tail[j] += fp8_lut[q[k]] * s[b] * x[j][k];
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + tail[j];
 }
-
-static void matmul_exact(float *out, const float *x, const struct qlinear *w, int n) {
-    const struct qprep *p = w->be;
-    const int K = w->n_in, N = w->n_out;
-    const float *bias = w->bias.data ? cpu_vec(&w->bias) : NULL;
-    cpu_dot_fn dot = cpu_dot_for(KILN_DTYPE_F32);
-    float *xp = NULL;
-    if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && p->grp.perm) {
-        xp = kiln_malloc(sizeof(float) * (size_t)n * K);
-        for (int t = 0; t < n; t++)
-            for (int k = 0; k < K; k++) xp[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
-        x = xp;
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+    switch (nx) {
+    case 1: fused_fp8_avx2_(w, p, r, x, 1, out); break;
+    case 2: fused_fp8_avx2_(w, p, r, x, 2, out); break;
+    case 3: fused_fp8_avx2_(w, p, r, x, 3, out); break;
+    default: fused_fp8_avx2_(w, p, r, x, 4, out); break;
     }
-    size_t rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0;
-    const int v = have_avx2();
-    if (v && n <= 4 && w->fmt != KILN_WFMT_GGUF) { /* decode: fused, no scratch */
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < N; r++) {
+}
+
+
+/* Decode, one activation row, 4-bit codes, AVX-512: 16 weights per vector
+ * (the same w = s * q + b in f32, then the FMA with x), 4 accumulators. */
+AVX512 static float fused_grp1_q4_512(const struct qgrp *g, int r, const float *x) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+    float tail = 0;
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int a = g->gstart[gi], e = g->gstart[gi + 1], k = a;
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+        for (; k < e && (k & 31); k++) tail += (s * qgrp_code(g, r, k) + b) * x[k];
+        for (; k + 64 <= e; k += 64) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16)), v1 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16 + 16));
+            __m128i l0 = _mm_and_si128(v0, m4), h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4);
+            __m128i l1 = _mm_and_si128(v1, m4), h1 = _mm_and_si128(_mm_srli_epi16(v1, 4), m4);
+            acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l0)), vs, vb), _mm512_loadu_ps(x + k), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h0)), vs, vb), _mm512_loadu_ps(x + k + 16), acc1);
+            acc2 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l1)), vs, vb), _mm512_loadu_ps(x + k + 32), acc2);
+            acc3 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h1)), vs, vb), _mm512_loadu_ps(x + k + 48), acc3);
+        }
+        for (; k + 32 <= e; k += 32) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16));
+            __m128i l0 = _mm_and_si128(v0, m4), h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4);
+            acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l0)), vs, vb), _mm512_loadu_ps(x + k), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h0)), vs, vb), _mm512_loadu_ps(x + k + 16), acc1);
+        }
+        for (; k < e; k++) tail += (s * qgrp_code(g, r, k) + b) * x[k];
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3))) + tail;
+}
+
+
+/* Decode, one activation row, 4-bit codes in groups that are whole runs of
+ * 128 (g128 and its multiples, no act-order gaps), AVX-512: the 16 values
+ * s * q + b of the group are computed once (the same f32 FMA as above, so
+ * the same weights bit for bit) and the codes index them with vpermps,
+ * which reads the low 4 bits of each dword: a 64-byte load holds 128 codes,
+ * and shifting it right by 4j puts the j-th nibble of every dword in place.
+ * x was reordered once per call to match (xl, see lut_order), so 16 weights
+ * cost a shift, a permute and an FMA. */
+/* prefetch distance of the code stream (6144x2048 from DRAM, 2 threads:
+ * 1 KiB 47-49, 4 KiB 53-58 GMAC/s) */
+#define QPFD_G 4096
+AVX512 static float fused_grp1_lut_512(const struct qgrp *g, int r, const float *xl) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+    for (int gi = 0; gi < g->n_group; gi++) {
+        const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(sb[2 * gi]), _mm512_set1_ps(sb[2 * gi + 1]));
+        for (int k = g->gstart[gi]; k < g->gstart[gi + 1]; k += 128) {
+            const __m512i c = _mm512_loadu_si512((const void *)(q + (k >> 5) * 16));
+            const float *x = xl + k;
+            _mm_prefetch((const char *)(q + (k >> 5) * 16) + QPFD_G, _MM_HINT_T0);
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), _mm512_loadu_ps(x), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), _mm512_loadu_ps(x + 16), acc1);
+            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 8), lut), _mm512_loadu_ps(x + 32), acc2);
+            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 12), lut), _mm512_loadu_ps(x + 48), acc3);
+            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), lut), _mm512_loadu_ps(x + 64), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 20), lut), _mm512_loadu_ps(x + 80), acc1);
+            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 24), lut), _mm512_loadu_ps(x + 96), acc2);
+            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 28), lut), _mm512_loadu_ps(x + 112), acc3);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+/* can fused_grp1_lut_512 run: 4-bit, every group a whole number of 128-runs */
+static int lut_ok(const struct qgrp *g) {
+    if (g->bits != 4 || g->n_in % 128) return 0;
+    for (int i = 0; i <= g->n_group; i++)
+        if (g->gstart[i] % 128) return 0;
+    return 1;
+}
+
+/* xl[128 S + 16 j + d] = x[128 S + 32 (d / 4) + 4 (d % 4) + j / 2 + 16 (j & 1)]:
+ * lane d of the dword-nibble j of a 64-byte code load (4 chunks of 32
+ * weights, byte i of a chunk = weights i and 16 + i) */
+static void lut_order(float *xl, const float *x, int K) {
+    for (int s0 = 0; s0 < K; s0 += 128)
+        for (int j = 0; j < 8; j++)
+            for (int d = 0; d < 16; d++) xl[s0 + 16 * j + d] = x[s0 + 32 * (d / 4) + 4 * (d % 4) + j / 2 + 16 * (j & 1)];
+}
+
+/* ==== exact path on the worker pool ==== */
+
+struct xjob {
+    const struct qlinear *w;
+    const struct qprep *p;
+    float *out;
+    const float *x;
+    const float *bias;
+    int n, K, N, isa;
+    size_t rb;
+    const float *xl; /* decode, fused_grp1_lut_512: x reordered (lut_order) */
+    /* GEMM (prefill): */
+    float *xp;         /* activations packed in tiles of MR tokens, [tile][K][MR] */
+    int MR, NR, ntile;
+    void **scr;        /* per-thread scratch */
+    size_t scr_bytes;
+};
+
+/* 64-byte aligned, aborts on failure */
+static void *amalloc(size_t bytes) {
+    void *p = NULL;
+    KILN_CHECK(posix_memalign(&p, 64, bytes ? bytes : 64) == 0);
+    return p;
+}
+
+static void *thread_scratch(void **scr, int tid, size_t bytes) {
+    if (!scr[tid]) {
+        scr[tid] = amalloc(bytes);
+    }
+    return scr[tid];
+}
+
+static void free_scratch(void **scr, int nt) {
+    for (int i = 0; i < nt; i++) free(scr[i]);
+    free(scr);
+}
+
+/* dequantizes row r of any exact-path format into y[K] */
+static void dequant_row(const struct xjob *j, int r, float *y) {
+    const int v = j->isa >= CPU_ISA_AVX2;
+    switch (j->w->fmt) {
+    case KILN_WFMT_FP8: (v ? row_fp8_avx2 : row_fp8)(j->w, j->p, r, y); break;
+    case KILN_WFMT_GPTQ:
+    case KILN_WFMT_AWQ: (v ? row_grp_avx2 : row_grp)(&j->p->grp, r, y); break;
+    default: quant_dequant_row(j->w->w.dtype, (const uint8_t *)j->w->w.data + (size_t)r * j->rb, y, j->K); break;
+    }
+}
+
+static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct xjob *j = arg;
+    const float *xs[4];
+    for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
+    for (int64_t r = r0; r < r1; r++) {
+        float o[4];
+        if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
+        else if (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4) o[0] = fused_grp1_q4_512(&j->p->grp, (int)r, xs[0]);
+        else if (j->w->fmt == KILN_WFMT_FP8) fused_fp8_avx2(j->w, j->p, (int)r, xs, j->n, o);
+        else fused_grp_avx2(&j->p->grp, (int)r, xs, j->n, o);
+        for (int t = 0; t < j->n; t++) j->out[(size_t)t * j->N + r] = o[t] + (j->bias ? j->bias[r] : 0.0f);
+    }
+    (void)tid;
+}
+
+static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct xjob *j = arg;
+    float *y = thread_scratch(j->scr, tid, j->scr_bytes);
+    cpu_dot_fn dot = cpu_dot_for(KILN_DTYPE_F32);
+    for (int64_t r = r0; r < r1; r++) {
+        dequant_row(j, (int)r, y);
+        float b = j->bias ? j->bias[r] : 0.0f;
+        for (int t = 0; t < j->n; t += 4) {
+            int nx = j->n - t < 4 ? j->n - t : 4;
             const float *xs[4];
             float o[4];
-            for (int j = 0; j < n; j++) xs[j] = x + (size_t)j * K;
-            if (w->fmt == KILN_WFMT_FP8) fused_fp8_avx2(w, p, r, xs, n, o);
-            else fused_grp_avx2(&p->grp, r, xs, n, o);
-            for (int j = 0; j < n; j++) out[(size_t)j * N + r] = o[j] + (bias ? bias[r] : 0.0f);
+            for (int i = 0; i < nx; i++) xs[i] = j->x + (size_t)(t + i) * j->K;
+            dot(y, xs, nx, j->K, o);
+            for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
         }
-        free(xp);
-        return;
     }
-#pragma omp parallel
-    {
-        float *y = kiln_malloc(sizeof(float) * (size_t)K);
-#pragma omp for schedule(static)
-        for (int r = 0; r < N; r++) {
-            switch (w->fmt) {
-            case KILN_WFMT_FP8: (v ? row_fp8_avx2 : row_fp8)(w, p, r, y); break;
-            case KILN_WFMT_GPTQ:
-            case KILN_WFMT_AWQ: (v ? row_grp_avx2 : row_grp)(&p->grp, r, y); break;
-            default: quant_dequant_row(w->w.dtype, (const uint8_t *)w->w.data + (size_t)r * rb, y, K); break;
-            }
-            float b = bias ? bias[r] : 0.0f;
-            for (int t = 0; t < n; t += 4) {
-                int nx = n - t < 4 ? n - t : 4;
-                const float *xs[4];
-                float o[4];
-                for (int j = 0; j < nx; j++) xs[j] = x + (size_t)(t + j) * K;
-                dot(y, xs, nx, K, o);
-                for (int j = 0; j < nx; j++) out[(size_t)(t + j) * N + r] = o[j] + b;
+}
+
+/* GEMM: x packed once in tiles of MR tokens ([k][MR], zero padded); per NR
+ * output rows the weights are dequantized once into an f32 panel [k][NR]
+ * (per-thread scratch, L2), then an MR x NR register-tiled microkernel runs
+ * over every token tile (AVX-512 12 x 32, AVX2 6 x 16, as matmul.c's). */
+static void x_pack(void *arg, int64_t b, int64_t e, int tid) {
+    const struct xjob *j = arg;
+    const int K = j->K, MR = j->MR;
+    for (int64_t tile = b; tile < e; tile++) {
+        float *d = j->xp + (size_t)tile * K * MR;
+        for (int i = 0; i < MR; i++) {
+            int64_t t = tile * MR + i;
+            if (t < j->n) {
+                const float *s = j->x + (size_t)t * K;
+                for (int k = 0; k < K; k++) d[(size_t)k * MR + i] = s[k];
+            } else {
+                for (int k = 0; k < K; k++) d[(size_t)k * MR + i] = 0;
             }
         }
-        free(y);
     }
-    free(xp);
+    (void)tid;
+}
+
+
+AVX512 static void ukr_f32_512(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+    __m512 a0[12], a1[12];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 12; t++) a0[t] = _mm512_setzero_ps(), a1[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, xp += 12, wp += 32) {
+        __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 12; t++) {
+            __m512 xb = _mm512_set1_ps(xp[t]);
+            a0[t] = _mm512_fmadd_ps(xb, w0, a0[t]);
+            a1[t] = _mm512_fmadd_ps(xb, w1, a1[t]);
+        }
+    }
+    __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 12; t++)
+        if (t < mr) {
+            _mm512_mask_storeu_ps(c + t * ldc, m0, _mm512_add_ps(a0[t], b0));
+            _mm512_mask_storeu_ps(c + t * ldc + 16, m1, _mm512_add_ps(a1[t], b1));
+        }
+}
+
+AVX2 static inline __m256i mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AVX2 static void ukr_f32_avx2(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+    __m256 a0[6], a1[6];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 6; t++) a0[t] = _mm256_setzero_ps(), a1[t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++, xp += 6, wp += 16) {
+        __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 6; t++) {
+            __m256 xb = _mm256_broadcast_ss(xp + t);
+            a0[t] = _mm256_fmadd_ps(xb, w0, a0[t]);
+            a1[t] = _mm256_fmadd_ps(xb, w1, a1[t]);
+        }
+    }
+    __m256i m0 = mask8(nr), m1 = mask8(nr - 8);
+    __m256 b0 = bias ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();
+    __m256 b1 = bias ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 6; t++)
+        if (t < mr) {
+            _mm256_maskstore_ps(c + t * ldc, m0, _mm256_add_ps(a0[t], b0));
+            _mm256_maskstore_ps(c + t * ldc + 8, m1, _mm256_add_ps(a1[t], b1));
+        }
+}
+
+AVX2 static inline void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* d[k * ld + i] = y[i * K + k] for 8 rows i (y: 8 rows of K) */
+AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(y + (size_t)i * K + k);
+        transpose8(r);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + (size_t)(k + i) * ld, r[i]);
+    }
+    for (; k < K; k++)
+        for (int i = 0; i < 8; i++) d[(size_t)k * ld + i] = y[(size_t)i * K + k];
+}
+
+static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
+    const struct xjob *j = arg;
+    const int K = j->K, NR = j->NR, MR = j->MR;
+    float *wp = thread_scratch(j->scr, tid, j->scr_bytes), *y = wp + (size_t)K * NR;
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int r0 = (int)pi * NR, nr = j->N - r0 < NR ? j->N - r0 : NR;
+        for (int i0 = 0; i0 < NR; i0 += 8) {
+            /* 8 rows dequantized, then transposed 8 x 8 into the panel */
+            for (int i = 0; i < 8; i++) {
+                float *yi = y + (size_t)i * K;
+                if (i0 + i < nr) dequant_row(j, r0 + i0 + i, yi);
+                else memset(yi, 0, sizeof(float) * (size_t)K);
+            }
+            transpose_rows8(wp + i0, NR, y, K);
+        }
+        const float *bias = j->bias ? j->bias + r0 : NULL;
+        for (int tile = 0; tile < j->ntile; tile++) {
+            int t0 = tile * MR, mr = j->n - t0 < MR ? j->n - t0 : MR;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            const float *xp = j->xp + (size_t)tile * K * MR;
+            if (j->isa >= CPU_ISA_AVX512) ukr_f32_512(xp, wp, K, c, j->N, mr, nr, bias);
+            else ukr_f32_avx2(xp, wp, K, c, j->N, mr, nr, bias);
+        }
+    }
+}
+
+/* n at or above which the exact path runs the GEMM (below: row dots) */
+#define XGEMM_MIN 8
+
+static void matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    const struct qprep *p = w->be;
+    const int K = w->n_in, N = w->n_out, nt = cpu_n_threads(be);
+    float *xperm = NULL;
+    if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && p->grp.perm) {
+        xperm = kiln_malloc(sizeof(float) * (size_t)n * K);
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++) xperm[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
+        x = xperm;
+    }
+    struct xjob j = {.w = w, .p = p, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
+                     .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
+    j.scr = kiln_calloc((size_t)nt, sizeof(void *));
+    /* rows per chunk: ~64 KiB of dequantized weights */
+    int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
+    if (j.isa >= CPU_ISA_AVX2 && n <= 4 && w->fmt != KILN_WFMT_GGUF) { /* decode: fused, no scratch */
+        float *xl = NULL;
+        if (n == 1 && j.isa >= CPU_ISA_AVX512 && w->fmt != KILN_WFMT_FP8 && lut_ok(&p->grp)) {
+            xl = amalloc(sizeof(float) * (size_t)K);
+            lut_order(xl, x, K);
+            j.xl = xl;
+        }
+        cpu_parallel_for(be, N, chunk * 4, x_fused_rows, &j);
+        free(xl);
+    } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
+        j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
+        j.ntile = (n + j.MR - 1) / j.MR;
+        j.xp = amalloc(sizeof(float) * (size_t)j.ntile * j.MR * K);
+        cpu_parallel_for(be, j.ntile, 1, x_pack, &j);
+        j.scr_bytes = sizeof(float) * ((size_t)K * j.NR + 8 * (size_t)K);
+        cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
+        free(j.xp);
+    } else {
+        j.scr_bytes = sizeof(float) * (size_t)K;
+        cpu_parallel_for(be, N, chunk, x_rows, &j);
+    }
+    free_scratch(j.scr, nt);
+    free(xperm);
 }
 
 /* ==== int8 activation path (GGUF Q8_0, Q4_0, Q4_K) ==== */
@@ -320,6 +648,35 @@ static void quantize_act(const float *x, struct q8a *b, int K) {
             s += v;
         }
         b->d = d, b->sum = s;
+    }
+}
+
+/* Activations quantized with AVX2: the same arithmetic as quantize_act
+ * (amax, d = amax / 127, id = 1 / d, x * id rounded to nearest even by
+ * cvtps2dq as lrintf does), so the codes are bit-identical. Block b of the
+ * row goes to out[b * stride] (stride 1: row-major; NT: the GEMM's tiles). */
+AVX2 static void quantize_act_avx2(const float *x, struct q8a *b, int K, int stride) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (int o = 0; o < K; o += 32, b += stride) {
+        __m256 v0 = _mm256_loadu_ps(x + o), v1 = _mm256_loadu_ps(x + o + 8), v2 = _mm256_loadu_ps(x + o + 16), v3 = _mm256_loadu_ps(x + o + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, v0), _mm256_andnot_ps(sgn, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sgn, v2), _mm256_andnot_ps(sgn, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127, id = d > 0 ? 1 / d : 0;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)), perm);
+        _mm256_storeu_si256((__m256i *)b->qs, q);
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        b->d = d, b->sum = _mm_cvtsi128_si32(s4);
     }
 }
 
@@ -436,21 +793,32 @@ AVX2 static inline float h2f_c(const uint8_t *p) {
  * row, so at prefill each block is unpacked once per 4 tokens. */
 #define NX 4
 
-AVX2 static void dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q8_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
     for (int i = 0; i < nb; i++, w += 34) {
         __m256i qw = _mm256_loadu_si256((const __m256i *)(w + 2)), aw = _mm256_sign_epi8(qw, qw);
         float d = h2f_c(w);
+        #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
             __m256 s = dot_u8s8(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[j][i].qs), qw));
             acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    switch (nx) {
+    case 1: dot_q8_0_avx2_(w, a, 1, nb, out); break;
+    case 2: dot_q8_0_avx2_(w, a, 2, nb, out); break;
+    case 3: dot_q8_0_avx2_(w, a, 3, nb, out); break;
+    default: dot_q8_0_avx2_(w, a, 4, nb, out); break;
+    }
+}
 
-AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
@@ -459,6 +827,7 @@ AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int
         __m128i b = _mm_loadu_si128((const __m128i *)(w + 2));
         __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
         float d = h2f_c(w);
+        #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
             __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
             float dd = d * a[j][i].d;
@@ -466,10 +835,20 @@ AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int
             off[j] += dd * (float)a[j][i].sum;
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 8 * off[j];
 }
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    switch (nx) {
+    case 1: dot_q4_0_avx2_(w, a, 1, nb, out); break;
+    case 2: dot_q4_0_avx2_(w, a, 2, nb, out); break;
+    case 3: dot_q4_0_avx2_(w, a, 3, nb, out); break;
+    default: dot_q4_0_avx2_(w, a, 4, nb, out); break;
+    }
+}
 
-AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     float mins[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
@@ -483,6 +862,7 @@ AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             int s0, m0, s1, m1;
             k4_scale_min(2 * c, w + 4, &s0, &m0);
             k4_scale_min(2 * c + 1, w + 4, &s1, &m1);
+            #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) {
                 const struct q8a *a0 = &a[j][8 * i + 2 * c], *a1 = a0 + 1;
                 acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
@@ -491,10 +871,20 @@ AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    switch (nx) {
+    case 1: dot_q4_k_avx2_(w, a, 1, nsb, out); break;
+    case 2: dot_q4_k_avx2_(w, a, 2, nsb, out); break;
+    case 3: dot_q4_k_avx2_(w, a, 3, nsb, out); break;
+    default: dot_q4_k_avx2_(w, a, 4, nsb, out); break;
+    }
+}
 
-AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
@@ -503,16 +893,27 @@ AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int
         __m128i b = _mm_loadu_si128((const __m128i *)(w + 4));
         __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
         float d = h2f_c(w), m = h2f_c(w + 2);
+        #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
             __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
             acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
             off[j] += m * a[j][i].d * (float)a[j][i].sum;
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
 }
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    switch (nx) {
+    case 1: dot_q4_1_avx2_(w, a, 1, nb, out); break;
+    case 2: dot_q4_1_avx2_(w, a, 2, nb, out); break;
+    case 3: dot_q4_1_avx2_(w, a, 3, nb, out); break;
+    default: dot_q4_1_avx2_(w, a, 4, nb, out); break;
+    }
+}
 
-AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     float mins[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
@@ -530,6 +931,7 @@ AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             int s0, m0, s1, mm1;
             k4_scale_min(2 * c, w + 4, &s0, &m0);
             k4_scale_min(2 * c + 1, w + 4, &s1, &mm1);
+            #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) {
                 const struct q8a *a0 = &a[j][8 * i + 2 * c], *a1 = a0 + 1;
                 acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
@@ -538,10 +940,20 @@ AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    switch (nx) {
+    case 1: dot_q5_k_avx2_(w, a, 1, nsb, out); break;
+    case 2: dot_q5_k_avx2_(w, a, 2, nsb, out); break;
+    case 3: dot_q5_k_avx2_(w, a, 3, nsb, out); break;
+    default: dot_q5_k_avx2_(w, a, 4, nsb, out); break;
+    }
+}
 
-AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
@@ -558,6 +970,7 @@ AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int
                 __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s4], _mm256_slli_epi16(hi, 4)), m32); /* -32..31 */
                 __m256i aq = _mm256_sign_epi8(q, q);
                 float s0 = d * sc[8 * h + 2 * s4], s1 = d * sc[8 * h + 2 * s4 + 1];
+                #pragma GCC unroll 4
                 for (int j = 0; j < nx; j++) {
                     const struct q8a *x = &a[j][8 * i + 4 * h + s4];
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), q)),
@@ -569,53 +982,488 @@ AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int
             }
         }
     }
+    #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    switch (nx) {
+    case 1: dot_q6_k_avx2_(w, a, 1, nsb, out); break;
+    case 2: dot_q6_k_avx2_(w, a, 2, nsb, out); break;
+    case 3: dot_q6_k_avx2_(w, a, 3, nsb, out); break;
+    default: dot_q6_k_avx2_(w, a, 4, nsb, out); break;
+    }
 }
 
 typedef float (*qdot_fn)(const uint8_t *w, const struct q8a *a, int nb);
 typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
-static void matmul_int8(float *out, const float *x, const struct qlinear *w, int n) {
-    const int K = w->n_in, N = w->n_out, nb = K / 32;
-    const float *bias = w->bias.data ? cpu_vec(&w->bias) : NULL;
-    const int v = have_avx2();
-    qdot_fn dot;
-    qdotx_fn dotx;
-    int nblk = nb;
-    switch (w->w.dtype) {
-    case KILN_DTYPE_Q8_0: dot = dot_q8_0_scalar, dotx = dot_q8_0_avx2; break;
-    case KILN_DTYPE_Q4_0: dot = dot_q4_0_scalar, dotx = dot_q4_0_avx2; break;
-    case KILN_DTYPE_Q4_1: dot = dot_q4_1_scalar, dotx = dot_q4_1_avx2; break;
-    case KILN_DTYPE_Q5_K: dot = dot_q5_k_scalar, dotx = dot_q5_k_avx2, nblk = K / 256; break;
-    case KILN_DTYPE_Q6_K: dot = dot_q6_k_scalar, dotx = dot_q6_k_avx2, nblk = K / 256; break;
-    default: dot = dot_q4_k_scalar, dotx = dot_q4_k_avx2, nblk = K / 256; break;
-    }
-    struct q8a *xa = kiln_malloc(sizeof *xa * (size_t)n * nb);
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) quantize_act(x + (size_t)t * K, xa + (size_t)t * nb, K);
-    const size_t rb = quant_row_bytes(w->w.dtype, K);
-    const uint8_t *W = w->w.data;
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < N; r++) {
-        float b = bias ? bias[r] : 0.0f;
-        const uint8_t *row = W + (size_t)r * rb;
-        for (int t = 0; t < n; t += NX) {
-            int nx = n - t < NX ? n - t : NX;
-            const struct q8a *as[NX];
-            float o[NX];
-            for (int j = 0; j < nx; j++) as[j] = xa + (size_t)(t + j) * nb;
-            if (v) dotx(row, as, nx, nblk, o);
-            else
-                for (int j = 0; j < nx; j++) o[j] = dot(row, as[j], nblk);
-            for (int j = 0; j < nx; j++) out[(size_t)(t + j) * N + r] = o[j] + b;
+/* ==== int8 GEMM (prefill) for Q8_0 / Q4_0 ====
+ *
+ * The weights of R output rows are repacked per call into a panel where one
+ * vector holds 4 consecutive k of each of the R rows ([block][quad][R][4]
+ * bytes, then the R block scales as f32); the activations are quantized into
+ * tiles of NT tokens ([block][NT] q8a). Per block, each weight vector meets
+ * the 4 codes of NT tokens (one broadcast each): NT integer dot products of
+ * R rows x 4 k per weight load, then one convert and one FMA per token with
+ * the R weight scales times the token's block scale. Every weight byte is
+ * read from the panel (L1/L2) once per NT tokens, every activation code once
+ * per R rows.
+ *
+ *   AVX-512 VNNI  R = 16 (zmm), NT = 8, vpdpbusd of u8 weights (Q4_0: the
+ *                 nibble; Q8_0: w + 128) with s8 activations; the offset
+ *                 comes back as -8 or -128 x the block's activation sum,
+ *                 the accumulator's start value.
+ *   AVX2          R = 8 (ymm), NT = 4. Q4_0: maddubs(nibbles, x) summed in
+ *                 i16 over the whole block (8 x 2 x 15 x 127 < 2^15), one
+ *                 madd per block. Q8_0: llama.cpp's sign trick
+ *                 (maddubs(|w|, sign(x, w))), madd per quad.
+ *
+ * Integer sums are exact, so each block's contribution equals the row dot's
+ * (dot_*_avx2, dot_*_scalar) up to the f32 summation order. */
+
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2 };
+
+
+/* rows r0 .. r0+nr-1 (nr <= R; missing rows repeat the last one with scale
+ * 0) into the panel P: per block 32 * R code bytes, then R f32 scales */
+AVX2 static void pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
+    const size_t bs = 36 * (size_t)R;
+    const int blk = mode == PK_Q4 ? 18 : 34;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    for (int i0 = 0; i0 < R; i0 += 8) {
+        const uint8_t *rp[8];
+        for (int i = 0; i < 8; i++) rp[i] = W + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * rb;
+        for (int b = 0; b < nb; b++) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *q = rp[i] + (size_t)blk * b;
+                __m256i c;
+                if (mode == PK_Q4) {
+                    __m128i h = _mm_loadu_si128((const __m128i *)(q + 2));
+                    c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
+                } else {
+                    c = _mm256_loadu_si256((const __m256i *)(q + 2));
+                    if (mode == PK_Q8_U8) c = _mm256_xor_si256(c, x80);
+                }
+                v[i] = _mm256_castsi256_ps(c);
+            }
+            transpose8(v);
+            uint8_t *d = P + (size_t)b * bs;
+            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
+            float *sc = (float *)(d + 32 * (size_t)R);
+            for (int i = 0; i < 8; i++) sc[i0 + i] = i0 + i < nr ? h2f_c(rp[i] + (size_t)blk * b) : 0.0f;
         }
     }
-    free(xa);
+}
+
+
+/* R = 16 rows x NT = 8 tokens; corr 128 (Q8_0 as u8) or 8 (Q4_0) */
+VNNI static void gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
+                              const float *bias) {
+    __m512 f[8];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++) f[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 576, xt += 8) {
+        __m512i s[8];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) s[t] = _mm512_set1_epi32(-corr * xt[t].sum);
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
+            }
+        }
+        __m512 sw = _mm512_loadu_ps((const float *)(P + 512));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(sw, _mm512_set1_ps(xt[t].d)), f[t]);
+    }
+    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+}
+
+/* R = 8 rows x NT = 4 tokens */
+AVX2 static void gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 288, xt += 4) {
+        __m256i s[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+            }
+        }
+        __m256 sw = _mm256_loadu_ps((const float *)(P + 256));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            __m256i i = _mm256_add_epi32(_mm256_madd_epi16(s[t], one16), _mm256_set1_epi32(-8 * xt[t].sum));
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+        }
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+AVX2 static void gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 288, xt += 4) {
+        __m256i s[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q)), aw = _mm256_sign_epi8(wv, wv);
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv));
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, one16));
+            }
+        }
+        __m256 sw = _mm256_loadu_ps((const float *)(P + 256));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+
+/* Decode (one activation row): 4 blocks per step into 4 accumulators, so
+ * the FMA latency is hidden (one accumulator waits ~4 cycles per block);
+ * the -8 / -128 offset x the block's activation sum enters the integer
+ * lane 0 (no scalar float chain). VNNI: one vpdpbusd per block (Q8_0 as
+ * w + 128, Q4_0 nibbles); AVX2: maddubs + madd (Q8_0 with the sign trick). */
+/* software prefetch 8 KiB ahead of the weight stream (decode, 2 threads,
+ * 6144x2048 weights from DRAM: none -> 2 KiB -> 8 KiB, Q4_0 ~40 -> 64-69 ->
+ * 74-75 GMAC/s, Q8_0 ~30 -> 35-38 -> 40-42) */
+#define QPFD 8192
+#define KILN_PF(p) _mm_prefetch((const char *)(p) + QPFD, _MM_HINT_T0)
+#define DOT1_BODY(DOTI)                                                                                   \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    int i = 0;                                                                                            \
+    for (; i + 4 <= nb; i += 4) {                                                                         \
+        KILN_PF(w + (size_t)BS * i);                                                                      \
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {                                             \
+            const uint8_t *bw = w + (size_t)BS * (i + u);                                                 \
+            const struct q8a *x = a + i + u;                                                              \
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI(bw, x)), _mm256_set1_ps(h2f_c(bw) * x->d), acc[u]); \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (; i < nb; i++) {                                                                                 \
+        const uint8_t *bw = w + (size_t)BS * i;                                                           \
+        const struct q8a *x = a + i;                                                                      \
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI(bw, x)), _mm256_set1_ps(h2f_c(bw) * x->d), acc[0]); \
+    }                                                                                                     \
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+
+AVX2 static inline __m256i q4_codes(const uint8_t *bw) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(bw + 2)), m4 = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+AVX2 static inline __m256i lane0(int v) { return _mm256_zextsi128_si256(_mm_cvtsi32_si128(v)); }
+#define XQS(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
+
+#define DOTI_Q4_AVX2(bw, x) \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(bw), XQS(x)), _mm256_set1_epi16(1)), lane0(-8 * (x)->sum))
+#define DOTI_Q8_AVX2(bw, x)                                                                                              \
+    ({                                                                                                                   \
+        __m256i qw_ = _mm256_loadu_si256((const __m256i *)((bw) + 2));                                                   \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw_, qw_), _mm256_sign_epi8(XQS(x), qw_)), _mm256_set1_epi16(1)); \
+    })
+#define DOTI_Q4_VNNI(bw, x) _mm256_dpbusd_epi32(lane0(-8 * (x)->sum), q4_codes(bw), XQS(x))
+#define DOTI_Q8_VNNI(bw, x) \
+    _mm256_dpbusd_epi32(lane0(-128 * (x)->sum), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((bw) + 2)), _mm256_set1_epi8((char)0x80)), XQS(x))
+
+#define BS 18
+AVX2 static float dot1_q4_0_avx2(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q4_AVX2) }
+VNNI static float dot1_q4_0_vnni(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q4_VNNI) }
+#undef BS
+#define BS 34
+AVX2 static float dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q8_AVX2) }
+VNNI static float dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q8_VNNI) }
+#undef BS
+
+
+
+/* Decode with VNNI, 8 blocks per step: the 8 weight scales are gathered
+ * into one vector (pinsrw + vcvtph2ps) and multiplied by the 8 activation
+ * scales (xd, contiguous) at once, then broadcast per block with vpermps;
+ * the -8 / -128 x sum offset comes in as the dpbusd accumulator, a vector
+ * precomputed per call (corr), so a block costs its unpack, one vpdpbusd,
+ * a convert, a permute and an FMA. */
+#define DOT1V_BODY(CODES, OFS)                                                                           \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    int i = 0;                                                                                           \
+    for (; i + 8 <= nb; i += 8) {                                                                        \
+        KILN_PF(w + (size_t)BS * i);                                                                     \
+        KILN_PF(w + (size_t)BS * i + 64);                                                                \
+        KILN_PF(w + (size_t)BS * i + 128);                                                               \
+        __m128i h = _mm_setzero_si128();                                                                 \
+        uint16_t hv;                                                                                     \
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) {                                            \
+            memcpy(&hv, w + (size_t)BS * (i + u), 2);                                                    \
+            h = _mm_insert_epi16(h, hv, u);                                                              \
+        }                                                                                                \
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));                    \
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) {                                            \
+            const uint8_t *bw = w + (size_t)BS * (i + u);                                                \
+            __m256i s = _mm256_dpbusd_epi32(_mm256_load_si256(corr + i + u), CODES(bw), XQS(a + i + u));  \
+            acc[u & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u)), acc[u & 3]); \
+        }                                                                                                \
+    }                                                                                                    \
+    for (; i < nb; i++) {                                                                                \
+        const uint8_t *bw = w + (size_t)BS * i;                                                          \
+        __m256i s = _mm256_dpbusd_epi32(_mm256_load_si256(corr + i), CODES(bw), XQS(a + i));              \
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(h2f_c(bw) * xd[i]), acc[0]);      \
+    }                                                                                                    \
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+
+#define Q8U_CODES(bw) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((bw) + 2)), _mm256_set1_epi8((char)0x80))
+typedef float (*qdot1v_fn)(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
+#define BS 18
+VNNI static float dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(q4_codes, 8) }
+#undef BS
+#define BS 34
+VNNI static float dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(Q8U_CODES, 128) }
+#undef BS
+
+
+/* Q4_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 16 code bytes
+ * are unpacked into [block i low 16 | block i+1 low 16 | i high | i+1 high]
+ * and the activations were laid out the same way once per call (act2), so
+ * one vpdpbusd, convert, permute and FMA serve two blocks; the offsets
+ * -8 x sum sit in lanes 0 and 4 of the precomputed accumulator (corr2). */
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+VNNI512 static float dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 18 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m512i idx9 = _mm512_setr_epi32(0x90000, 0x1b0012, 0x2d0024, 0x3f0036, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i ix0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        KILN_PF(w + (size_t)BS * i);
+        KILN_PF(w + (size_t)BS * i + 64);
+        KILN_PF(w + (size_t)BS * i + 128);
+        /* the 8 f16 block scales (words 0, 9, ..., 63 of the 128 bytes) */
+        __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)(w + (size_t)BS * i)), idx9,
+                                                                    _mm512_loadu_si512((const void *)(w + (size_t)BS * i + 64))));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        __m512i ix = ix0;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * p);
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2))),
+                                                _mm_loadu_si128((const __m128i *)(b0 + BS + 2)), 1);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(corr2 + i / 2 + p), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                            _mm512_load_si512(act2 + i / 2 + p));
+            __m512 sc = _mm512_permutexvar_ps(ix, dd);
+            if (p & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc0);
+            ix = _mm512_add_epi32(ix, two);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i s = _mm256_dpbusd_epi32(lane0(-8 * a[i].sum), q4_codes(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+static int have_vnni(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    }
+    return v;
+}
+
+struct ijob {
+    const struct qlinear *w;
+    float *out;
+    const float *x;
+    struct q8a *xa;
+    const float *bias;
+    int n, K, N, nb, nblk, isa;
+    size_t rb;
+    qdot_fn dot;
+    qdotx_fn dotx;
+    qdot_fn dot1; /* one activation row (decode), or NULL */
+    qdot1v_fn dot1v; /* VNNI decode: with corr / xd below */
+    __m256i *corr; /* per block: lane 0 = -8 or -128 x the activation sum */
+    float *xd;     /* per block: the activation scale */
+    __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (dot1z_q4_0) */
+    /* GEMM */
+    int R, NT, mode, ntile;
+    void **scr;
+    size_t scr_bytes;
+};
+
+static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
+    const struct ijob *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        /* row-major, or the GEMM's tiles: token t's block b at [(t / NT) * nb + b] * NT + t % NT */
+        struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
+        int stride = j->NT ? j->NT : 1;
+        if (t >= j->n) {
+            for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+        } else if (j->isa >= CPU_ISA_AVX2) {
+            quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
+        } else if (stride == 1) {
+            quantize_act(j->x + (size_t)t * j->K, d, j->K);
+        }
+    }
+    (void)tid;
+}
+
+static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct ijob *j = arg;
+    const uint8_t *W = j->w->w.data;
+    if (j->n == 1 && j->dot1v) {
+        const size_t rb = j->rb;
+        const int nblk = j->nblk;
+        const float *bias = j->bias;
+        float *out = j->out;
+        if (j->act2) {
+            for (int64_t r = r0; r < r1; r++) out[r] = dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
+        for (int64_t r = r0; r < r1; r++) out[r] = j->dot1v(W + (size_t)r * rb, j->corr, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        float b = j->bias ? j->bias[r] : 0.0f;
+        const uint8_t *row = W + (size_t)r * j->rb;
+        for (int t = 0; t < j->n; t += NX) {
+            int nx = j->n - t < NX ? j->n - t : NX;
+            const struct q8a *as[NX];
+            float o[NX];
+            for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
+            if (nx == 1 && j->dot1) o[0] = j->dot1(row, as[0], j->nblk);
+            else if (j->isa >= CPU_ISA_AVX2) j->dotx(row, as, nx, j->nblk, o);
+            else
+                for (int i = 0; i < nx; i++) o[i] = j->dot(row, as[i], j->nblk);
+            for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
+        }
+    }
+    (void)tid;
+}
+
+static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
+    const struct ijob *j = arg;
+    uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int r0 = (int)pi * j->R, nr = j->N - r0 < j->R ? j->N - r0 : j->R;
+        pack_i8(P, j->w->w.data, j->rb, r0, nr, j->nb, j->R, j->mode);
+        const float *bias = j->bias ? j->bias + r0 : NULL;
+        for (int tile = 0; tile < j->ntile; tile++) {
+            const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            if (j->R == 16) gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
+            else if (j->mode == PK_Q4) gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
+            else gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
+        }
+    }
+}
+
+/* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
+#define IGEMM_MIN 8
+
+static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    const int K = w->n_in, N = w->n_out, nb = K / 32, nthr = cpu_n_threads(be);
+    struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
+                     .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
+    switch (w->w.dtype) {
+    case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = dot_q8_0_avx2; break;
+    case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = dot_q4_0_avx2; break;
+    case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar, j.dotx = dot_q4_1_avx2; break;
+    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.dotx = dot_q5_k_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = dot_q6_k_avx2, j.nblk = K / 256; break;
+    default: j.dot = dot_q4_k_scalar, j.dotx = dot_q4_k_avx2, j.nblk = K / 256; break;
+    }
+    const int vnni = j.isa >= CPU_ISA_AVX512 && have_vnni();
+    if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q8_0)
+        j.dot1 = vnni ? dot1_q8_0_vnni : dot1_q8_0_avx2;
+    if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
+        j.dot1 = vnni ? dot1_q4_0_vnni : dot1_q4_0_avx2;
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    if (gemm) {
+        j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
+        j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : vnni ? PK_Q8_U8 : PK_Q8_S8;
+        j.ntile = (n + j.NT - 1) / j.NT;
+    }
+    const int nrow = gemm ? j.ntile * j.NT : n;
+    j.xa = amalloc(sizeof *j.xa * (size_t)nrow * nb);
+    cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (gemm) {
+        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+        j.scr_bytes = (size_t)nb * 36 * j.R;
+        cpu_parallel_for(be, (N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        free_scratch(j.scr, nthr);
+    } else {
+        if (n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0)) {
+            const int c = w->w.dtype == KILN_DTYPE_Q4_0 ? 8 : 128;
+            j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
+            j.corr = amalloc(sizeof(__m256i) * (size_t)nb), j.xd = amalloc(sizeof(float) * (size_t)nb);
+            for (int b = 0; b < nb; b++) {
+                int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
+                memcpy(&j.corr[b], v, sizeof v);
+                j.xd[b] = j.xa[b].d;
+            }
+            if (c == 8) {
+                j.act2 = amalloc(64 * (size_t)(nb / 2 + 1)), j.corr2 = amalloc(64 * (size_t)(nb / 2 + 1));
+                for (int q = 0; q < nb / 2; q++) {
+                    const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                    int8_t *d = (int8_t *)&j.act2[q];
+                    memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+                    int32_t v[16] = {0};
+                    v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
+                    memcpy(&j.corr2[q], v, sizeof v);
+                }
+            }
+        }
+        /* rows per chunk: ~64 KiB of weights */
+        cpu_parallel_for(be, N, (int64_t)(64 << 10) / (int64_t)j.rb + 1, i_rows, &j);
+    }
+    free(j.xa);
+    free(j.corr), free(j.xd), free(j.act2), free(j.corr2);
 }
 
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
-    (void)be;
     const struct qprep *p = w->be;
-    if (p->int8_act) matmul_int8(out, x, w, n);
-    else matmul_exact(out, x, w, n);
+    if (p->int8_act) matmul_int8(be, out, x, w, n);
+    else matmul_exact(be, out, x, w, n);
 }
