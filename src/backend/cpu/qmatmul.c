@@ -1219,6 +1219,7 @@ VNNI static float dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb) 
  * the -8 / -128 x sum offset comes in as the dpbusd accumulator, a vector
  * precomputed per call (corr), so a block costs its unpack, one vpdpbusd,
  * a convert, a permute and an FMA. */
+#define SC16(u) ((short)(w[(size_t)BS * (i + (u))] | w[(size_t)BS * (i + (u)) + 1] << 8)) /* block u's f16 scale bits */
 #define DOT1V_BODY(CODES, OFS)                                                                           \
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
     int i = 0;                                                                                           \
@@ -1226,12 +1227,8 @@ VNNI static float dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb) 
         KILN_PF(w + (size_t)BS * i);                                                                     \
         KILN_PF(w + (size_t)BS * i + 64);                                                                \
         KILN_PF(w + (size_t)BS * i + 128);                                                               \
-        __m128i h = _mm_setzero_si128();                                                                 \
-        uint16_t hv;                                                                                     \
-        _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) {                                            \
-            memcpy(&hv, w + (size_t)BS * (i + u), 2);                                                    \
-            h = _mm_insert_epi16(h, hv, u);                                                              \
-        }                                                                                                \
+        /* constant lane indices (pinsrw needs them at any -O level) */                                 \
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0)); \
         const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));                    \
         _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) {                                            \
             const uint8_t *bw = w + (size_t)BS * (i + u);                                                \
