@@ -793,6 +793,19 @@ AVX2 static inline float h2f_c(const uint8_t *p) {
  * row, so at prefill each block is unpacked once per 4 tokens. */
 #define NX 4
 
+/* dot_<fmt>_avx2 over nx <= 4 activation rows: a switch onto copies of the
+ * kernel dot_<fmt>_avx2_ with nx a constant, so the accumulators stay in
+ * registers */
+#define QDOTX_BY_NX(name)                                                                               \
+    AVX2 static void name(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) { \
+        switch (nx) {                                                                                   \
+        case 1: name##_(w, a, 1, nb, out); break;                                                       \
+        case 2: name##_(w, a, 2, nb, out); break;                                                       \
+        case 3: name##_(w, a, 3, nb, out); break;                                                       \
+        default: name##_(w, a, 4, nb, out); break;                                                      \
+        }                                                                                               \
+    }
+
 AVX2 static inline __attribute__((always_inline)) void dot_q8_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
@@ -808,15 +821,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q8_0_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
-    switch (nx) {
-    case 1: dot_q8_0_avx2_(w, a, 1, nb, out); break;
-    case 2: dot_q8_0_avx2_(w, a, 2, nb, out); break;
-    case 3: dot_q8_0_avx2_(w, a, 3, nb, out); break;
-    default: dot_q8_0_avx2_(w, a, 4, nb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q8_0_avx2)
 
 AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
@@ -838,15 +843,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 8 * off[j];
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
-    switch (nx) {
-    case 1: dot_q4_0_avx2_(w, a, 1, nb, out); break;
-    case 2: dot_q4_0_avx2_(w, a, 2, nb, out); break;
-    case 3: dot_q4_0_avx2_(w, a, 3, nb, out); break;
-    default: dot_q4_0_avx2_(w, a, 4, nb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q4_0_avx2)
 
 AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
@@ -874,15 +871,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
-    switch (nx) {
-    case 1: dot_q4_k_avx2_(w, a, 1, nsb, out); break;
-    case 2: dot_q4_k_avx2_(w, a, 2, nsb, out); break;
-    case 3: dot_q4_k_avx2_(w, a, 3, nsb, out); break;
-    default: dot_q4_k_avx2_(w, a, 4, nsb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q4_k_avx2)
 
 AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
@@ -903,15 +892,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
-    switch (nx) {
-    case 1: dot_q4_1_avx2_(w, a, 1, nb, out); break;
-    case 2: dot_q4_1_avx2_(w, a, 2, nb, out); break;
-    case 3: dot_q4_1_avx2_(w, a, 3, nb, out); break;
-    default: dot_q4_1_avx2_(w, a, 4, nb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q4_1_avx2)
 
 AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
@@ -943,15 +924,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
-    switch (nx) {
-    case 1: dot_q5_k_avx2_(w, a, 1, nsb, out); break;
-    case 2: dot_q5_k_avx2_(w, a, 2, nsb, out); break;
-    case 3: dot_q5_k_avx2_(w, a, 3, nsb, out); break;
-    default: dot_q5_k_avx2_(w, a, 4, nsb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q5_k_avx2)
 
 AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
@@ -985,15 +958,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
-    switch (nx) {
-    case 1: dot_q6_k_avx2_(w, a, 1, nsb, out); break;
-    case 2: dot_q6_k_avx2_(w, a, 2, nsb, out); break;
-    case 3: dot_q6_k_avx2_(w, a, 3, nsb, out); break;
-    default: dot_q6_k_avx2_(w, a, 4, nsb, out); break;
-    }
-}
+QDOTX_BY_NX(dot_q6_k_avx2)
 
 typedef float (*qdot_fn)(const uint8_t *w, const struct q8a *a, int nb);
 typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
