@@ -105,7 +105,7 @@ static void dot_f16_scalar(const void *row, const float *const *x, int nx, int n
 
 /* ==== AVX2 + FMA (+ F16C) ==== */
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2 KILN_AVX2
 
 AVX2 static inline __m256 load8_bf16(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -146,7 +146,7 @@ DOT_AVX2(dot_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
 
 /* ==== AVX-512 (F + BW + VL) ==== */
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512 KILN_AVX512
 
 AVX512 static inline __m512 load16m_bf16(const uint16_t *p, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
@@ -298,27 +298,13 @@ static void pack_w_generic(float *wp, const uint8_t *W, enum kiln_dtype t, size_
 /* AVX2 (also used on AVX-512 machines): widen 8 k of 8 rows at a time and
  * transpose the 8 x 8 block in registers; the k tail and a partial panel
  * (nr < NR) go through the generic path. */
-AVX2 static inline void transpose8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
 
 #define PACK_T8(LOAD, T)                                                                          \
     for (; k0 + 8 <= n_in; k0 += 8)                                                               \
         for (int jb = 0; jb < NR; jb += 8) {                                                      \
             __m256 r[8];                                                                          \
             for (int j = 0; j < 8; j++) r[j] = LOAD((const T *)(W + (size_t)(o0 + jb + j) * rb) + k0); \
-            transpose8(r);                                                                        \
+            kiln_transpose8(r);                                                                        \
             for (int k = 0; k < 8; k++) _mm256_store_ps(wp + (size_t)(k0 + k) * NR + jb, r[k]);   \
         }
 

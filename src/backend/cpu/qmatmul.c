@@ -97,8 +97,8 @@ void cpu_qrelease_linear(struct qlinear *w) {
     w->be = NULL;
 }
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX2 KILN_AVX2
+#define AVX512 KILN_AVX512
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* ==== exact path: one row dequantized to scratch ==== */
@@ -530,20 +530,6 @@ AVX2 static void ukr_f32_avx2(const float *xp, const float *wp, int K, float *c,
         }
 }
 
-AVX2 static inline void transpose8(__m256 r[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
 
 /* d[k * ld + i] = y[i * K + k] for 8 rows i (y: 8 rows of K) */
 AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
@@ -551,7 +537,7 @@ AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
     for (; k + 8 <= K; k += 8) {
         __m256 r[8];
         for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(y + (size_t)i * K + k);
-        transpose8(r);
+        kiln_transpose8(r);
         for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + (size_t)(k + i) * ld, r[i]);
     }
     for (; k < K; k++)
@@ -1014,7 +1000,7 @@ AVX2 static void pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr
                 }
                 v[i] = _mm256_castsi256_ps(c);
             }
-            transpose8(v);
+            kiln_transpose8(v);
             uint8_t *d = P + (size_t)b * bs;
             for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
             float *sc = (float *)(d + 32 * (size_t)R);
@@ -1223,8 +1209,7 @@ VNNI static float dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float 
  * and the activations were laid out the same way once per call (act2), so
  * one vpdpbusd, convert, permute and FMA serve two blocks; the offsets
  * -8 x sum sit in lanes 0 and 4 of the precomputed accumulator (corr2). */
-#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-VNNI512 static float dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+VNNI static float dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
     enum { BS = 18 };
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15);
