@@ -190,21 +190,30 @@ static inline int js_number(struct js *s, double *v) {
     return js_number_slow_(s, v);
 }
 
-static inline int js_obj_next(struct js *s, int *first, const uint8_t **key, size_t *klen) {
+/* the step shared by objects and arrays: 0 at the closing bracket (consumed),
+ * 1 before the next member (its ',' consumed), -1 on an error */
+static inline int js_next_(struct js *s, int *first, int close, const char *want) {
     if (s->err) return -1;
     int c = js_peek(s);
-    if (c == '}') {
+    if (c == close) {
         s->p++;
         s->depth--;
         *first = 0;
         return 0;
     }
     if (!*first) {
-        if (c != ',') return js_fail_end_(s, c, "',' or '}'");
+        if (c != ',') return js_fail_end_(s, c, want);
         s->p++;
-        c = js_peek(s);
+        js_peek(s);
     }
     *first = 0;
+    return 1;
+}
+
+static inline int js_obj_next(struct js *s, int *first, const uint8_t **key, size_t *klen) {
+    int r = js_next_(s, first, '}', "',' or '}'");
+    if (r <= 0) return r;
+    int c = js_peek(s);
     if (c != '"') return js_fail_end_(s, c, "a string key");
     if (js_string(s, key, klen)) return -1;
     c = js_peek(s);
@@ -215,21 +224,7 @@ static inline int js_obj_next(struct js *s, int *first, const uint8_t **key, siz
 }
 
 static inline int js_arr_next(struct js *s, int *first) {
-    if (s->err) return -1;
-    int c = js_peek(s);
-    if (c == ']') {
-        s->p++;
-        s->depth--;
-        *first = 0;
-        return 0;
-    }
-    if (!*first) {
-        if (c != ',') return js_fail_end_(s, c, "',' or ']'");
-        s->p++;
-        js_peek(s);
-    }
-    *first = 0;
-    return 1;
+    return js_next_(s, first, ']', "',' or ']'");
 }
 
 #endif
