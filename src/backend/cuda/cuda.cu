@@ -31,7 +31,9 @@
  * KILN_CUDA_FUSE=0 (no rope+KV write fusion), KILN_CUDA_FUSE_NORM=1 (fold
  * RMSNorm and the residual add into the next decode GEMV), KILN_CUDA_PF=0 (no
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
- * (logits widened on the device and copied pageable, the old path).
+ * (logits widened on the device and copied pageable, the old path),
+ * KILN_CUDA_MOE_GROUPED=0 (MoE prefill: one cuBLAS call per expert GEMM
+ * instead of two grouped calls).
  */
 #include <pthread.h>
 #include <string.h>
@@ -632,6 +634,7 @@ static void cu_destroy(struct kiln_backend *be) {
     if (c->ids_dev) cudaFree(c->ids_dev);
     if (c->norm_cnt) cudaFree(c->norm_cnt);
     if (c->moe_host) cudaFreeHost(c->moe_host);
+    if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -689,6 +692,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     cu_gemv_pf = !(pf && !strcmp(pf, "0"));
     CUDA_CHECK(cudaMalloc(&c->norm_cnt, 64));
     CUDA_CHECK(cudaMemset(c->norm_cnt, 0, 64));
+    const char *mg = getenv("KILN_CUDA_MOE_GROUPED");
+    c->moe_grouped = !(mg && !strcmp(mg, "0"));
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
     const char *pr = getenv("KILN_CUDA_PROFILE");

@@ -125,6 +125,8 @@ struct cuda_ctx {
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
     int *moe_host;    size_t moe_host_cap;  /* pinned: routing ids for the prefill grouping */
+    void **moe_ptr_host; int moe_ptr_cap;   /* pinned: pointer tables of the grouped expert GEMMs */
+    int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
 
     struct cu_moe_tab *moe_tabs;
     int n_moe_tabs;

@@ -107,6 +107,79 @@ __global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, co
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+/*
+ * The expert GEMMs of the grouped path as two cublasGemmGroupedBatchedEx
+ * calls instead of 3 cublasGemmEx calls per expert (384 on Qwen3-30B-A3B,
+ * each paying cuBLAS's host-side dispatch): one call holds the gate and up
+ * problems of every expert that has rows, the second their down problems.
+ * Problem p of a call is out_p^T = W_p x_p^T in cuBLAS's column-major view
+ * (as blas_gemm in gemm.cu), its own group of size 1 since the row counts
+ * differ. The pointer tables go up from pinned memory in one copy. Returns 0
+ * if cuBLAS refuses the call (then the caller loops over experts, and stops
+ * asking).
+ */
+static int grouped_gemm(struct cuda_ctx *c, int np, const int *rows, int n_out, int n_in, const void **dptr) {
+    int *ia = (int *)kiln_malloc(sizeof(int) * 6 * (size_t)np);
+    int *m = ia, *nn = ia + np, *k = ia + 2 * np, *lda = ia + 3 * np, *ldc = ia + 4 * np, *gs = ia + 5 * np;
+    cublasOperation_t *ta = (cublasOperation_t *)kiln_malloc(sizeof *ta * 2 * (size_t)np), *tb = ta + np;
+    float *ab = (float *)kiln_malloc(sizeof(float) * 2 * (size_t)np);
+    for (int p = 0; p < np; p++) {
+        m[p] = n_out, nn[p] = rows[p], k[p] = n_in, lda[p] = n_in, ldc[p] = n_out, gs[p] = 1;
+        ta[p] = CUBLAS_OP_T, tb[p] = CUBLAS_OP_N, ab[p] = 1.f, ab[np + p] = 0.f;
+    }
+    /* dptr: np weights, np x slices, np outputs (device copies) */
+    cublasStatus_t st = cublasGemmGroupedBatchedEx(c->blas, ta, tb, m, nn, k, ab, (const void *const *)dptr, CUDA_R_16BF, lda,
+                                                   (const void *const *)(dptr + np), CUDA_R_16BF, lda, ab + np,
+                                                   (void *const *)(dptr + 2 * np), CUDA_R_16BF, ldc, np, gs, CUBLAS_COMPUTE_32F);
+    free(ia), free(ta), free(ab);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        kiln_log(KILN_LOG_INFO, "cuda: grouped GEMM refused (cuBLAS status %d): experts run one call each", (int)st);
+        return 0;
+    }
+    return 1;
+}
+
+/* fills the pointer tables of both calls, copies them up, runs the calls;
+ * 0 if cuBLAS refused the first (nothing was computed then) */
+static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, bf16 *xg, bf16 *hg, bf16 *hu, bf16 *y,
+                               int F, int dim, const void **dtab) {
+    const int E = m->n_expert;
+    if (c->moe_ptr_cap < 9 * E) {
+        if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
+        c->moe_ptr_cap = 9 * E;
+        CUDA_CHECK(cudaMallocHost(&c->moe_ptr_host, sizeof(void *) * (size_t)c->moe_ptr_cap));
+    }
+    int *rows = (int *)kiln_malloc(sizeof(int) * 2 * (size_t)E), g = 0;
+    const void **h = (const void **)c->moe_ptr_host;
+    for (int e = 0; e < E; e++)
+        if (cnt[e + 1] > cnt[e]) rows[g++] = cnt[e + 1] - cnt[e];
+    /* gate/up table: [A: 2g weights | B: 2g x slices | C: 2g outputs]; down: [g | g | g] after it */
+    const void **A = h, **B = h + 2 * g, **C = h + 4 * g, **A2 = h + 6 * g, **B2 = h + 7 * g, **C2 = h + 8 * g;
+    int q = 0;
+    for (int e = 0; e < E; e++) {
+        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
+        if (!ne) continue;
+        A[q] = ((const struct cu_linear *)m->gate[e].be)->w, A[g + q] = ((const struct cu_linear *)m->up[e].be)->w;
+        B[q] = B[g + q] = xg + (size_t)o * dim;
+        C[q] = hg + (size_t)o * F, C[g + q] = hu + (size_t)o * F;
+        A2[q] = ((const struct cu_linear *)m->down[e].be)->w, B2[q] = hg + (size_t)o * F, C2[q] = y + (size_t)o * dim;
+        q++;
+    }
+    for (int i = 0; i < g; i++) rows[g + i] = rows[i];
+    CUDA_CHECK(cudaMemcpyAsync(dtab, h, sizeof(void *) * 9 * (size_t)g, cudaMemcpyHostToDevice, c->stream));
+    int ok = grouped_gemm(c, 2 * g, rows, F, dim, dtab);
+    if (ok) {
+        cu_swiglu_raw(c, hg, hg, hu, (size_t)cnt[E] * F);
+        ok = grouped_gemm(c, g, rows, dim, F, dtab + 6 * g);
+        if (!ok) {
+            fprintf(stderr, "kiln: cuda: grouped GEMM accepted gate/up but refused down\n");
+            abort();
+        }
+    }
+    free(rows);
+    return ok;
+}
+
 void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe_ffn *m, int n, int dim) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
@@ -125,7 +198,8 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
     size_t o_h = o_end, o_pos = o_end, o_tok = al256(o_pos + nk * 4), o_xg = al256(o_tok + nk * 4);
     size_t o_hg = al256(o_xg + nk * dim * 2), o_hu = al256(o_hg + nk * F * 2), o_y = al256(o_hu + nk * F * 2);
-    size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_y + nk * dim * 2);
+    size_t o_tab = al256(o_y + nk * dim * 2);
+    size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
     int *sel = (int *)(buf + o_sel);
@@ -169,17 +243,19 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
     cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, tok, dim);
     CU_LAUNCHED();
-    for (int e = 0; e < E; e++) {
-        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
-        if (!ne) continue;
-        cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->gate[e].be)->w, ne, F, dim);
-        cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->up[e].be)->w, ne, F, dim);
-    }
-    cu_swiglu_raw(c, hg, hg, hu, nk * F);
-    for (int e = 0; e < E; e++) {
-        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
-        if (!ne) continue;
-        cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ((const struct cu_linear *)m->down[e].be)->w, ne, dim, F);
+    if (!(c->moe_grouped && (c->moe_grouped = moe_experts_grouped(c, m, cnt, xg, hg, hu, y, F, dim, (const void **)(buf + o_tab))))) {
+        for (int e = 0; e < E; e++) {
+            int o = cnt[e], ne = cnt[e + 1] - cnt[e];
+            if (!ne) continue;
+            cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->gate[e].be)->w, ne, F, dim);
+            cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->up[e].be)->w, ne, F, dim);
+        }
+        cu_swiglu_raw(c, hg, hg, hu, nk * F);
+        for (int e = 0; e < E; e++) {
+            int o = cnt[e], ne = cnt[e + 1] - cnt[e];
+            if (!ne) continue;
+            cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ((const struct cu_linear *)m->down[e].be)->w, ne, dim, F);
+        }
     }
     cu_launch(c->stream, k_combine, n, 256, 0, (bf16 *)out, y, pos, wsel, K, dim);
     CU_LAUNCHED();
