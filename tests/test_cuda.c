@@ -369,6 +369,17 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention 40 after 6000 + 300 from 0 (flash, split-KV)", 2, past9, new9);
     attention_case_hd(p, "attention 250 after 15750, head_dim 64 (split-KV)", 1, past8, new8, 64);
     attention_case_hd(p, "attention 40 after 6000 + 300, head_dim 64 (split-KV)", 2, past9, new9, 64);
+    /* q heads per flash block: 2 where a KV head serves an even number of
+     * them and the longest tile walks >= 2,048 keys (the split cases above),
+     * else 1 (the short prefills above; MHA and odd groups always) */
+    int new11[] = {2100};
+    attention_case(p, "attention prefill 2100 (flash, 2 heads per block, unsplit)", 1, past4, new11);
+    att_nkv = 32;
+    attention_case(p, "attention prefill 2100, 32/32 heads (flash, 1 head per block)", 1, past4, new11);
+    attention_case(p, "attention 250 after 15750, 32/32 heads (flash, split-KV, 1 head per block)", 1, past8, new8);
+    att_nkv = 16;
+    attention_case_hd(p, "attention 40 after 6000 + 300, 32/16 heads, head_dim 64 (split-KV, GQA 2)", 2, past9, new9, 64);
+    att_nkv = 8;
     const char *old = getenv("KILN_CUDA_FA_SPLIT");
     char *saved = old ? strdup(old) : NULL;
     setenv("KILN_CUDA_FA_SPLIT", "0", 1);

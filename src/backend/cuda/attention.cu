@@ -261,22 +261,29 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 /*
- * k_flash: block (entry, query head); an entry of the work list (layout in
- * cuda.cuh) is a tile (sequence, first row m0) and the key blocks it walks:
- * all of its causal span, or with SPLIT one chunk of it. Warp w owns query
- * rows m0+16w .. m0+16w+15 (its Q fragments stay in registers); lane (g = lane/4, t = lane%4) holds rows g and g+8 of
- * the m16n8 fragments. Per 64-key tile: S = Q K^T (ldmatrix from K rows),
- * causal mask on absolute cache positions, online softmax over the quad,
- * O += P V (P re-packed from the S accumulators as the A operand, V through
- * ldmatrix.trans). Shared memory rows are padded by 16 bytes (conflict-free
- * ldmatrix). Keys past the tile's last row are never loaded.
+ * k_flash: block (entry, HG query heads of one KV head); an entry of the
+ * work list (layout in cuda.cuh) is a tile (sequence, first row m0) and the
+ * key blocks it walks: all of its causal span, or with SPLIT one chunk of it.
+ * Warp w owns query rows m0+16w .. m0+16w+15 of each of the block's heads;
+ * lane (g = lane/4, t = lane%4) holds rows g and g+8 of the m16n8 fragments.
+ * Per 64-key tile: S = Q K^T (ldmatrix from K rows), causal mask on absolute
+ * cache positions, online softmax over the quad, O += P V (P re-packed from
+ * the S accumulators as the A operand, V through ldmatrix.trans). Shared
+ * memory rows are padded by 16 bytes (conflict-free ldmatrix). Keys past the
+ * tile's last row are never loaded.
+ * HG = 1: the warp's Q fragments stay in registers. HG = 2 (two q heads that
+ * share a KV head, GQA): each K and V fragment read from shared memory feeds
+ * both heads' MMAs, which halves the shared-memory traffic per flop and the
+ * K/V tile loads per head; Q then sits in shared memory (registers hold two
+ * heads' O and S) and is read with ldmatrix per 16-wide k step.
  * SPLIT (the launch has split entries; without them the kernel is the plain
  * one): a split entry writes (O, m, l) of every thread's fragments to its
- * partial slot, thread-major (element e of thread x at [e * 128 + x], so
- * both the writes and the merge's reads are coalesced), and the last block
- * of its group merges the group's slots fragment by fragment, in registers.
+ * partial slot per head, thread-major (element e of thread x at
+ * [e * 128 + x], so both the writes and the merge's reads are coalesced),
+ * and the last block of its group merges the group's slots fragment by
+ * fragment, in registers.
  */
-template <int D, bool SPLIT>
+template <int D, bool SPLIT, int HG>
 __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
                                                const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
                                                const bf16 *__restrict__ vc, const int *__restrict__ tiles,
@@ -286,27 +293,42 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
     constexpr int LD = D + 8;
     extern __shared__ uint4 smem_u4[];
     bf16 *smem = (bf16 *)smem_u4;
-    /* stage st: K at smem + st * 2 * FA_BN * LD, V right after it */
-    const int *ent = tiles + FA_ENT * blockIdx.x, h = blockIdx.y;
+    /* stage st: K at smem + st * 2 * FA_BN * LD, V right after it; HG = 2:
+     * Q of head i at smem + 4 * FA_BN * LD + i * FA_BM * LD */
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * HG;
     const int s = ent[0], m0 = ent[1];
     const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
-    const int kh = h / (n_head / nkv);
+    const int kh = h0 / (n_head / nkv);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int mat = lane >> 3, r8 = lane & 7;
     const int qr0 = m0 + warp * 16 + g, qr1 = qr0 + 8;
-    const bf16 *q0 = q + ((size_t)(start + min(qr0, n - 1)) * n_head + h) * D;
-    const bf16 *q1 = q + ((size_t)(start + min(qr1, n - 1)) * n_head + h) * D;
-    unsigned qa[D / 16][4];
+    unsigned qa[HG == 1 ? D / 16 : 1][4];
+    bf16 *Qs = smem + 4 * FA_BN * LD;
+    if (HG == 1) {
+        const bf16 *q0 = q + ((size_t)(start + min(qr0, n - 1)) * n_head + h0) * D;
+        const bf16 *q1 = q + ((size_t)(start + min(qr1, n - 1)) * n_head + h0) * D;
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        qa[ks][0] = *(const unsigned *)(q0 + ks * 16 + 2 * t4);
-        qa[ks][1] = *(const unsigned *)(q1 + ks * 16 + 2 * t4);
-        qa[ks][2] = *(const unsigned *)(q0 + ks * 16 + 8 + 2 * t4);
-        qa[ks][3] = *(const unsigned *)(q1 + ks * 16 + 8 + 2 * t4);
+        for (int ks = 0; ks < (HG == 1 ? D / 16 : 0); ks++) {
+            qa[ks][0] = *(const unsigned *)(q0 + ks * 16 + 2 * t4);
+            qa[ks][1] = *(const unsigned *)(q1 + ks * 16 + 2 * t4);
+            qa[ks][2] = *(const unsigned *)(q0 + ks * 16 + 8 + 2 * t4);
+            qa[ks][3] = *(const unsigned *)(q1 + ks * 16 + 8 + 2 * t4);
+        }
+    } else {
+        /* the tile's Q rows of both heads (rows past n repeat row n - 1) */
+        for (int i = threadIdx.x; i < HG * FA_BM * D / 8; i += 128) {
+            const int hi = i / (FA_BM * D / 8), r = (i / (D / 8)) % FA_BM, dc = (i % (D / 8)) * 8;
+            cp_async16(Qs + (hi * FA_BM + r) * LD + dc, q + ((size_t)(start + min(m0 + r, n - 1)) * n_head + h0 + hi) * D + dc);
+        }
     }
-    float o[D / 8][4];
+    float o[HG][D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
+    for (int hi = 0; hi < HG; hi++)
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[hi][i][0] = o[hi][i][1] = o[hi][i][2] = o[hi][i][3] = 0.f;
+    float mr[HG][2], lr[HG][2];
+#pragma unroll
+    for (int hi = 0; hi < HG; hi++) mr[hi][0] = mr[hi][1] = -INFINITY, lr[hi][0] = lr[hi][1] = 0.f;
     const int kv_end = n_past + min(m0 + FA_BM, n);
     const int kb0 = SPLIT ? ent[2] : 0, n_kb = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
     const int p0 = n_past + qr0, p1 = n_past + qr1;
@@ -324,7 +346,7 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
                 *(uint4 *)dv = make_uint4(0, 0, 0, 0);
             }
         }
-        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.commit_group;"); /* with HG = 2 the first group also holds Q */
     };
 
     load(kb0, kb0 & 1);
@@ -337,84 +359,113 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
         }
         __syncthreads();
         const bf16 *K = smem + (kb & 1) * 2 * FA_BN * LD, *V = K + FA_BN * LD;
-        float sc[FA_BN / 8][4];
+        float sc[HG][FA_BN / 8][4];
 #pragma unroll
-        for (int i = 0; i < FA_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-        const int mat = lane >> 3, r8 = lane & 7;
+        for (int hi = 0; hi < HG; hi++)
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++)
+            for (int i = 0; i < FA_BN / 8; i++) sc[hi][i][0] = sc[hi][i][1] = sc[hi][i][2] = sc[hi][i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            unsigned qf[HG][4];
+#pragma unroll
+            for (int hi = 0; hi < HG; hi++) {
+                if (HG == 1) {
+#pragma unroll
+                    for (int r = 0; r < 4; r++) qf[hi][r] = qa[HG == 1 ? ks : 0][r];
+                } else {
+                    ldsm_x4(qf[hi], Qs + (hi * FA_BM + warp * 16 + (mat & 1) * 8 + r8) * LD + ks * 16 + (mat >> 1) * 8);
+                }
+            }
 #pragma unroll
             for (int nt2 = 0; nt2 < FA_BN / 16; nt2++) {
                 unsigned b[4];
                 ldsm_x4(b, K + (nt2 * 16 + (mat >> 1) * 8 + r8) * LD + ks * 16 + (mat & 1) * 8);
-                mma16816(sc[2 * nt2], qa[ks], b[0], b[1]);
-                mma16816(sc[2 * nt2 + 1], qa[ks], b[2], b[3]);
+#pragma unroll
+                for (int hi = 0; hi < HG; hi++) {
+                    mma16816(sc[hi][2 * nt2], qf[hi], b[0], b[1]);
+                    mma16816(sc[hi][2 * nt2 + 1], qf[hi], b[2], b[3]);
+                }
             }
-        /* scale (log2 domain) and causal mask, then the online softmax */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = kb * FA_BN + nt * 8 + 2 * t4 + (e & 1);
-                const float v = key <= (e < 2 ? p0 : p1) ? sc[nt][e] * sl2 : -INFINITY;
-                sc[nt][e] = v;
-                if (e < 2) mx0 = fmaxf(mx0, v);
-                else mx1 = fmaxf(mx1, v);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
-        /* unsplit, key block 0 holds a visible key of every row, so m is
-         * finite from the first block on; a chunk may start past a row's
-         * position: keep m = -inf there and subtract 0 (p = 0, l = 0) */
-        const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
-        const float a0 = exp2f(mr[0] - b0), a1 = exp2f(mr[1] - b1);
-        float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; nt++) {
-            sc[nt][0] = exp2f(sc[nt][0] - b0), sc[nt][1] = exp2f(sc[nt][1] - b0);
-            sc[nt][2] = exp2f(sc[nt][2] - b1), sc[nt][3] = exp2f(sc[nt][3] - b1);
-            ls0 += sc[nt][0] + sc[nt][1], ls1 += sc[nt][2] + sc[nt][3];
         }
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-        lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1;
-        mr[0] = mn0, mr[1] = mn1;
+        /* per head: scale (log2 domain) and causal mask, then the online softmax */
+        unsigned pa[HG][FA_BN / 16][4];
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) o[dt][0] *= a0, o[dt][1] *= a0, o[dt][2] *= a1, o[dt][3] *= a1;
+        for (int hi = 0; hi < HG; hi++) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < FA_BN / 16; j++) {
-            unsigned pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]), pack_bf16(sc[2 * j][2], sc[2 * j][3]),
-                              pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]), pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+            for (int nt = 0; nt < FA_BN / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = kb * FA_BN + nt * 8 + 2 * t4 + (e & 1);
+                    const float v = key <= (e < 2 ? p0 : p1) ? sc[hi][nt][e] * sl2 : -INFINITY;
+                    sc[hi][nt][e] = v;
+                    if (e < 2) mx0 = fmaxf(mx0, v);
+                    else mx1 = fmaxf(mx1, v);
+                }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(mr[hi][0], mx0), mn1 = fmaxf(mr[hi][1], mx1);
+            /* unsplit, key block 0 holds a visible key of every row, so m is
+             * finite from the first block on; a chunk may start past a row's
+             * position: keep m = -inf there and subtract 0 (p = 0, l = 0) */
+            const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+            const float a0 = exp2f(mr[hi][0] - b0), a1 = exp2f(mr[hi][1] - b1);
+            float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < FA_BN / 8; nt++) {
+                sc[hi][nt][0] = exp2f(sc[hi][nt][0] - b0), sc[hi][nt][1] = exp2f(sc[hi][nt][1] - b0);
+                sc[hi][nt][2] = exp2f(sc[hi][nt][2] - b1), sc[hi][nt][3] = exp2f(sc[hi][nt][3] - b1);
+                ls0 += sc[hi][nt][0] + sc[hi][nt][1], ls1 += sc[hi][nt][2] + sc[hi][nt][3];
+            }
+            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+            lr[hi][0] = lr[hi][0] * a0 + ls0, lr[hi][1] = lr[hi][1] * a1 + ls1;
+            mr[hi][0] = mn0, mr[hi][1] = mn1;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) o[hi][dt][0] *= a0, o[hi][dt][1] *= a0, o[hi][dt][2] *= a1, o[hi][dt][3] *= a1;
+#pragma unroll
+            for (int j = 0; j < FA_BN / 16; j++) {
+                pa[hi][j][0] = pack_bf16(sc[hi][2 * j][0], sc[hi][2 * j][1]);
+                pa[hi][j][1] = pack_bf16(sc[hi][2 * j][2], sc[hi][2 * j][3]);
+                pa[hi][j][2] = pack_bf16(sc[hi][2 * j + 1][0], sc[hi][2 * j + 1][1]);
+                pa[hi][j][3] = pack_bf16(sc[hi][2 * j + 1][2], sc[hi][2 * j + 1][3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < FA_BN / 16; j++)
 #pragma unroll
             for (int dt2 = 0; dt2 < D / 16; dt2++) {
                 unsigned b[4];
                 ldsm_x4_t(b, V + (j * 16 + (mat & 1) * 8 + r8) * LD + dt2 * 16 + (mat >> 1) * 8);
-                mma16816(o[2 * dt2], pa, b[0], b[1]);
-                mma16816(o[2 * dt2 + 1], pa, b[2], b[3]);
+#pragma unroll
+                for (int hi = 0; hi < HG; hi++) {
+                    mma16816(o[hi][2 * dt2], pa[hi][j], b[0], b[1]);
+                    mma16816(o[hi][2 * dt2 + 1], pa[hi][j], b[2], b[3]);
+                }
             }
-        }
         __syncthreads(); /* this stage is refilled two tiles on */
     }
     if (SPLIT && ent[4] >= 0) {
-        /* a chunk of a split tile: (O, m, l) to its slot; the group's last
-         * block to finish merges all the slots into o, lr */
+        /* a chunk of a split tile: (O, m, l) to its slot, per head; the
+         * group's last block to finish merges all the slots into o, lr */
         constexpr int PE = D / 2 + 4; /* floats per thread: o fragments, m[2], l[2] */
         const int j0 = ent[4], sp = ent[5], n_sp = ent[6], tid = threadIdx.x;
-        float *pp = part + ((size_t)(j0 + sp) * n_head + h) * PE * 128 + tid;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
+        for (int hi = 0; hi < HG; hi++) {
+            float *pp = part + ((size_t)(j0 + sp) * n_head + h0 + hi) * PE * 128 + tid;
 #pragma unroll
-            for (int e = 0; e < 4; e++) pp[(dt * 4 + e) * 128] = o[dt][e];
-        pp[(D / 2) * 128] = mr[0], pp[(D / 2 + 1) * 128] = mr[1];
-        pp[(D / 2 + 2) * 128] = lr[0], pp[(D / 2 + 3) * 128] = lr[1];
+            for (int dt = 0; dt < D / 8; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) pp[(dt * 4 + e) * 128] = o[hi][dt][e];
+            pp[(D / 2) * 128] = mr[hi][0], pp[(D / 2 + 1) * 128] = mr[hi][1];
+            pp[(D / 2 + 2) * 128] = lr[hi][0], pp[(D / 2 + 3) * 128] = lr[hi][1];
+        }
         __shared__ int last;
         __threadfence();
         __syncthreads();
         if (tid == 0) {
-            last = atomicAdd(&done[j0 * n_head + h], 1) == n_sp - 1;
-            if (last) done[j0 * n_head + h] = 0; /* every block of the group has counted: zero for the next launch */
+            last = atomicAdd(&done[j0 * n_head + h0], 1) == n_sp - 1;
+            if (last) done[j0 * n_head + h0] = 0; /* every block of the group has counted: zero for the next launch */
         }
         __syncthreads();
         if (!last) return;
@@ -422,77 +473,99 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
         /* the merge, in slot order (the result does not depend on which block
          * came last): M = max m_i, L = sum w_i l_i, O = sum w_i O_i with
          * w_i = 2^(m_i - M), 0 for a chunk the row saw no key of */
-        const float *pg = part + (size_t)j0 * n_head * PE * 128 + (size_t)h * PE * 128 + tid;
         const size_t stride = (size_t)n_head * PE * 128;
-        float M0 = -INFINITY, M1 = -INFINITY;
-        for (int i = 0; i < n_sp; i++)
-            M0 = fmaxf(M0, __ldcg(pg + i * stride + (D / 2) * 128)), M1 = fmaxf(M1, __ldcg(pg + i * stride + (D / 2 + 1) * 128));
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-        lr[0] = lr[1] = 0.f;
-        for (int i = 0; i < n_sp; i++) {
-            const float *pi = pg + i * stride;
-            const float m_0 = __ldcg(pi + (D / 2) * 128), m_1 = __ldcg(pi + (D / 2 + 1) * 128);
-            const float w0 = m_0 == -INFINITY ? 0.f : exp2f(m_0 - M0), w1 = m_1 == -INFINITY ? 0.f : exp2f(m_1 - M1);
-            lr[0] += w0 * __ldcg(pi + (D / 2 + 2) * 128), lr[1] += w1 * __ldcg(pi + (D / 2 + 3) * 128);
+        for (int hi = 0; hi < HG; hi++) {
+            const float *pg = part + (size_t)j0 * n_head * PE * 128 + (size_t)(h0 + hi) * PE * 128 + tid;
+            float M0 = -INFINITY, M1 = -INFINITY;
+            for (int i = 0; i < n_sp; i++)
+                M0 = fmaxf(M0, __ldcg(pg + i * stride + (D / 2) * 128)), M1 = fmaxf(M1, __ldcg(pg + i * stride + (D / 2 + 1) * 128));
 #pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                o[dt][0] += w0 * __ldcg(pi + (dt * 4 + 0) * 128), o[dt][1] += w0 * __ldcg(pi + (dt * 4 + 1) * 128);
-                o[dt][2] += w1 * __ldcg(pi + (dt * 4 + 2) * 128), o[dt][3] += w1 * __ldcg(pi + (dt * 4 + 3) * 128);
+            for (int dt = 0; dt < D / 8; dt++) o[hi][dt][0] = o[hi][dt][1] = o[hi][dt][2] = o[hi][dt][3] = 0.f;
+            lr[hi][0] = lr[hi][1] = 0.f;
+            for (int i = 0; i < n_sp; i++) {
+                const float *pi = pg + i * stride;
+                const float m_0 = __ldcg(pi + (D / 2) * 128), m_1 = __ldcg(pi + (D / 2 + 1) * 128);
+                const float w0 = m_0 == -INFINITY ? 0.f : exp2f(m_0 - M0), w1 = m_1 == -INFINITY ? 0.f : exp2f(m_1 - M1);
+                lr[hi][0] += w0 * __ldcg(pi + (D / 2 + 2) * 128), lr[hi][1] += w1 * __ldcg(pi + (D / 2 + 3) * 128);
+#pragma unroll
+                for (int dt = 0; dt < D / 8; dt++) {
+                    o[hi][dt][0] += w0 * __ldcg(pi + (dt * 4 + 0) * 128), o[hi][dt][1] += w0 * __ldcg(pi + (dt * 4 + 1) * 128);
+                    o[hi][dt][2] += w1 * __ldcg(pi + (dt * 4 + 2) * 128), o[hi][dt][3] += w1 * __ldcg(pi + (dt * 4 + 3) * 128);
+                }
             }
         }
     }
-    const float i0 = 1.f / lr[0], i1 = 1.f / lr[1];
-    bf16 *o0 = out + ((size_t)(start + qr0) * n_head + h) * D, *o1 = out + ((size_t)(start + qr1) * n_head + h) * D;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        if (qr0 < n) *(unsigned *)(o0 + dt * 8 + 2 * t4) = pack_bf16(o[dt][0] * i0, o[dt][1] * i0);
-        if (qr1 < n) *(unsigned *)(o1 + dt * 8 + 2 * t4) = pack_bf16(o[dt][2] * i1, o[dt][3] * i1);
+    for (int hi = 0; hi < HG; hi++) {
+        const float i0 = 1.f / lr[hi][0], i1 = 1.f / lr[hi][1];
+        bf16 *o0 = out + ((size_t)(start + qr0) * n_head + h0 + hi) * D, *o1 = out + ((size_t)(start + qr1) * n_head + h0 + hi) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            if (qr0 < n) *(unsigned *)(o0 + dt * 8 + 2 * t4) = pack_bf16(o[hi][dt][0] * i0, o[hi][dt][1] * i0);
+            if (qr1 < n) *(unsigned *)(o1 + dt * 8 + 2 * t4) = pack_bf16(o[hi][dt][2] * i1, o[hi][dt][3] * i1);
+        }
     }
 }
 
-/* two stages of K and V tiles */
-template <int D>
+/* two stages of K and V tiles (+ Q of the HG heads when HG > 1) */
+template <int D, int HG>
 static size_t flash_smem(void) {
-    const size_t smem = (size_t)4 * FA_BN * (D + 8) * sizeof(bf16);
+    const size_t smem = (size_t)(4 * FA_BN + (HG > 1 ? HG * FA_BM : 0)) * (D + 8) * sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, false, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash<D, true, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     return smem;
 }
 
-template <int D>
+template <int D, int HG>
 static int flash_blocks_per_sm(void) {
     static int nb = 0;
     if (!nb) {
-        const size_t smem = flash_smem<D>();
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_flash<D, true>, 128, smem));
+        const size_t smem = flash_smem<D, HG>();
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_flash<D, true, HG>, 128, smem));
         nb = nb > 0 ? nb : 1;
     }
     return nb;
 }
 
-int cu_flash_blocks_per_sm(int hd) {
-    switch (hd) {
-    case 16: return flash_blocks_per_sm<16>();
-    case 32: return flash_blocks_per_sm<32>();
-    case 64: return flash_blocks_per_sm<64>();
-    case 128: return flash_blocks_per_sm<128>();
+int cu_flash_blocks_per_sm(int hd, int hg) {
+    switch (hd * 4 + (hg == 2 ? 2 : 1)) {
+    case 16 * 4 + 1: return flash_blocks_per_sm<16, 1>();
+    case 32 * 4 + 1: return flash_blocks_per_sm<32, 1>();
+    case 64 * 4 + 1: return flash_blocks_per_sm<64, 1>();
+    case 128 * 4 + 1: return flash_blocks_per_sm<128, 1>();
+    case 16 * 4 + 2: return flash_blocks_per_sm<16, 2>();
+    case 32 * 4 + 2: return flash_blocks_per_sm<32, 2>();
+    case 64 * 4 + 2: return flash_blocks_per_sm<64, 2>();
+    case 128 * 4 + 2: return flash_blocks_per_sm<128, 2>();
     default: return 1;
     }
 }
 
-template <int D>
+/* the most q heads per flash block: 2 when a KV head serves an even
+ * number of q heads (KILN_CUDA_FA_HG=1 forces 1); cu_begin decides per
+ * batch whether to use 2 */
+int cu_flash_hg(int n_head, int nkv) {
+    static int force = -1;
+    if (force < 0) {
+        const char *e = getenv("KILN_CUDA_FA_HG");
+        force = e && !strcmp(e, "1") ? 1 : 0;
+    }
+    return !force && nkv > 0 && (n_head / nkv) % 2 == 0 ? 2 : 1;
+}
+
+template <int D, int HG>
 static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
                          float sl2) {
-    const size_t smem = flash_smem<D>();
-    dim3 grid((unsigned)c->n_fa_tiles, (unsigned)n_head);
+    const size_t smem = flash_smem<D, HG>();
+    dim3 grid((unsigned)c->n_fa_tiles, (unsigned)(n_head / HG));
     const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
     if (!c->fa_slots) {
-        cu_launch(c->stream, k_flash<D, false>, grid, 128, smem, out, (float *)NULL, (int *)NULL, q, kc, vc, c->fa_tiles,
+        cu_launch(c->stream, k_flash<D, false, HG>, grid, 128, smem, out, (float *)NULL, (int *)NULL, q, kc, vc, c->fa_tiles,
                   c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
         CU_LAUNCHED();
         return;
@@ -504,9 +577,16 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
         cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, slots * sizeof(int));
         CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
     }
-    cu_launch(c->stream, k_flash<D, true>, grid, 128, smem, out, part, c->att_cnt, q, kc, vc, c->fa_tiles, c->d_seq, c->d_pages,
-              n_head, kv->n_head_kv, kv->page_size, sl2);
+    cu_launch(c->stream, k_flash<D, true, HG>, grid, 128, smem, out, part, c->att_cnt, q, kc, vc, c->fa_tiles, c->d_seq,
+              c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
     CU_LAUNCHED();
+}
+
+template <int D>
+static void launch_flash_hg(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                            float sl2) {
+    if (c->fa_hg_run == 2 && cu_flash_hg(n_head, kv->n_head_kv) == 2) launch_flash<D, 2>(c, out, q, kv, layer, n_head, sl2);
+    else launch_flash<D, 1>(c, out, q, kv, layer, n_head, sl2);
 }
 
 template <int HD>
@@ -539,13 +619,14 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const bf16 *q = (const bf16 *)q_;
     const float sl2 = scale * 1.4426950408889634f;
     const int hd = kv->head_dim;
-    c->fa_heads = n_head, c->fa_hd = hd; /* for the next forward's split plan (cuda.cu cu_begin) */
+    /* for the next forward's split plan (cuda.cu cu_begin) */
+    c->fa_heads = n_head, c->fa_hd = hd, c->fa_hg = cu_flash_hg(n_head, kv->n_head_kv);
     if (c->max_seq_n > ATT_ROWS_MAX && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
-        case 16: launch_flash<16>(c, out, q, kv, layer, n_head, sl2); return;
-        case 32: launch_flash<32>(c, out, q, kv, layer, n_head, sl2); return;
-        case 64: launch_flash<64>(c, out, q, kv, layer, n_head, sl2); return;
-        case 128: launch_flash<128>(c, out, q, kv, layer, n_head, sl2); return;
+        case 16: launch_flash_hg<16>(c, out, q, kv, layer, n_head, sl2); return;
+        case 32: launch_flash_hg<32>(c, out, q, kv, layer, n_head, sl2); return;
+        case 64: launch_flash_hg<64>(c, out, q, kv, layer, n_head, sl2); return;
+        case 128: launch_flash_hg<128>(c, out, q, kv, layer, n_head, sl2); return;
         default: break;
         }
     }

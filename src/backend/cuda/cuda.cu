@@ -448,23 +448,30 @@ static int fa_n_split(int n_kb, int cb) {
  * are not part of the batch): others only make the plan coarser or finer,
  * never wrong.
  */
-static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
-    const char *e = getenv("KILN_CUDA_FA_SPLIT");
-    const long force = e && *e ? strtol(e, NULL, 10) : 1;
-    if (force <= 0) return 0;
+/* key blocks of the batch's longest tile */
+static int fa_longest_kb(const struct kiln_batch *b) {
     int J = 0;
     for (int s = 0; s < b->n_seqs; s++)
         for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
             const int kb = fa_tile_kb(&b->seqs[s], m0);
             J = kb > J ? kb : J;
         }
+    return J;
+}
+
+static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
+    const char *e = getenv("KILN_CUDA_FA_SPLIT");
+    const long force = e && *e ? strtol(e, NULL, 10) : 1;
+    if (force <= 0) return 0;
+    const int J = fa_longest_kb(b);
     if (J < 2 * FA_SPLIT_MIN_KB) return 0;
     if (force > 1) { /* KILN_CUDA_FA_SPLIT=N: the longest tile in N chunks */
         const int k = force < FA_SPLIT_MAX ? (int)force : FA_SPLIT_MAX, cb = (J + k - 1) / k;
         return cb > FA_SPLIT_MIN_KB ? cb : FA_SPLIT_MIN_KB;
     }
-    const long heads = c->fa_heads > 0 ? c->fa_heads : 32;
-    const long slots = (long)c->n_sm * cu_flash_blocks_per_sm(c->fa_hd > 0 ? c->fa_hd : 128);
+    const int hg = c->fa_hg_run;
+    const long heads = (c->fa_heads > 0 ? c->fa_heads : 32) / hg; /* blocks per entry */
+    const long slots = (long)c->n_sm * cu_flash_blocks_per_sm(c->fa_hd > 0 ? c->fa_hd : 128, hg);
     if (5 * (long)n_tiles * heads >= 4 * slots) return 0;
     const int k_max = J / FA_SPLIT_MIN_KB < FA_SPLIT_MAX ? J / FA_SPLIT_MIN_KB : FA_SPLIT_MAX;
     long est[FA_SPLIT_MAX + 1], best = -1;
@@ -519,6 +526,11 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
      * of a sequence, or n_sp entries for a tile split into key chunks */
     int n_ent = 0, n_slots = 0, cb = 0;
     if (max_n > ATT_ROWS_MAX) {
+        /* two q heads per flash block where the KV groups allow it (the last
+         * attention call says; unknown: assume so) and the tiles are long;
+         * on short ones the halved grid cost more than the shared K/V tiles
+         * saved (H200: 0.6B pp1024 4.95 -> 5.3 ms, pp8192 70.6 -> 53.8 ms) */
+        c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && fa_longest_kb(b) >= FA_HG_MIN_KB ? 2 : 1;
         cb = fa_split_kb(c, b, n_tiles);
         for (int s = 0; s < S; s++)
             for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {

@@ -86,6 +86,9 @@ struct cu_moe_tab {
 #define FA_BM 64
 #define FA_BN 64
 #define FA_ENT 8
+/* two q heads per flash block only when the longest tile walks this many
+ * key blocks (2,048 keys) */
+#define FA_HG_MIN_KB 32
 /* split-KV of the flash kernel (cuda.cu cu_begin plans it, attention.cu
  * describes it): a chunk walks at least FA_SPLIT_MIN_KB key blocks (512
  * keys), a tile is cut into at most FA_SPLIT_MAX chunks */
@@ -117,7 +120,8 @@ struct cuda_ctx {
     const struct kiln_seq_view *seqs_host;
     int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention work list (entries, layout above) */
     int fa_slots; /* partial slots of the split entries (0: no tile is split) */
-    int fa_heads, fa_hd; /* q heads, head_dim of the last attention call, for cu_begin's split plan (0: 32, 128) */
+    int fa_heads, fa_hd, fa_hg; /* q heads, head_dim, most q heads per flash block (1, 2) of the last attention call, for cu_begin's plan (0: unknown) */
+    int fa_hg_run; /* q heads per flash block in this batch (cu_begin: 2 if fa_hg allows and the longest tile is long) */
 
     /* scratch: grown on demand, counted as workspace */
     float *att_part;  size_t att_part_cap;  /* split-K partials (row kernel and split flash entries) */
@@ -207,7 +211,8 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
 void cu_attention(struct kiln_backend *be, void *out, const void *q, const struct kv_cache *kv, int layer,
                   const struct kiln_batch *b, int n_head, float scale);
 /* resident blocks per SM of the split flash kernel at head_dim hd (1 if unsupported) */
-int cu_flash_blocks_per_sm(int hd);
+int cu_flash_blocks_per_sm(int hd, int hg);
+int cu_flash_hg(int n_head, int nkv);
 void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
 /* decode attention with a KV group's query heads in one block (attn_gqa.cu);
  * 0 when the shape is not one it handles */
