@@ -10,8 +10,9 @@
  *    pointers (gemm.cu k_moe_gate_up), and one kernel does the down
  *    projections and the weighted sum (k_moe_down). No host round trip, so a
  *    decode step stays one CUDA graph.
- *  - grouped (prefill): the expert ids come back to the host (one sync per
- *    layer), a counting sort groups the routed rows by expert, the rows are
+ *  - grouped (prefill): a counting sort on the device groups the routed rows
+ *    by expert (k_moe_count, k_moe_place), the per-expert counts come back
+ *    to the host (one sync per layer: they are the GEMM sizes), the rows are
  *    gathered into one dense block, each expert runs three GEMMs on its
  *    contiguous slice (cuBLAS; every expert's weights read once), and a
  *    combine kernel sums each token's k results in slot order.
@@ -85,6 +86,61 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const f
     /* K > 32 does not occur (Qwen3: 8) */
 }
 
+/*
+ * The counting sort of the routed pairs j = i*K + k by expert, as the host
+ * did it (stable: ascending j within an expert), in two launches.
+ * k_moe_count: block e counts the pairs routed to expert e.
+ * k_moe_place: block e sums the counts of the experts before it (its first
+ * slot) and walks the pairs in order, 256 at a time: a pair's rank among the
+ * chunk's pairs of expert e is a ballot prefix within its warp plus the
+ * counts of the warps before it; pos[j] = its slot, tok[slot] = its token.
+ */
+__global__ void k_moe_count(int *__restrict__ cnt, const int *__restrict__ sel, int nk) {
+    pdl_wait();
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) c += sel[j] == e;
+    for (int o = 16; o; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+    __shared__ int ws[32];
+    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int t = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) t += ws[w];
+        cnt[e] = t;
+    }
+}
+
+__global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const int *__restrict__ sel, const int *__restrict__ cnt,
+                            int nk, int K) {
+    pdl_wait();
+    const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    __shared__ int base, wc[32];
+    if (threadIdx.x == 0) {
+        int b = 0;
+        for (int i = 0; i < e; i++) b += cnt[i];
+        base = b;
+    }
+    __syncthreads();
+    for (int j0 = 0; j0 < nk; j0 += blockDim.x) {
+        const int j = j0 + threadIdx.x, hit = j < nk && sel[j] == e;
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) wc[warp] = __popc(m);
+        __syncthreads();
+        int before = base;
+        for (int w = 0; w < warp; w++) before += wc[w];
+        if (hit) {
+            const int slot = before + __popc(m & ((1u << lane) - 1));
+            pos[j] = slot;
+            tok[slot] = j / K;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int w = 0; w < nw; w++) base += wc[w];
+        __syncthreads();
+    }
+}
+
 /* k_gather: xg[j] = x[tok[j]], rows of dim (dim % 8 == 0); one block per row */
 __global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, const int *__restrict__ tok, int dim) {
     pdl_wait();
@@ -145,6 +201,7 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
                                int F, int dim, const void **dtab) {
     const int E = m->n_expert;
     if (c->moe_ptr_cap < 9 * E) {
+        CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* no copy from the old table in flight */
         if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
         c->moe_ptr_cap = 9 * E;
         CUDA_CHECK(cudaMallocHost(&c->moe_ptr_host, sizeof(void *) * (size_t)c->moe_ptr_cap));
@@ -198,7 +255,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
     size_t o_h = o_end, o_pos = o_end, o_tok = al256(o_pos + nk * 4), o_xg = al256(o_tok + nk * 4);
     size_t o_hg = al256(o_xg + nk * dim * 2), o_hu = al256(o_hg + nk * F * 2), o_y = al256(o_hu + nk * F * 2);
-    size_t o_tab = al256(o_y + nk * dim * 2);
+    size_t o_cnt = al256(o_y + nk * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
     size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
@@ -215,31 +272,23 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         return;
     }
 
-    /* grouped: bring the expert ids to the host and sort the routed rows */
-    if (c->moe_host_cap < 3 * nk + (size_t)E + 1) {
+    /* grouped: sort the routed rows by expert on the device; only the
+     * per-expert counts come to the host (the GEMM sizes), one sync */
+    int *pos = (int *)(buf + o_pos), *tok = (int *)(buf + o_tok), *dcnt = (int *)(buf + o_cnt);
+    cu_launch(c->stream, k_moe_count, E, 256, 0, dcnt, sel, (int)nk);
+    CU_LAUNCHED();
+    cu_launch(c->stream, k_moe_place, E, 256, 0, pos, tok, sel, dcnt, (int)nk, K);
+    CU_LAUNCHED();
+    if (c->moe_host_cap < (size_t)2 * E + 1) {
         if (c->moe_host) cudaFreeHost(c->moe_host);
-        c->moe_host_cap = 2 * (3 * nk + (size_t)E + 1);
+        c->moe_host_cap = (size_t)2 * E + 1;
         CUDA_CHECK(cudaMallocHost(&c->moe_host, c->moe_host_cap * 4));
     }
-    int *hsel = c->moe_host, *hpos = hsel + nk, *htok = hpos + nk, *cnt = htok + nk;
-    CUDA_CHECK(cudaMemcpyAsync(hsel, sel, nk * 4, cudaMemcpyDeviceToHost, c->stream));
+    int *hcnt = c->moe_host, *cnt = hcnt + E;
+    CUDA_CHECK(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    memset(cnt, 0, sizeof(int) * (size_t)(E + 1));
-    for (size_t j = 0; j < nk; j++) cnt[hsel[j] + 1]++;
-    for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e]; /* cnt[e] = first slot of expert e */
-    {
-        int *fill = (int *)kiln_malloc(sizeof(int) * (size_t)E);
-        memcpy(fill, cnt, sizeof(int) * (size_t)E);
-        for (size_t j = 0; j < nk; j++) {
-            int s = fill[hsel[j]]++;
-            hpos[j] = s;
-            htok[s] = (int)(j / K);
-        }
-        free(fill);
-    }
-    int *pos = (int *)(buf + o_pos), *tok = (int *)(buf + o_tok);
-    CUDA_CHECK(cudaMemcpyAsync(pos, hpos, nk * 4, cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaMemcpyAsync(tok, htok, nk * 4, cudaMemcpyHostToDevice, c->stream));
+    cnt[0] = 0;
+    for (int e = 0; e < E; e++) cnt[e + 1] = cnt[e] + hcnt[e]; /* cnt[e] = first slot of expert e */
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
     cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, tok, dim);
     CU_LAUNCHED();
@@ -259,6 +308,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     }
     cu_launch(c->stream, k_combine, n, 256, 0, (bf16 *)out, y, pos, wsel, K, dim);
     CU_LAUNCHED();
-    /* the host copy of the ids is reused by the next layer: wait for the uploads */
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    /* no wait here: the pinned pointer tables are rewritten only by the next
+     * MoE layer, after its own sync (which comes after this upload in stream
+     * order), so the host runs ahead into the next layer's ops */
 }
