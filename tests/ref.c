@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include "base/base.h"
+#include "engine/sampler.h"
+#include "kiln.h"
 
 int ref_load(const char *dir, struct ref *r) {
     char p[512], err[256];
@@ -43,4 +45,26 @@ int ref_collect(int32_t id, void *ctx) {
     struct ref_collect *c = ctx;
     c->ids[c->n++] = id;
     return 0;
+}
+
+int ref_stepwise(struct kiln_engine *e, const int32_t *ids, int n, float *out, char *err, size_t errlen) {
+    kiln_seq *s = kiln_seq_new(e, err, errlen);
+    if (!s) return -1;
+    int rc = 0;
+    for (int t = 0; t < n && !rc; t++) rc = kiln_seq_eval(s, ids + t, 1, out, 0, err, errlen);
+    kiln_seq_free(s);
+    return rc ? -1 : 0;
+}
+
+int ref_greedy_diff(struct kiln_engine *e, const int32_t *ids, int n, const int32_t *want, int ng, int32_t *got, char *err,
+                    size_t errlen) {
+    struct ref_collect c = {kiln_malloc(sizeof(int32_t) * (size_t)(ng + 1)), 0};
+    struct kiln_sampling sp = sampling_default();
+    sp.temperature = 0;
+    const int n_got = kiln_generate(e, ids, n, ng, &sp, 1, ref_collect, &c, err, errlen);
+    int first = n_got == ng ? -1 : -2;
+    for (int i = 0; i < c.n && i < ng && first == -1; i++)
+        if (c.ids[i] != want[i]) first = i, *got = c.ids[i];
+    free(c.ids);
+    return first;
 }

@@ -7,6 +7,7 @@
 #define KILN_TEST_REF_H
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct ref {
@@ -28,5 +29,18 @@ struct ref_collect {
     int n;
 };
 int ref_collect(int32_t id, void *ctx);
+
+struct kiln_engine;
+
+/* Feeds ids[0..n) one token at a time into a new sequence of e (the decode
+ * path, from the cache) and leaves the last token's logits in out[vocab].
+ * 0, or -1 with err set. */
+int ref_stepwise(struct kiln_engine *e, const int32_t *ids, int n, float *out, char *err, size_t errlen);
+
+/* Greedy continuation of ids[0..n) on e for ng tokens, compared with
+ * want[0..ng): the first step that differs (its token in *got), -1 if all
+ * are identical, -2 if generation stopped early (err set). */
+int ref_greedy_diff(struct kiln_engine *e, const int32_t *ids, int n, const int32_t *want, int ng, int32_t *got, char *err,
+                    size_t errlen);
 
 #endif

@@ -530,11 +530,8 @@ static void check_model(const char *name) {
         if (verbose()) fprintf(stderr, "  %-18s prompt %d: top-1 agrees at all %d positions with a clear margin\n", name, p, n_clear);
 
         /* one token at a time (decode kernels, CUDA graphs) */
-        s = kiln_seq_new(e, err, sizeof err);
-        rc = 0;
-        for (int t = 0; t < n && !rc; t++) rc = kiln_seq_eval(s, ids + t, 1, one, 0, err, sizeof err);
+        rc = ref_stepwise(e, ids, n, one, err, sizeof err);
         CHECK(rc == 0, "%s prompt %d stepwise: %s", name, p, err);
-        kiln_seq_free(s);
         d = 0;
         for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(one[i] - ref[i])) + (one[i] != one[i] ? INFINITY : 0);
         CHECK(d <= tol, "%s prompt %d: stepwise decode last logits max |delta| %g > %g", name, p, d, tol);
@@ -543,15 +540,9 @@ static void check_model(const char *name) {
         /* greedy continuation: identical until the first step whose margin
          * (CPU logits on the reference's own prefix) is within tol */
         int ng;
-        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng);
-        struct ref_collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
-        struct kiln_sampling sp = sampling_default();
-        sp.temperature = 0;
-        int got = kiln_generate(e, ids, n, ng, &sp, 1, ref_collect, &c, err, sizeof err);
-        CHECK(got == ng, "%s prompt %d: generated %d of %d: %s", name, p, got, ng, err);
-        int first = -1;
-        for (int i = 0; i < c.n && i < ng && first < 0; i++)
-            if (c.ids[i] != want[i]) first = i;
+        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng), tok = 0;
+        const int first = ref_greedy_diff(e, ids, n, want, ng, &tok, err, sizeof err);
+        CHECK(first != -2, "%s prompt %d: greedy generation stopped early: %s", name, p, err);
         if (first >= 0) {
             int32_t *pre = kiln_malloc(sizeof(int32_t) * (size_t)(n + ng));
             memcpy(pre, ids, sizeof(int32_t) * (size_t)n);
@@ -561,7 +552,7 @@ static void check_model(const char *name) {
             kiln_seq_free(s);
             float m = margin(one, V);
             CHECK(rc == 0 && m <= tol, "%s prompt %d: greedy differs at step %d (%d vs %d) where the margin %g exceeds %g", name,
-                  p, first, c.ids[first], want[first], m, tol);
+                  p, first, tok, want[first], m, tol);
             if (verbose())
                 fprintf(stderr, "  %-18s prompt %d greedy: first %d of %d identical; step %d is a near-tie (margin %.4f <= %.4f)\n",
                         name, p, first, ng, first, m, tol);
@@ -569,7 +560,7 @@ static void check_model(const char *name) {
         } else if (verbose()) {
             fprintf(stderr, "  %-18s prompt %d greedy: all %d tokens identical\n", name, p, ng);
         }
-        free(c.ids), free(want), free(one), free(lg), free(ids);
+        free(want), free(one), free(lg), free(ids);
     }
 done:
     kiln_engine_close(e);

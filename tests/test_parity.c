@@ -84,29 +84,19 @@ static void check_model(const char *name) {
         CHECK(bad_pos < 0, "%s prompt %d: top-8 ids or values differ at position %d", name, p, bad_pos);
 
         /* the same prompt fed one token at a time: decode from the cache */
-        s = kiln_seq_new(e, err, sizeof err);
         float *one = kiln_malloc(sizeof(float) * (size_t)V);
-        rc = 0;
-        for (int t = 0; t < n && !rc; t++) rc = kiln_seq_eval(s, ids + t, 1, one, 0, err, sizeof err);
+        rc = ref_stepwise(e, ids, n, one, err, sizeof err);
         CHECK(rc == 0, "%s prompt %d stepwise: %s", name, p, err);
         d = max_abs_diff(one, r.last + (size_t)p * V, V);
         CHECK(d <= 1e-3f, "%s prompt %d: stepwise decode last logits max |delta| %g", name, p, d);
-        kiln_seq_free(s);
 
         /* greedy continuation */
         int ng;
-        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng);
-        struct ref_collect c = {kiln_malloc(sizeof(int32_t) * (size_t)ng), 0};
-        struct kiln_sampling sp = sampling_default();
-        sp.temperature = 0;
-        int got = kiln_generate(e, ids, n, ng, &sp, 1, ref_collect, &c, err, sizeof err);
-        CHECK(got == ng, "%s prompt %d: generated %d of %d: %s", name, p, got, ng, err);
-        int first_diff = -1;
-        for (int i = 0; i < c.n && i < ng && first_diff < 0; i++)
-            if (c.ids[i] != want[i]) first_diff = i;
+        int32_t *want = ref_ids(cJSON_GetArrayItem(greedy, p), &ng), tok = 0;
+        const int first_diff = ref_greedy_diff(e, ids, n, want, ng, &tok, err, sizeof err);
+        CHECK(first_diff != -2, "%s prompt %d: greedy generation stopped early: %s", name, p, err);
         CHECK(first_diff < 0, "%s prompt %d: greedy continuation differs at step %d (%d vs reference %d)", name, p,
-              first_diff, first_diff >= 0 ? c.ids[first_diff] : 0, first_diff >= 0 ? want[first_diff] : 0);
-        free(c.ids);
+              first_diff, tok, first_diff >= 0 ? want[first_diff] : 0);
         free(want);
         free(one);
         free(lg);
