@@ -6,12 +6,15 @@
  * qmatmul.c borrows, paged attention at head_dim 128 (the register path) and
  * an odd head_dim, the tiled prefill attention against the plain reference
  * (ragged sequences, cached prefixes, GQA 1/2/3/4/8, head_dim 64/128),
- * SwiGLU (the vector exp) and RoPE. A path the CPU lacks
+ * SwiGLU (the vector exp) and RoPE; and the worker pool's split loop
+ * (cpu_parallel_for_split: every item exactly once, with stealing). A path the CPU lacks
  * is reported as skipped; the path in use before the group is restored.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
@@ -286,7 +289,51 @@ static void check_swiglu_rope(struct kiln_backend *be, struct kiln_rng *r, const
     be->release_tensor(be, &qnt), be->release_tensor(be, &knt);
 }
 
+/* cpu_parallel_for_split: each item of [0, n) handed out exactly once, at
+ * 2 and 3 threads, chunks of 1 to more than a run; `slow` makes every
+ * thread but the caller sleep in each chunk, so the caller ends its run
+ * early and takes chunks off the back of the others' runs. */
+struct split_ctx {
+    _Atomic int *hits;
+    int64_t n;
+    int slow;
+    _Atomic int bad;
+};
+
+static void split_fn(void *arg, int64_t b, int64_t e, int tid) {
+    struct split_ctx *c = arg;
+    if (b < 0 || e > c->n || b >= e) atomic_store(&c->bad, 1);
+    if (c->slow && tid != 0) usleep(200);
+    for (int64_t i = b; i < e && i >= 0 && i < c->n; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void check_split(void) {
+    static const int64_t ns[] = {1, 2, 5, 17, 100, 1000, 4099};
+    static const int64_t chunks[] = {1, 3, 16, 64, 5000};
+    for (int nt = 2; nt <= 3; nt++) {
+        char err[256];
+        struct kiln_backend *be = backend_create("cpu", nt, err, sizeof err);
+        CHECK(be != NULL, "%s", err);
+        if (!be) return;
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++)
+                for (int slow = 0; slow < 2; slow++) {
+                    const int64_t n = ns[ni];
+                    if (slow && n / chunks[ci] > 200) continue; /* keep the sleeps short */
+                    struct split_ctx c = {.hits = kiln_calloc((size_t)n, sizeof(_Atomic int)), .n = n, .slow = slow};
+                    cpu_parallel_for_split(be, n, chunks[ci], split_fn, &c);
+                    int once = 1;
+                    for (int64_t i = 0; i < n; i++) once &= atomic_load(&c.hits[i]) == 1;
+                    CHECK(once && !atomic_load(&c.bad), "split loop: %d threads, n=%lld, chunk=%lld%s: items not each run once",
+                          nt, (long long)n, (long long)chunks[ci], slow ? ", slow workers" : "");
+                    free((void *)c.hits);
+                }
+        be->destroy(be);
+    }
+}
+
 void test_cpukernels(void) {
+    check_split();
     char err[256];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     CHECK(be != NULL, "%s", err);
@@ -303,7 +350,8 @@ void test_cpukernels(void) {
         struct kiln_rng r;
         kiln_rng_seed(&r, 7 + isa);
         enum kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F16};
-        static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}};
+        /* (n_out, n_in); 700 x 96: the decode GEMV in runs per thread with stealing */
+        static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}, {700, 96}};
         for (int ti = 0; ti < 3; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 check_matmul(be, &r, name, types[ti], shapes[si][0], shapes[si][1], (int)(si & 1));

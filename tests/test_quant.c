@@ -207,7 +207,9 @@ static void test_qgemm(void) {
     } cs[] = {{"q8_0", 37, 320, 0, 64},      {"q4_0", 37, 320, 0, 64},      {"q8_0", 53, 96, 0, 64},  {"q4_0", 16, 64, 0, 64},
               {"q4_k", 21, 512, 0, 64},      {"q8_0", 37, 320, 1, 64},      {"gptq-int4", 40, 320, 0, 64},
               {"gptq-int8", 24, 192, 0, 64}, {"awq", 40, 320, 0, 64},       {"fp8", 37, 320, 0, 64},
-              {"gptq-int4", 40, 384, 0, 128}, {"awq", 24, 512, 0, 256},     {"q4_0", 45, 1056, 0, 64}};
+              {"gptq-int4", 40, 384, 0, 128}, {"awq", 24, 512, 0, 256},     {"q4_0", 45, 1056, 0, 64},
+              /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */
+              {"q8_0", 1000, 256, 0, 64},    {"q4_0", 1900, 256, 0, 64},    {"gptq-int4", 600, 256, 0, 128}};
     static const int ns[] = {1, 3, 8, 13, 37};
     const int maxn = 37;
     struct kiln_rng r;

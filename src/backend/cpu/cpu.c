@@ -10,6 +10,14 @@
  * core ~50 times, then sleeps on a futex, so a hand-off costs well under a
  * microsecond when the machine is idle and nothing when it is oversubscribed
  * (OpenMP's default spinning made 2-thread decode ~10x slower there).
+ *
+ * Two ways to hand out items: cpu_parallel_for takes chunks in order from
+ * one shared counter; cpu_parallel_for_split (decode GEMVs) gives each
+ * thread one contiguous run, walked front to back, and a thread that is done
+ * takes chunks off the back of the others' runs. With the shared counter
+ * the two threads' chunks interleave and each thread's weight stream breaks
+ * at every chunk: decode matmuls of Qwen3-0.6B, 2 threads, Q4_0 8.8 -> 6.0
+ * ms per token's worth, BF16 (with the one-row GEMV) 21 -> 16.6 ms.
  */
 #include "backend/cpu/cpu.h"
 
@@ -44,6 +52,16 @@ struct cpu_pool {
     int64_t n_items, chunk;
     cpu_range_fn fn;
     void *arg;
+    int split;             /* cpu_parallel_for_split: one run of items per thread */
+    struct pool_run *run;  /* [n]: thread t's run of items */
+};
+
+/* a thread's run of items (cpu_parallel_for_split), one cache line each:
+ * [begin, end) packed in one word (begin | end << 32), taken from the front
+ * by its owner and from the back by the others */
+struct pool_run {
+    _Atomic uint64_t be;
+    char pad[56];
 };
 
 static void futex_wait(_Atomic int *addr, int val) { syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0); }
@@ -58,6 +76,28 @@ static inline void cpu_relax(void) {
 }
 
 static void pool_work(struct cpu_pool *p, int tid) {
+    if (p->split) {
+        /* own run front to back, so its owner reads one sequential stream;
+         * then chunks off the back of the others' runs, so as not to cut
+         * into their owners' streams until the two meet */
+        const uint64_t lo = 0xffffffffu, c = (uint64_t)p->chunk;
+        for (int k = 0; k < p->n; k++) {
+            struct pool_run *r = &p->run[(tid + k) % p->n];
+            uint64_t v = atomic_load_explicit(&r->be, memory_order_relaxed);
+            for (;;) {
+                uint64_t b = v & lo, e = v >> 32, nb, ne;
+                if (b >= e) break;
+                if (k == 0) nb = b + c < e ? b + c : e, ne = e;
+                else nb = b, ne = e - b > c ? e - c : b;
+                if (!atomic_compare_exchange_weak_explicit(&r->be, &v, nb | ne << 32, memory_order_relaxed, memory_order_relaxed))
+                    continue; /* v reloaded */
+                if (k == 0) p->fn(p->arg, (int64_t)b, (int64_t)nb, tid);
+                else p->fn(p->arg, (int64_t)ne, (int64_t)e, tid);
+                v = atomic_load_explicit(&r->be, memory_order_relaxed);
+            }
+        }
+        return;
+    }
     for (;;) {
         int64_t b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
         if (b >= p->n_items) break;
@@ -94,6 +134,8 @@ static struct cpu_pool *pool_create(int n) {
     struct cpu_pool *p = kiln_calloc(1, sizeof *p);
     p->n = n;
     p->th = kiln_calloc((size_t)(n > 1 ? n - 1 : 1), sizeof *p->th);
+    if (posix_memalign((void **)&p->run, 64, sizeof *p->run * (size_t)n)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
+    memset(p->run, 0, sizeof *p->run * (size_t)n);
     for (int i = 1; i < n; i++) {
         void **a = kiln_malloc(2 * sizeof(void *));
         a[0] = p, a[1] = (void *)(intptr_t)i;
@@ -113,12 +155,13 @@ static void pool_destroy(struct cpu_pool *p) {
     futex_wake(&p->gen);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i - 1], NULL);
     free(p->th);
+    free(p->run);
     free(p);
 }
 
 int cpu_n_threads(struct kiln_backend *be) { return ((struct cpu_ctx *)be->ctx)->pool->n; }
 
-void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg) {
+static void parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg, int split) {
     struct cpu_pool *p = ((struct cpu_ctx *)be->ctx)->pool;
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;
@@ -126,8 +169,13 @@ void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_ran
         fn(arg, 0, n, 0);
         return;
     }
-    p->fn = fn, p->arg = arg, p->n_items = n, p->chunk = chunk;
+    p->fn = fn, p->arg = arg, p->n_items = n, p->chunk = chunk, p->split = split;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    if (split)
+        for (int t = 0; t < p->n; t++) {
+            uint64_t b = (uint64_t)(n * t / p->n), e = (uint64_t)(n * (t + 1) / p->n);
+            atomic_store_explicit(&p->run[t].be, b | e << 32, memory_order_relaxed);
+        }
     atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
     atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the job, then reads sleepers */
     if (atomic_load(&p->sleepers)) futex_wake(&p->gen);
@@ -142,6 +190,14 @@ void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_ran
             atomic_store(&p->master_waits, 0);
         }
     }
+}
+
+void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg) {
+    parallel_for(be, n, chunk, fn, arg, 0);
+}
+
+void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg) {
+    parallel_for(be, n, chunk, fn, arg, n < ((int64_t)1 << 32)); /* runs are packed in 32-bit halves */
 }
 
 /* ==== memory ==== */
@@ -247,6 +303,7 @@ static void cpu_destroy(struct kiln_backend *be) {
     struct cpu_ctx *c = be->ctx;
     pool_destroy(c->pool);
     free(c->scratch);
+    free(c->qscratch);
     free(c->rope_cs);
     free(c->rope_pos);
     free(be->ctx);

@@ -19,6 +19,8 @@ struct cpu_ctx {
     struct cpu_pool *pool; /* the kernels' worker threads (cpu.c) */
     float *scratch; /* matmul's packed panels (matmul.c), grown as needed */
     size_t scratch_cap;
+    void *qscratch; /* qmatmul.c's per-call activation buffers, grown as needed */
+    size_t qscratch_cap;
     /* RoPE cos/sin of the last positions seen (ops.c) */
     float *rope_cs;
     int32_t *rope_pos;
@@ -49,6 +51,12 @@ const char *cpu_isa_name(int isa);
  */
 typedef void (*cpu_range_fn)(void *arg, int64_t begin, int64_t end, int tid);
 void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
+/* the same, but [0, n) is first cut into one contiguous run per thread,
+ * which its thread walks front to back in chunks; a thread whose run is
+ * done takes chunks from the others' runs. For weight-streaming decode
+ * kernels: each thread reads one sequential stream (interleaved chunks of
+ * the shared counter break both threads' streams at every chunk). */
+void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
 int cpu_n_threads(struct kiln_backend *be);
 
 /* f32 view of a small prepared tensor (norm weight, bias) */
