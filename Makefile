@@ -58,15 +58,16 @@ $(BUILD)/gen/configs.o: $(BUILD)/gen/configs.c
 
 test: all                       ## C tests (parsers, ops, parity, engine) then the server suite
 	./$(BUILD)/test-kiln
-	$(PYTHON) -m pytest -q tests/server tests/cli
+	KILN=$(CURDIR)/$(BUILD)/kiln $(PYTHON) -m pytest -q tests/server tests/cli
 
 test-c: $(BUILD)/test-kiln      ## only the C test runner (ARGS=group to pick groups)
 	./$(BUILD)/test-kiln $(ARGS)
 
-test-asan:                      ## the C suite under AddressSanitizer + UBSan
-	$(MAKE) NVCC= BUILD=build-asan OPT=-O1 \
+ASAN_BUILD ?= build-asan
+test-asan:                      ## the C suite under AddressSanitizer + UBSan (in ASAN_BUILD)
+	$(MAKE) NVCC= BUILD=$(ASAN_BUILD) OPT=-O1 \
 	  CFLAGS_EXTRA= CC="$(CC) -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
-	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test-kiln
+	ASAN_OPTIONS=detect_leaks=1 ./$(ASAN_BUILD)/test-kiln
 
 test-cuda: all                  ## CUDA op and model tests (needs a GPU)
 	./$(BUILD)/test-kiln cuda
