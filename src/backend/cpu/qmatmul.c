@@ -334,6 +334,21 @@ AVX512 static float fused_grp1_q4_512(const struct qgrp *g, int r, const float *
 /* prefetch distance of the code stream (6144x2048 from DRAM, 2 threads:
  * 1 KiB 47-49, 4 KiB 53-58 GMAC/s) */
 #define QPFD_G 4096
+
+/* 128 weights of one 64-byte code block: nibble j of dword l is weight
+ * 16 j + l; its value lut[code] times x[16 j + l], into four accumulators */
+AVX512 static inline __attribute__((always_inline)) void lut_block128(__m512 *a0, __m512 *a1, __m512 *a2, __m512 *a3, __m512i c,
+                                                                      __m512 lut, const float *x) {
+    *a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), _mm512_loadu_ps(x), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), _mm512_loadu_ps(x + 16), *a1);
+    *a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 8), lut), _mm512_loadu_ps(x + 32), *a2);
+    *a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 12), lut), _mm512_loadu_ps(x + 48), *a3);
+    *a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), lut), _mm512_loadu_ps(x + 64), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 20), lut), _mm512_loadu_ps(x + 80), *a1);
+    *a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 24), lut), _mm512_loadu_ps(x + 96), *a2);
+    *a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 28), lut), _mm512_loadu_ps(x + 112), *a3);
+}
+
 AVX512 static float fused_grp1_lut_512(const struct qgrp *g, int r, const float *xl) {
     const uint8_t *q = g->q + (size_t)r * g->row_bytes;
     const float *sb = g->sb + (size_t)r * g->n_group * 2;
@@ -345,14 +360,7 @@ AVX512 static float fused_grp1_lut_512(const struct qgrp *g, int r, const float 
             const __m512i c = _mm512_loadu_si512((const void *)(q + (k >> 5) * 16));
             const float *x = xl + k;
             _mm_prefetch((const char *)(q + (k >> 5) * 16) + QPFD_G, _MM_HINT_T0);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), _mm512_loadu_ps(x), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), _mm512_loadu_ps(x + 16), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 8), lut), _mm512_loadu_ps(x + 32), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 12), lut), _mm512_loadu_ps(x + 48), acc3);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), lut), _mm512_loadu_ps(x + 64), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 20), lut), _mm512_loadu_ps(x + 80), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 24), lut), _mm512_loadu_ps(x + 96), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 28), lut), _mm512_loadu_ps(x + 112), acc3);
+            lut_block128(&acc0, &acc1, &acc2, &acc3, c, lut, x);
         }
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
@@ -382,14 +390,7 @@ AVX512 static void lut128_rows_512(const struct qgrp *g, int64_t r0, int64_t r1,
             const float *x = xl + 128 * gi;
             _mm_prefetch((const char *)q + L128_PF1, _MM_HINT_T0);
             _mm_prefetch((const char *)q + L128_PF2, _MM_HINT_T1);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), _mm512_loadu_ps(x), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), _mm512_loadu_ps(x + 16), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 8), lut), _mm512_loadu_ps(x + 32), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 12), lut), _mm512_loadu_ps(x + 48), acc3);
-            acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), lut), _mm512_loadu_ps(x + 64), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 20), lut), _mm512_loadu_ps(x + 80), acc1);
-            acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 24), lut), _mm512_loadu_ps(x + 96), acc2);
-            acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 28), lut), _mm512_loadu_ps(x + 112), acc3);
+            lut_block128(&acc0, &acc1, &acc2, &acc3, c, lut, x);
         }
         out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3))) + (bias ? bias[r] : 0.0f);
     }
