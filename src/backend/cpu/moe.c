@@ -5,7 +5,7 @@
  *   logits = router(x); p = softmax(logits) in f32; top-k of p;
  *   if norm_topk: p_k /= sum(p_k);  y = sum_k p_k * expert_k(x)
  *
- * Decomposition: routing is per token (OpenMP over tokens). Then, expert by
+ * Decomposition: routing is per token (the pool, over tokens). Then, expert by
  * expert, the tokens routed to it are gathered into a dense block and go
  * through the ordinary matmul (parallel over weight rows), so at prefill each
  * expert's weights are streamed once for all of its tokens. Results are
@@ -17,18 +17,21 @@
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
 
-void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct moe_ffn *m, int n, int dim) {
-    float *out = out_;
-    const float *x = x_;
-    const int E = m->n_expert, K = m->n_used, F = m->ffn;
-    float *logits = kiln_malloc(sizeof(float) * (size_t)n * E);
-    int *sel = kiln_malloc(sizeof(int) * (size_t)n * K);
-    float *wsel = kiln_malloc(sizeof(float) * (size_t)n * K);
-    cpu_matmul(be, logits, x, &m->router, n);
+/* softmax and top-k of router logits rows [i0, i1) (a range of the pool) */
+struct route_job {
+    float *logits, *wsel;
+    int *sel;
+    int E, K, norm_topk;
+};
 
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        float *l = logits + (size_t)i * E, mx = l[0], sum = 0;
+static void route_rows(void *arg, int64_t i0, int64_t i1, int tid) {
+    const struct route_job *j = arg;
+    const int E = j->E, K = j->K;
+    (void)tid;
+    for (int64_t i = i0; i < i1; i++) {
+        float *l = j->logits + (size_t)i * E, mx = l[0], sum = 0;
+        int *sel = j->sel + (size_t)i * K;
+        float *wsel = j->wsel + (size_t)i * K;
         for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
         for (int e = 0; e < E; e++) sum += (l[e] = expf(l[e] - mx));
         for (int e = 0; e < E; e++) l[e] /= sum;
@@ -38,16 +41,28 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
-                for (int j = 0; j < k; j++) taken |= sel[(size_t)i * K + j] == e;
+                for (int q = 0; q < k; q++) taken |= sel[q] == e;
                 if (!taken && (best < 0 || l[e] > l[best])) best = e;
             }
-            sel[(size_t)i * K + k] = best;
-            wsel[(size_t)i * K + k] = l[best];
+            sel[k] = best;
+            wsel[k] = l[best];
             tot += l[best];
         }
-        if (m->norm_topk)
-            for (int k = 0; k < K; k++) wsel[(size_t)i * K + k] /= tot;
+        if (j->norm_topk)
+            for (int k = 0; k < K; k++) wsel[k] /= tot;
     }
+}
+
+void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct moe_ffn *m, int n, int dim) {
+    float *out = out_;
+    const float *x = x_;
+    const int E = m->n_expert, K = m->n_used, F = m->ffn;
+    float *logits = kiln_malloc(sizeof(float) * (size_t)n * E);
+    int *sel = kiln_malloc(sizeof(int) * (size_t)n * K);
+    float *wsel = kiln_malloc(sizeof(float) * (size_t)n * K);
+    cpu_matmul(be, logits, x, &m->router, n);
+    struct route_job rj = {logits, wsel, sel, E, K, m->norm_topk};
+    cpu_parallel_for(be, n, 8, route_rows, &rj);
 
     memset(out, 0, sizeof(float) * (size_t)n * dim);
     int *rows = kiln_malloc(sizeof(int) * (size_t)n);
