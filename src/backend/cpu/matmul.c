@@ -305,14 +305,17 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
 
 enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, PACK_KB = 16 };
 
-/* x rows [t0, t0+mr) -> xp[k][MR] (rows past mr are zero) */
+/* x rows [t0, t0+mr) -> xp[k][MR] (rows past mr are zero). k outer: xp is
+ * written once, front to back, while the mr rows are read as mr sequential
+ * streams (row-outer wrote xp with a stride of MR floats, MR passes over it:
+ * 4.6% of an F16 pp512 profile on Qwen3-0.6B) */
 static void pack_x(float *xp, const float *x, int n_in, int t0, int mr, int MR) {
-    for (int r = 0; r < MR; r++) {
-        if (r < mr) {
-            const float *xr = x + (size_t)(t0 + r) * n_in;
-            for (int k = 0; k < n_in; k++) xp[(size_t)k * MR + r] = xr[k];
-        } else
-            for (int k = 0; k < n_in; k++) xp[(size_t)k * MR + r] = 0;
+    const float *xr[MR512];
+    for (int r = 0; r < mr; r++) xr[r] = x + (size_t)(t0 + r) * n_in;
+    for (int k = 0; k < n_in; k++, xp += MR) {
+        int r = 0;
+        for (; r < mr; r++) xp[r] = xr[r][k];
+        for (; r < MR; r++) xp[r] = 0;
     }
 }
 
@@ -471,7 +474,14 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
         int o0 = (int)ob * NR, nr = n_out - o0 < NR ? n_out - o0 : NR;
         const float *bo = j->bias ? j->bias + o0 : NULL;
         pack_w_avx2(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
+        /* the next panel's weight rows (same thread) are prefetched into L2
+         * a slice per row panel, so its packing does not wait on DRAM */
+        const int pf_rows = ob + 1 < e ? (n_out - o0 - nr < NR ? n_out - o0 - nr : NR) : 0;
+        const size_t lpr = (j->rb + 63) / 64, pf_lines = (size_t)pf_rows * lpr;
+        const uint8_t *pf_w = j->W + (size_t)(o0 + nr) * j->rb;
         for (int tb = 0; tb < n_tb; tb++) {
+            for (size_t i = pf_lines * tb / n_tb; i < pf_lines * (tb + 1) / n_tb; i++)
+                _mm_prefetch((const char *)(pf_w + (i / lpr) * j->rb + (i % lpr) * 64), _MM_HINT_T1);
             int t0 = tb * MR, mr = n - t0 < MR ? n - t0 : MR;
             const float *xp = j->xp + (size_t)tb * MR * n_in;
             float *c = j->out + (size_t)t0 * n_out + o0;
