@@ -915,6 +915,25 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q4_0_avx2)
 
+/* Q4_K / Q5_K: the sub-block pair (sb, sb + 1) of a superblock, its weights
+ * as unsigned bytes lo (sub-block sb) and hi (sb + 1), against activation
+ * blocks b and b + 1 of each of the nx rows; scales and mins from the
+ * superblock's packed 6-bit table sc, the mins' part summed apart */
+AVX2 static inline __attribute__((always_inline)) void kq_pair_avx2(__m256 *acc, float *mins, const struct q8a *const *a, int nx,
+                                                                     int b, float d, float dmin, int sb, const uint8_t *sc,
+                                                                     __m256i lo, __m256i hi) {
+    int s0, m0, s1, m1;
+    k4_scale_min(sb, sc, &s0, &m0);
+    k4_scale_min(sb + 1, sc, &s1, &m1);
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) {
+        const struct q8a *a0 = &a[j][b], *a1 = a0 + 1;
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * a1->d), dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)a1->qs)), acc[j]);
+        mins[j] += dmin * (m0 * a0->d * (float)a0->sum + m1 * a1->d * (float)a1->sum);
+    }
+}
+
 AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     float mins[NX] = {0};
@@ -926,16 +945,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint
         for (int c = 0; c < 4; c++) {
             __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            int s0, m0, s1, m1;
-            k4_scale_min(2 * c, w + 4, &s0, &m0);
-            k4_scale_min(2 * c + 1, w + 4, &s1, &m1);
-            #pragma GCC unroll 4
-            for (int j = 0; j < nx; j++) {
-                const struct q8a *a0 = &a[j][8 * i + 2 * c], *a1 = a0 + 1;
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * a1->d), dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)a1->qs)), acc[j]);
-                mins[j] += dmin * (m0 * a0->d * (float)a0->sum + m1 * a1->d * (float)a1->sum);
-            }
+            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
         }
     }
     #pragma GCC unroll 4
@@ -979,16 +989,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint
             __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4);
             __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4);
             __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4), h0), hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), h1);
-            int s0, m0, s1, mm1;
-            k4_scale_min(2 * c, w + 4, &s0, &m0);
-            k4_scale_min(2 * c + 1, w + 4, &s1, &mm1);
-            #pragma GCC unroll 4
-            for (int j = 0; j < nx; j++) {
-                const struct q8a *a0 = &a[j][8 * i + 2 * c], *a1 = a0 + 1;
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * a1->d), dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)a1->qs)), acc[j]);
-                mins[j] += dmin * (m0 * a0->d * (float)a0->sum + mm1 * a1->d * (float)a1->sum);
-            }
+            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
         }
     }
     #pragma GCC unroll 4
