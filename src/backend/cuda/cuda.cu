@@ -435,19 +435,6 @@ static int fa_n_split(int n_kb, int cb) {
     return a < m ? a : m > 1 ? m : 1;
 }
 
-/*
- * Split-KV plan of the flash kernel (attention.cu): the chunk length cb in
- * key blocks, or 0 for no split. FlashAttention-2's num_splits heuristic
- * for tiles of unequal length: none when the unsplit (tile, head) blocks
- * already fill 0.8 of a wave of resident blocks or no tile is 16 key
- * blocks long; else for the longest tile (J key blocks) cut into k chunks,
- * every tile takes chunks of cb = ceil(J / k), and the launch is estimated
- * at ceil(blocks / slots) waves of the longest chunk; the smallest k within
- * 1/0.85 of the best estimate wins (fewer partials to write and merge).
- * The q head count and head_dim come from the last attention call (they
- * are not part of the batch): others only make the plan coarser or finer,
- * never wrong.
- */
 /* key blocks of the batch's longest tile */
 static int fa_longest_kb(const struct kiln_batch *b) {
     int J = 0;
@@ -459,11 +446,24 @@ static int fa_longest_kb(const struct kiln_batch *b) {
     return J;
 }
 
-static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles) {
+/*
+ * Split-KV plan of the flash kernel (attention.cu): the chunk length cb in
+ * key blocks, or 0 for no split (J: the longest tile's key blocks).
+ * FlashAttention-2's num_splits heuristic
+ * for tiles of unequal length: none when the unsplit (tile, head) blocks
+ * already fill 0.8 of a wave of resident blocks or no tile is 16 key
+ * blocks long; else for the longest tile (J key blocks) cut into k chunks,
+ * every tile takes chunks of cb = ceil(J / k), and the launch is estimated
+ * at ceil(blocks / slots) waves of the longest chunk; the smallest k within
+ * 1/0.85 of the best estimate wins (fewer partials to write and merge).
+ * The q head count and head_dim come from the last attention call (they
+ * are not part of the batch): others only make the plan coarser or finer,
+ * never wrong.
+ */
+static int fa_split_kb(const struct cuda_ctx *c, const struct kiln_batch *b, int n_tiles, int J) {
     const char *e = getenv("KILN_CUDA_FA_SPLIT");
     const long force = e && *e ? strtol(e, NULL, 10) : 1;
     if (force <= 0) return 0;
-    const int J = fa_longest_kb(b);
     if (J < 2 * FA_SPLIT_MIN_KB) return 0;
     if (force > 1) { /* KILN_CUDA_FA_SPLIT=N: the longest tile in N chunks */
         const int k = force < FA_SPLIT_MAX ? (int)force : FA_SPLIT_MAX, cb = (J + k - 1) / k;
@@ -530,8 +530,9 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
          * attention call says; unknown: assume so) and the tiles are long;
          * on short ones the halved grid cost more than the shared K/V tiles
          * saved (H200: 0.6B pp1024 4.95 -> 5.3 ms, pp8192 70.6 -> 53.8 ms) */
-        c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && fa_longest_kb(b) >= FA_HG_MIN_KB ? 2 : 1;
-        cb = fa_split_kb(c, b, n_tiles);
+        const int J = fa_longest_kb(b);
+        c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && J >= FA_HG_MIN_KB ? 2 : 1;
+        cb = fa_split_kb(c, b, n_tiles, J);
         for (int s = 0; s < S; s++)
             for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
                 const int k = fa_n_split(fa_tile_kb(&b->seqs[s], m0), cb);

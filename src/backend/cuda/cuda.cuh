@@ -128,7 +128,7 @@ struct cuda_ctx {
     int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row or split group, head), kept zero between launches */
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
-    int *moe_host;    size_t moe_host_cap;  /* pinned: routing ids for the prefill grouping */
+    int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
     void **moe_ptr_host; int moe_ptr_cap;   /* pinned: pointer tables of the grouped expert GEMMs */
     int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
 
