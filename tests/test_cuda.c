@@ -390,6 +390,14 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention 100 after 1000 + 17 after 3000 (flash, fine splits)", 2, past10, new10);
     if (saved) setenv("KILN_CUDA_FA_SPLIT", saved, 1), free(saved);
     else unsetenv("KILN_CUDA_FA_SPLIT");
+    /* on Hopper the 2-heads-per-block cases above ran the wgmma kernel
+     * (flash_wg.cu); the mma.sync one (k_flash, HG = 2) stays the kernel of
+     * other GPUs: the same cases through it */
+    setenv("KILN_CUDA_FA_WG", "0", 1);
+    attention_case(p, "attention prefill 2100 (flash, mma.sync, 2 heads per block)", 1, past4, new11);
+    attention_case(p, "attention 250 after 15750 cached (flash, mma.sync, split-KV)", 1, past8, new8);
+    attention_case(p, "attention 40 after 6000 + 300 from 0 (flash, mma.sync, split-KV)", 2, past9, new9);
+    unsetenv("KILN_CUDA_FA_WG");
 }
 
 static void test_misc(struct pair *p) {

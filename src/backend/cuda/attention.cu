@@ -40,11 +40,14 @@
  *    wave). KILN_CUDA_FA_SPLIT=0 turns it off; =N cuts the longest tile
  *    into N chunks whatever the estimate says.
  * Scores and softmax are f32; P is rounded to bf16 for the P.V product, as
- * FlashAttention does.
+ * FlashAttention does. On Hopper (sm_90a code) the two-heads flash blocks at
+ * head_dim 128 run flash_wg.cu's wgmma kernel instead (same work list,
+ * mask, partial slots and merge: flash.cuh).
  */
 #include <math.h>
 
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/flash.cuh"
 
 /* ==== KV write ==== */
 
@@ -248,18 +251,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p) {
                  : "r"(a));
 }
 
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
-}
-
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    unsigned u;
-    memcpy(&u, &h, 4);
-    return u;
-}
-
 /*
  * k_flash: block (entry, HG query heads of one KV head); an entry of the
  * work list (layout in cuda.cuh) is a tile (sequence, first row m0) and the
@@ -448,64 +439,15 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
     if (SPLIT && ent[4] >= 0) {
         /* a chunk of a split tile: (O, m, l) to its slot, per head; the
          * group's last block to finish merges all the slots into o, lr */
-        constexpr int PE = D / 2 + 4; /* floats per thread: o fragments, m[2], l[2] */
-        const int j0 = ent[4], sp = ent[5], n_sp = ent[6], tid = threadIdx.x;
+        const int j0 = ent[4], sp = ent[5], n_sp = ent[6];
 #pragma unroll
-        for (int hi = 0; hi < HG; hi++) {
-            float *pp = part + ((size_t)(j0 + sp) * n_head + h0 + hi) * PE * 128 + tid;
+        for (int hi = 0; hi < HG; hi++) flash_part_store<D>(part, j0 + sp, n_head, h0 + hi, threadIdx.x, o[hi], mr[hi], lr[hi]);
+        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
 #pragma unroll
-            for (int dt = 0; dt < D / 8; dt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) pp[(dt * 4 + e) * 128] = o[hi][dt][e];
-            pp[(D / 2) * 128] = mr[hi][0], pp[(D / 2 + 1) * 128] = mr[hi][1];
-            pp[(D / 2 + 2) * 128] = lr[hi][0], pp[(D / 2 + 3) * 128] = lr[hi][1];
-        }
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            last = atomicAdd(&done[j0 * n_head + h0], 1) == n_sp - 1;
-            if (last) done[j0 * n_head + h0] = 0; /* every block of the group has counted: zero for the next launch */
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        /* the merge, in slot order (the result does not depend on which block
-         * came last): M = max m_i, L = sum w_i l_i, O = sum w_i O_i with
-         * w_i = 2^(m_i - M), 0 for a chunk the row saw no key of */
-        const size_t stride = (size_t)n_head * PE * 128;
-#pragma unroll
-        for (int hi = 0; hi < HG; hi++) {
-            const float *pg = part + (size_t)j0 * n_head * PE * 128 + (size_t)(h0 + hi) * PE * 128 + tid;
-            float M0 = -INFINITY, M1 = -INFINITY;
-            for (int i = 0; i < n_sp; i++)
-                M0 = fmaxf(M0, __ldcg(pg + i * stride + (D / 2) * 128)), M1 = fmaxf(M1, __ldcg(pg + i * stride + (D / 2 + 1) * 128));
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) o[hi][dt][0] = o[hi][dt][1] = o[hi][dt][2] = o[hi][dt][3] = 0.f;
-            lr[hi][0] = lr[hi][1] = 0.f;
-            for (int i = 0; i < n_sp; i++) {
-                const float *pi = pg + i * stride;
-                const float m_0 = __ldcg(pi + (D / 2) * 128), m_1 = __ldcg(pi + (D / 2 + 1) * 128);
-                const float w0 = m_0 == -INFINITY ? 0.f : exp2f(m_0 - M0), w1 = m_1 == -INFINITY ? 0.f : exp2f(m_1 - M1);
-                lr[hi][0] += w0 * __ldcg(pi + (D / 2 + 2) * 128), lr[hi][1] += w1 * __ldcg(pi + (D / 2 + 3) * 128);
-#pragma unroll
-                for (int dt = 0; dt < D / 8; dt++) {
-                    o[hi][dt][0] += w0 * __ldcg(pi + (dt * 4 + 0) * 128), o[hi][dt][1] += w0 * __ldcg(pi + (dt * 4 + 1) * 128);
-                    o[hi][dt][2] += w1 * __ldcg(pi + (dt * 4 + 2) * 128), o[hi][dt][3] += w1 * __ldcg(pi + (dt * 4 + 3) * 128);
-                }
-            }
-        }
+        for (int hi = 0; hi < HG; hi++) flash_part_merge<D>(part, j0, n_sp, n_head, h0 + hi, threadIdx.x, o[hi], lr[hi]);
     }
 #pragma unroll
-    for (int hi = 0; hi < HG; hi++) {
-        const float i0 = 1.f / lr[hi][0], i1 = 1.f / lr[hi][1];
-        bf16 *o0 = out + ((size_t)(start + qr0) * n_head + h0 + hi) * D, *o1 = out + ((size_t)(start + qr1) * n_head + h0 + hi) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            if (qr0 < n) *(unsigned *)(o0 + dt * 8 + 2 * t4) = pack_bf16(o[hi][dt][0] * i0, o[hi][dt][1] * i0);
-            if (qr1 < n) *(unsigned *)(o1 + dt * 8 + 2 * t4) = pack_bf16(o[hi][dt][2] * i1, o[hi][dt][3] * i1);
-        }
-    }
+    for (int hi = 0; hi < HG; hi++) flash_store_out<D>(out, start, n, n_head, h0 + hi, qr0, t4, o[hi], lr[hi]);
 }
 
 /* two stages of K and V tiles (+ Q of the HG heads when HG > 1) */
@@ -533,6 +475,7 @@ static int flash_blocks_per_sm(void) {
 }
 
 int cu_flash_blocks_per_sm(int hd, int hg) {
+    if (hd == 128 && hg == 2 && cu_flash_wg_ok()) return 1; /* k_flash_wg: 160 KB of shared memory */
     switch (hd * 4 + (hg == 2 ? 2 : 1)) {
     case 16 * 4 + 1: return flash_blocks_per_sm<16, 1>();
     case 32 * 4 + 1: return flash_blocks_per_sm<32, 1>();
@@ -565,6 +508,10 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
     dim3 grid((unsigned)c->n_fa_tiles, (unsigned)(n_head / HG));
     const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
     if (!c->fa_slots) {
+        if (D == 128 && HG == 2 && cu_flash_wg_ok()) {
+            cu_flash_wg_launch(c, out, q, kv, layer, n_head, sl2, NULL, NULL);
+            return;
+        }
         cu_launch(c->stream, k_flash<D, false, HG>, grid, 128, smem, out, (float *)NULL, (int *)NULL, q, kc, vc, c->fa_tiles,
                   c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
         CU_LAUNCHED();
@@ -572,10 +519,14 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
     }
     /* split entries: a partial slot per (slot, head), a counter per (group, head) */
     const size_t slots = (size_t)c->fa_slots * n_head;
-    float *part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, slots * (D / 2 + 4) * 128 * sizeof(float));
+    float *part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, slots * FA_PE(D) * 128 * sizeof(float));
     if (slots * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernels leave it zeroed */
         cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, slots * sizeof(int));
         CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
+    }
+    if (D == 128 && HG == 2 && cu_flash_wg_ok()) {
+        cu_flash_wg_launch(c, out, q, kv, layer, n_head, sl2, part, c->att_cnt);
+        return;
     }
     cu_launch(c->stream, k_flash<D, true, HG>, grid, 128, smem, out, part, c->att_cnt, q, kc, vc, c->fa_tiles, c->d_seq,
               c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);

@@ -213,6 +213,11 @@ void cu_attention(struct kiln_backend *be, void *out, const void *q, const struc
 /* resident blocks per SM of the split flash kernel at head_dim hd (1 if unsupported) */
 int cu_flash_blocks_per_sm(int hd, int hg);
 int cu_flash_hg(int n_head, int nkv);
+/* flash_wg.cu: the wgmma prefill kernel (head_dim 128, two q heads per
+ * block) where the sm_90a code runs; KILN_CUDA_FA_WG=0 turns it off */
+int cu_flash_wg_ok(void);
+void cu_flash_wg_launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                        float sl2, float *part, int *cnt);
 void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_ffn *m, int n, int dim);
 /* decode attention with a KV group's query heads in one block (attn_gqa.cu);
  * 0 when the shape is not one it handles */

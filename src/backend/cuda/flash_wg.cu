@@ -1,0 +1,276 @@
+/*
+ * flash_wg.cu: prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a).
+ * It takes over attention.cu's k_flash<128, SPLIT, 2> on a GPU that runs the
+ * sm_90a code: the same work list, grid (entry, pair of q heads of one KV
+ * head), causal mask, split-KV partial slots and merge (flash.cuh); head_dim
+ * 128 only.
+ *
+ * Block: 2 warpgroups (256 threads); warpgroup w owns the entry's 64 query
+ * rows of q head h0 + w, and both read the same K and V tiles. Per step of
+ * WG_BN = 128 keys (two FA_BN blocks of the work list):
+ *   S  = Q K^T : 8 x wgmma m64n128k16 (one per 16 of head_dim), Q and K from
+ *                shared memory, S (64 x 128 f32) in registers, 64 per thread
+ *   mask (only in a step that reaches past the tile's first row position or
+ *   the entry's last key), online softmax per row on the quad's registers,
+ *   as k_flash; P rounded to bf16 in the A-operand register layout
+ *   O += P V  : 8 x wgmma m64n128k16 (one per 16 keys), P from registers, V
+ *                from shared memory read MN-major (transposed), O in
+ *                registers, 64 per thread
+ * The accumulator layout of wgmma m64nN is mma.sync's m16n8 per warp (warp
+ * w of the group: rows 16w .. 16w + 15), so thread x of a warpgroup holds
+ * the same rows and columns as thread x of a k_flash block: the softmax,
+ * the partial slots and the output store are k_flash's.
+ * Shared memory (1024-byte aligned): Q of the two heads, then two stages of
+ * K and V; every tile of 128-column rows is two halves of 64 columns (128
+ * bytes per row), each in the 128-byte swizzle the tensor cores read: the
+ * 16-byte chunk c of row r sits at chunk c ^ (r % 8). Tiles are gathered
+ * page by page with cp.async (keys past the entry are zero-filled), the
+ * next tile loading while the tensor cores work on this one; before the
+ * tensor cores read what cp.async and plain stores wrote, every thread
+ * fences the async proxy and the block meets at a barrier.
+ * Descriptors: K-major Q and K (8-row groups 1024 bytes apart, a 16-column
+ * k step 32 bytes into the row); MN-major V (16 keys = 2048 bytes per k
+ * step, the two 64-column halves WG_BN * 128 bytes apart).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda.cuh"
+#include "backend/cuda/flash.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KILN_WGMMA 1
+#endif
+
+#define WG_BN 128
+#define WG_Q_BYTES (2 * FA_BM * 256)        /* Q of two heads, 64 rows of 256 bytes */
+#define WG_T_BYTES (WG_BN * 256)             /* one K or V tile */
+#define WG_SMEM (WG_Q_BYTES + 4 * WG_T_BYTES + 1024) /* + alignment slack */
+
+#ifdef KILN_WGMMA
+/* byte offset of 16-byte chunk c (0..15) of row r in a swizzled tile of
+ * `rows` rows of 128 columns */
+__device__ __forceinline__ unsigned swz(int r, int c, int rows) {
+    return (unsigned)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* shared-memory matrix descriptor, 128-byte swizzle */
+__device__ __forceinline__ uint64_t wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+/* the accumulators are written asynchronously: keep the compiler from
+ * moving their reads and writes across the wait */
+__device__ __forceinline__ void wg_keep(float (&d)[16][4]) {
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+/* d (+)= A B, A and B in shared memory (K-major) */
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63},"
+        " %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (+)= A B, A in registers, B in shared memory read MN-major */
+__device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned *a, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63},"
+        " {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+#endif
+
+template <bool SPLIT>
+__global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
+                                                     const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                                                     const bf16 *__restrict__ vc, const int *__restrict__ tiles,
+                                                     const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
+                                                     int nkv, int P, float sl2) {
+#ifdef KILN_WGMMA
+    constexpr int D = 128;
+    pdl_wait();
+    extern __shared__ uint4 smem_u4[];
+    char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
+    const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
+    const int s = ent[0], m0 = ent[1];
+    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
+    const int kh = h0 / (n_head / nkv);
+    const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
+    const int qr0 = m0 + warp * 16 + g;
+    const int kv_end = n_past + min(m0 + FA_BM, n);
+    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
+    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
+    const int p0 = n_past + qr0, p1 = p0 + 8, p_lo = n_past + m0;
+
+    /* Q of both heads (rows past n repeat row n - 1); it rides in the first
+     * tile's cp.async group */
+    for (int i = tid; i < 2 * FA_BM * 16; i += 256) {
+        const int hi = i >> 10, r = (i >> 4) & (FA_BM - 1), c = i & 15;
+        cp_async16(sm + hi * (WG_Q_BYTES / 2) + swz(r, c, FA_BM),
+                   q + ((size_t)(start + min(m0 + r, n - 1)) * n_head + h0 + hi) * D + c * 8);
+    }
+    auto load = [&](int kb, int st) {
+        char *K = sm + WG_Q_BYTES + st * 2 * WG_T_BYTES, *V = K + WG_T_BYTES;
+        for (int i = tid; i < WG_BN * 16; i += 256) {
+            const int key = i >> 4, c = i & 15, tk = kb * FA_BN + key;
+            const unsigned off = swz(key, c, WG_BN);
+            if (tk < k_end) {
+                const size_t src = (((size_t)pages[poff + tk / P] * nkv + kh) * P + tk % P) * D + c * 8;
+                cp_async16(K + off, kc + src);
+                cp_async16(V + off, vc + src);
+            } else {
+                *(uint4 *)(K + off) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(V + off) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    float o[16][4], sc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[i][e] = sc[i][e] = 0.f;
+    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
+    const unsigned qa = sm_a + wg * (WG_Q_BYTES / 2);
+
+    load(kb0, 0);
+    int st = 0;
+    for (int kb = kb0; kb < kb1; kb += 2, st ^= 1) {
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads(); /* this tile is in; both warpgroups are done with the other stage */
+        if (kb + 2 < kb1) load(kb + 2, st ^ 1);
+        const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
+
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
+                     wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+        wg_commit();
+        wg_wait0();
+        wg_keep(sc);
+
+        /* scale (log2 domain) and mask, then the online softmax of rows
+         * qr0 (e < 2) and qr0 + 8 (e >= 2) */
+        const int key0 = kb * FA_BN;
+        if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = key0 + j * 8 + 2 * t4 + (e & 1);
+                    sc[j][e] = key < k_end && key <= (e < 2 ? p0 : p1) ? sc[j][e] * sl2 : -INFINITY;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] *= sl2;
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
+        /* a split chunk may start past a row's position: m stays -inf there
+         * and 0 is subtracted (p = 0, l = 0) */
+        const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+        const float a0 = exp2f(mr[0] - b0), a1 = exp2f(mr[1] - b1);
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
+            sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
+            ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
+        }
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+        lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1;
+        mr[0] = mn0, mr[1] = mn1;
+        unsigned pa[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pa[j][0] = pack_bf16(sc[2 * j][0], sc[2 * j][1]);
+            pa[j][1] = pack_bf16(sc[2 * j][2], sc[2 * j][3]);
+            pa[j][2] = pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+            pa[j][3] = pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < WG_BN / 16; j++) wgmma_rs(o, pa[j], wg_desc(va + j * 16 * 128, WG_BN * 128, 1024), 1);
+        wg_commit();
+        wg_wait0();
+        wg_keep(o);
+    }
+    if (SPLIT && ent[4] >= 0) {
+        const int j0 = ent[4], sp = ent[5], n_sp = ent[6];
+        flash_part_store<D>(part, j0 + sp, n_head, h0 + wg, x, o, mr, lr);
+        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
+        flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
+    }
+    flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
+#else
+    __trap(); /* the host launches this kernel only where the sm_90a code runs */
+#endif
+}
+
+/* 1 when this GPU runs the kernel's sm_90a code and KILN_CUDA_FA_WG is not 0 */
+int cu_flash_wg_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        ok = major == 9 && cudaFuncGetAttributes(&fa, k_flash_wg<false>) == cudaSuccess && fa.ptxVersion >= 90;
+        cudaGetLastError();
+        if (ok) {
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+        }
+    }
+    const char *e = getenv("KILN_CUDA_FA_WG");
+    return ok && !(e && !strcmp(e, "0"));
+}
+
+void cu_flash_wg_launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                        float sl2, float *part, int *cnt) {
+    const dim3 grid((unsigned)c->n_fa_tiles, (unsigned)(n_head / 2));
+    const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
+    if (part)
+        cu_launch(c->stream, k_flash_wg<true>, grid, 256, WG_SMEM, out, part, cnt, q, kc, vc, (const int *)c->fa_tiles,
+                  (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
+    else
+        cu_launch(c->stream, k_flash_wg<false>, grid, 256, WG_SMEM, out, part, cnt, q, kc, vc, (const int *)c->fa_tiles,
+                  (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
+    CU_LAUNCHED();
+}
