@@ -370,8 +370,9 @@ static void test_attention(struct pair *p) {
     attention_case_hd(p, "attention 250 after 15750, head_dim 64 (split-KV)", 1, past8, new8, 64);
     attention_case_hd(p, "attention 40 after 6000 + 300, head_dim 64 (split-KV)", 2, past9, new9, 64);
     /* q heads per flash block: 2 where a KV head serves an even number of
-     * them and the longest tile walks >= 2,048 keys (the split cases above),
-     * else 1 (the short prefills above; MHA and odd groups always) */
+     * them and the longest tile walks >= 2,048 keys (>= 512 where the
+     * wgmma kernel runs: the 1000-token prefill above too), else 1 (the
+     * short prefills above; MHA and odd groups always) */
     int new11[] = {2100};
     attention_case(p, "attention prefill 2100 (flash, 2 heads per block, unsplit)", 1, past4, new11);
     att_nkv = 32;

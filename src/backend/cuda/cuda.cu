@@ -529,9 +529,13 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         /* two q heads per flash block where the KV groups allow it (the last
          * attention call says; unknown: assume so) and the tiles are long;
          * on short ones the halved grid cost more than the shared K/V tiles
-         * saved (H200: 0.6B pp1024 4.95 -> 5.3 ms, pp8192 70.6 -> 53.8 ms) */
+         * saved (H200: 0.6B pp1024 4.95 -> 5.3 ms, pp8192 70.6 -> 53.8 ms);
+         * the wgmma kernel (flash_wg.cu) pays off from 512 keys on */
         const int J = fa_longest_kb(b);
-        c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && J >= FA_HG_MIN_KB ? 2 : 1;
+        const char *hm = getenv("KILN_CUDA_FA_HG_MIN"); /* A/B timing */
+        const int wg = (c->fa_hd == 128 || c->fa_hd == 0) && cu_flash_wg_ok();
+        const int hg_min = hm && *hm ? atoi(hm) : wg ? FA_WG_HG_MIN_KB : FA_HG_MIN_KB;
+        c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && J >= hg_min ? 2 : 1;
         cb = fa_split_kb(c, b, n_tiles, J);
         for (int s = 0; s < S; s++)
             for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {
