@@ -82,6 +82,10 @@ static void *cu_alloc(struct kiln_backend *be, size_t bytes) {
                  fr / 1073741824.0, tot / 1073741824.0);
         return NULL;
     }
+    /* zeroed: a KV page slot that was never written must still read as a
+     * finite value (flash_wg.cu's copy engine loads whole pages and masks
+     * the slots past a sequence; 0 x NaN would not vanish) */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 256, c->stream));
     c->bytes_buffers += bytes;
     buf_sizes[p] = bytes;
     return p;

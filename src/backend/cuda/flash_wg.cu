@@ -38,6 +38,8 @@
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/flash.cuh"
 
+#include <cudaTypedefs.h>
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KILN_WGMMA 1
 #endif
@@ -99,6 +101,39 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned *a, u
         " {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+/* arrive, and expect `bytes` more from the copy engine before the phase ends */
+__device__ __forceinline__ void mbar_arrive_tx(unsigned a, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+}
+/* a box of a 2-d tensor map to shared memory, completing on mbarrier bar */
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 #endif
 
@@ -243,6 +278,213 @@ __global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, flo
 #endif
 }
 
+
+/*
+ * k_flash_wg2: k_flash_wg with FlashAttention-3's schedule. 288 threads:
+ * warpgroups 0 and 1 compute (one q head each, as above); one thread of
+ * warp 8 loads. Per 128-key step it asks the copy engine (TMA) for the
+ * step's pages: boxes of BR = min(P, 64) keys x 64 columns (two per key
+ * range: the two column halves), of K and of V, from 2-d tensor maps over
+ * the layer's cache viewed as (n_pages * n_head_kv * P) rows of head_dim,
+ * landing in the 128-byte swizzle; the stage's "full" mbarrier expects the
+ * bytes. Boxes past the entry's last key are not loaded: the stage keeps
+ * what it held (zeroed at the start, then finite cache values), masked
+ * like the keys past the entry inside a loaded box (the cache is zeroed
+ * when allocated, so never-written slots are finite too). A computing
+ * warpgroup waits on "full", and after its P V product arrives on the
+ * stage's "empty" mbarrier, which the loader waits on before refilling.
+ * No block barrier in the loop; two named barriers make the warpgroups
+ * take turns issuing S = Q K^T, so one's softmax runs under the other's
+ * MMAs. Softmax: the scale folds into the exponent's FMA (the max is taken
+ * on the raw scores), ex2.approx.ftz, the row sums stay per thread until
+ * the end, and O is rescaled only when some row's max moved.
+ */
+#define WG2_NS 3
+#define WG2_SMEM (WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES + 1024 + 64)
+
+template <bool SPLIT>
+__global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
+                                                      const bf16 *__restrict__ q, const __grid_constant__ CUtensorMap kmap,
+                                                      const __grid_constant__ CUtensorMap vmap, const int *__restrict__ tiles,
+                                                      const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
+                                                      int nkv, int P, int ps, float sl2) {
+#ifdef KILN_WGMMA
+    constexpr int D = 128;
+    pdl_wait();
+    extern __shared__ uint4 smem_u4[];
+    char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
+    const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
+    const unsigned bar_full = sm_a + WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES, bar_empty = bar_full + 8 * WG2_NS;
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
+    const int s = ent[0], m0 = ent[1];
+    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
+    const int kh = h0 / (n_head / nkv);
+    const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
+    const int qr0 = m0 + warp * 16 + g;
+    const int kv_end = n_past + min(m0 + FA_BM, n);
+    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
+    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
+    const int n_step = (kb1 - kb0 + 1) / 2;
+    if (tid == 0) {
+        for (int i = 0; i < WG2_NS; i++) mbar_init(bar_full + 8 * i, 1), mbar_init(bar_empty + 8 * i, 256);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    /* the stages start zeroed (a box that is never loaded keeps finite
+     * values under its masked keys) */
+    for (int i = tid; i < WG2_NS * 2 * WG_T_BYTES / 16; i += blockDim.x)
+        ((uint4 *)(sm + WG_Q_BYTES))[i] = make_uint4(0, 0, 0, 0);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+
+    float o[16][4], lr[2] = {0.f, 0.f};
+    if (wg == 2) {
+        if (tid == 256) {
+            const int BR = P < 64 ? P : 64;
+            for (int i = 0; i < n_step; i++) {
+                const int st = i % WG2_NS, key0 = (kb0 + 2 * i) * FA_BN;
+                int nb = 0, row[WG_BN / 8];
+#pragma unroll
+                for (int j = 0; j < WG_BN / 8; j++) { /* the step's pages first: their loads overlap */
+                    const int tk = key0 + j * BR;
+                    row[j] = j * BR < WG_BN && tk < k_end ? pages[poff + (tk >> ps)] : -1;
+                }
+                if (i >= WG2_NS) mbar_wait(bar_empty + 8 * st, (i / WG2_NS - 1) & 1);
+#pragma unroll
+                for (int j = 0; j < WG_BN / 8; j++) nb += row[j] >= 0;
+                const unsigned K = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, V = K + WG_T_BYTES, full = bar_full + 8 * st;
+                mbar_arrive_tx(full, (unsigned)nb * BR * D * 2 * 2);
+#pragma unroll
+                for (int j = 0; j < WG_BN / 8; j++) {
+                    if (row[j] < 0) continue;
+                    const int r = (row[j] * nkv + kh) * P + ((key0 + j * BR) & (P - 1));
+                    const unsigned off = j * BR * 128;
+                    tma_load_2d(K + off, &kmap, 0, r, full);
+                    tma_load_2d(K + WG_BN * 128 + off, &kmap, 64, r, full);
+                    tma_load_2d(V + off, &vmap, 0, r, full);
+                    tma_load_2d(V + WG_BN * 128 + off, &vmap, 64, r, full);
+                }
+            }
+        }
+    } else {
+        /* this warpgroup's Q (rows past n repeat row n - 1) */
+        for (int i = x; i < FA_BM * 16; i += 128) {
+            const int r = i >> 4, c = i & 15;
+            cp_async16(sm + wg * (WG_Q_BYTES / 2) + swz(r, c, FA_BM),
+                       q + ((size_t)(start + min(m0 + r, n - 1)) * n_head + h0 + wg) * D + c * 8);
+        }
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_sync(3 + wg, 128);
+        const int p0 = n_past + qr0, p1 = p0 + 8, p_lo = n_past + m0;
+        const unsigned qa = sm_a + wg * (WG_Q_BYTES / 2);
+        float sc[16][4], mr[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[i][e] = sc[i][e] = 0.f;
+        for (int i = 0; i < n_step; i++) {
+            const int st = i % WG2_NS, kb = kb0 + 2 * i;
+            mbar_wait(bar_full + 8 * st, (i / WG2_NS) & 1);
+            const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
+            if (wg == 1 || i > 0) bar_sync(1 + wg, 256); /* my turn: the other issued its step before */
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
+                         wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+            wg_commit();
+            if (wg == 0 || i + 1 < n_step) bar_arrive(2 - wg, 256); /* the other's turn */
+            wg_wait0();
+            wg_keep(sc);
+
+            /* mask on raw scores; the max on raw scores, scaled after */
+            const int key0 = kb * FA_BN;
+            if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = key0 + j * 8 + 2 * t4 + (e & 1);
+                        if (!(key < k_end && key <= (e < 2 ? p0 : p1))) sc[j][e] = -INFINITY;
+                    }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(mr[0], mx0 * sl2), mn1 = fmaxf(mr[1], mx1 * sl2);
+            /* a split chunk may start past a row's position: m stays -inf
+             * there and 0 is subtracted (p = 0, l = 0) */
+            const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+            const float a0 = ex2(mr[0] - b0), a1 = ex2(mr[1] - b1);
+            mr[0] = mn0, mr[1] = mn1;
+            float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                sc[j][0] = ex2(fmaf(sc[j][0], sl2, -b0)), sc[j][1] = ex2(fmaf(sc[j][1], sl2, -b0));
+                sc[j][2] = ex2(fmaf(sc[j][2], sl2, -b1)), sc[j][3] = ex2(fmaf(sc[j][3], sl2, -b1));
+                ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
+            }
+            lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1; /* this thread's columns; summed over the quad at the end */
+            unsigned pa[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                pa[j][0] = pack_bf16(sc[2 * j][0], sc[2 * j][1]);
+                pa[j][1] = pack_bf16(sc[2 * j][2], sc[2 * j][3]);
+                pa[j][2] = pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                pa[j][3] = pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+            }
+            if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
+#pragma unroll
+                for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+            }
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < WG_BN / 16; j++) wgmma_rs(o, pa[j], wg_desc(va + j * 16 * 128, WG_BN * 128, 1024), 1);
+            wg_commit();
+            wg_wait0();
+            wg_keep(o);
+            mbar_arrive(bar_empty + 8 * st);
+        }
+        lr[0] += __shfl_xor_sync(0xffffffffu, lr[0], 1), lr[0] += __shfl_xor_sync(0xffffffffu, lr[0], 2);
+        lr[1] += __shfl_xor_sync(0xffffffffu, lr[1], 1), lr[1] += __shfl_xor_sync(0xffffffffu, lr[1], 2);
+        if (SPLIT && ent[4] >= 0) flash_part_store<D>(part, ent[4] + ent[5], n_head, h0 + wg, x, o, mr, lr);
+    }
+    if (SPLIT && ent[4] >= 0) {
+        const int j0 = ent[4], n_sp = ent[6];
+        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
+        if (wg < 2) flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
+    }
+    if (wg < 2) flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
+#else
+    __trap();
+#endif
+}
+
+/* a 2-d tensor map over one layer's K or V cache: rows of head_dim 128
+ * bf16 (n_pages * n_head_kv * P of them), boxes of min(P, 64) rows x 64
+ * columns in the 128-byte swizzle */
+static bool wg_tensor_map(CUtensorMap *m, const void *base, const struct kv_cache *kv) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        void *f = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !f) {
+            cudaGetLastError();
+            return false;
+        }
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }
+    const cuuint64_t dims[2] = {128, (cuuint64_t)kv->n_pages * kv->n_head_kv * kv->page_size};
+    const cuuint64_t strides[1] = {128 * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)(kv->page_size < 64 ? kv->page_size : 64)}, es[2] = {1, 1};
+    return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* 1 when this GPU runs the kernel's sm_90a code and KILN_CUDA_FA_WG is not 0 */
 int cu_flash_wg_ok(void) {
     static int ok = -1;
@@ -256,6 +498,8 @@ int cu_flash_wg_ok(void) {
         if (ok) {
             CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
             CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
         }
     }
     const char *e = getenv("KILN_CUDA_FA_WG");
@@ -266,6 +510,21 @@ void cu_flash_wg_launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
                         float sl2, float *part, int *cnt) {
     const dim3 grid((unsigned)c->n_fa_tiles, (unsigned)(n_head / 2));
     const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
+    const char *e = getenv("KILN_CUDA_FA_WG");
+    const int P = kv->page_size;
+    CUtensorMap km, vm;
+    if (!(e && !strcmp(e, "1")) && P >= 8 && !(P & (P - 1)) && wg_tensor_map(&km, kc, kv) && wg_tensor_map(&vm, vc, kv)) {
+        int ps = 0;
+        while ((1 << ps) < P) ps++;
+        if (part)
+            cu_launch(c->stream, k_flash_wg2<true>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
+                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2);
+        else
+            cu_launch(c->stream, k_flash_wg2<false>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
+                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2);
+        CU_LAUNCHED();
+        return;
+    }
     if (part)
         cu_launch(c->stream, k_flash_wg<true>, grid, 256, WG_SMEM, out, part, cnt, q, kc, vc, (const int *)c->fa_tiles,
                   (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2);
