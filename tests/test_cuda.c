@@ -398,6 +398,11 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention prefill 2100 (flash, mma.sync, 2 heads per block)", 1, past4, new11);
     attention_case(p, "attention 250 after 15750 cached (flash, mma.sync, split-KV)", 1, past8, new8);
     attention_case(p, "attention 40 after 6000 + 300 from 0 (flash, mma.sync, split-KV)", 2, past9, new9);
+    /* and through the wgmma kernel that loads with cp.async (the one for
+     * page sizes the copy engine's boxes do not fit) */
+    setenv("KILN_CUDA_FA_WG", "1", 1);
+    attention_case(p, "attention prefill 2100 (flash, wgmma + cp.async)", 1, past4, new11);
+    attention_case(p, "attention 250 after 15750 cached (flash, wgmma + cp.async, split-KV)", 1, past8, new8);
     unsetenv("KILN_CUDA_FA_WG");
 }
 

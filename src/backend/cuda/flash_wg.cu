@@ -3,7 +3,10 @@
  * It takes over attention.cu's k_flash<128, SPLIT, 2> on a GPU that runs the
  * sm_90a code: the same work list, grid (entry, pair of q heads of one KV
  * head), causal mask, split-KV partial slots and merge (flash.cuh); head_dim
- * 128 only.
+ * 128 only. Two kernels: k_flash_wg2 (below), whose loader is the copy
+ * engine (TMA), for page sizes that are powers of two from 8 up; and
+ * k_flash_wg, described here, which gathers with cp.async (other page
+ * sizes, or KILN_CUDA_FA_WG=1).
  *
  * Block: 2 warpgroups (256 threads); warpgroup w owns the entry's 64 query
  * rows of q head h0 + w, and both read the same K and V tiles. Per step of
@@ -295,7 +298,9 @@ __global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, flo
  * stage's "empty" mbarrier, which the loader waits on before refilling.
  * No block barrier in the loop; two named barriers make the warpgroups
  * take turns issuing S = Q K^T, so one's softmax runs under the other's
- * MMAs. Softmax: the scale folds into the exponent's FMA (the max is taken
+ * MMAs (measured level with letting them run free, KILN_CUDA_FA_PINGPONG=0:
+ * 13.87 / 13.93 against 13.78 / 13.77 ms in the cached-prefix case; kept,
+ * being what make test-cuda ran). Softmax: the scale folds into the exponent's FMA (the max is taken
  * on the raw scores), ex2.approx.ftz, the row sums stay per thread until
  * the end, and O is rescaled only when some row's max moved.
  */
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, fl
                                                       const bf16 *__restrict__ q, const __grid_constant__ CUtensorMap kmap,
                                                       const __grid_constant__ CUtensorMap vmap, const int *__restrict__ tiles,
                                                       const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
-                                                      int nkv, int P, int ps, float sl2) {
+                                                      int nkv, int P, int ps, float sl2, int pp) {
 #ifdef KILN_WGMMA
     constexpr int D = 128;
     pdl_wait();
@@ -387,14 +392,14 @@ __global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, fl
             const int st = i % WG2_NS, kb = kb0 + 2 * i;
             mbar_wait(bar_full + 8 * st, (i / WG2_NS) & 1);
             const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
-            if (wg == 1 || i > 0) bar_sync(1 + wg, 256); /* my turn: the other issued its step before */
+            if (pp && (wg == 1 || i > 0)) bar_sync(1 + wg, 256); /* my turn: the other issued its step before */
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++)
                 wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
                          wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
             wg_commit();
-            if (wg == 0 || i + 1 < n_step) bar_arrive(2 - wg, 256); /* the other's turn */
+            if (pp && (wg == 0 || i + 1 < n_step)) bar_arrive(2 - wg, 256); /* the other's turn */
             wg_wait0();
             wg_keep(sc);
 
@@ -516,12 +521,14 @@ void cu_flash_wg_launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     if (!(e && !strcmp(e, "1")) && P >= 8 && !(P & (P - 1)) && wg_tensor_map(&km, kc, kv) && wg_tensor_map(&vm, vc, kv)) {
         int ps = 0;
         while ((1 << ps) < P) ps++;
+        const char *pe = getenv("KILN_CUDA_FA_PINGPONG");
+        const int pp = !(pe && *pe == '0');
         if (part)
             cu_launch(c->stream, k_flash_wg2<true>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
-                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2);
+                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2, pp);
         else
             cu_launch(c->stream, k_flash_wg2<false>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
-                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2);
+                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2, pp);
         CU_LAUNCHED();
         return;
     }
