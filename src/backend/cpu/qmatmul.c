@@ -654,6 +654,13 @@ static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 /* n at or above which the exact path runs the GEMM (below: row dots) */
 #define XGEMM_MIN 8
 
+/* the decode paths of the exact numerics: fused dequantize + FMA per row
+ * (n <= 4), and with it the lookup kernels of 4-bit groups (n = 1) */
+static int exact_fused(const struct xjob *j) { return j->isa >= CPU_ISA_AVX2 && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
+static int exact_lut(const struct xjob *j) {
+    return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
+}
+
 static void matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     const int K = w->n_in, N = w->n_out, nt = cpu_n_threads(be);
@@ -668,8 +675,8 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
                      .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
     /* rows per chunk: ~64 KiB of dequantized weights */
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
-    if (j.isa >= CPU_ISA_AVX2 && n <= 4 && w->fmt != KILN_WFMT_GGUF) { /* decode: fused, no scratch */
-        if (n == 1 && j.isa >= CPU_ISA_AVX512 && w->fmt != KILN_WFMT_FP8 && lut_ok(&p->grp)) {
+    if (exact_fused(&j)) { /* decode: fused, no scratch */
+        if (exact_lut(&j)) {
             float *xl;
             const size_t sz = sizeof(float) * (size_t)K;
             qbuf_get(be, &sz, (void **)&xl, 1);
@@ -1434,8 +1441,12 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 /* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
 
-static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
-    const int K = w->n_in, N = w->n_out, nb = K / 32, nthr = cpu_n_threads(be);
+/* everything of an int8 matmul before its parallel part: the kernels for
+ * w's dtype, the activations quantized (once, into the backend's buffer)
+ * and, for the VNNI decode, the per-block vectors; returns whether it is
+ * the GEMM */
+static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
+    const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
     switch (w->w.dtype) {
@@ -1469,35 +1480,96 @@ static void matmul_int8(struct kiln_backend *be, float *out, const float *x, con
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
-    if (gemm) {
-        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
-        j.scr_bytes = (size_t)nb * 36 * j.R;
-        cpu_parallel_for(be, (N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
-        free_scratch(j.scr, nthr);
-    } else {
-        if (dec) {
-            const int c = dec4 ? 8 : 128;
-            j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
-            for (int b = 0; b < nb; b++) {
-                int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
-                memcpy(&j.corr[b], v, sizeof v);
-                j.xd[b] = j.xa[b].d;
-            }
-            if (dec4) {
-                for (int q = 0; q < nb / 2; q++) {
-                    const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
-                    int8_t *d = (int8_t *)&j.act2[q];
-                    memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
-                    int32_t v[16] = {0};
-                    v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
-                    memcpy(&j.corr2[q], v, sizeof v);
-                }
+    if (dec) {
+        const int c = dec4 ? 8 : 128;
+        j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
+        for (int b = 0; b < nb; b++) {
+            int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(&j.corr[b], v, sizeof v);
+            j.xd[b] = j.xa[b].d;
+        }
+        if (dec4) {
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+                int32_t v[16] = {0};
+                v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
             }
         }
+    }
+    *jp = j;
+    return gemm;
+}
+
+/* rows per chunk of the decode's split runs: ~64 KiB of weights */
+static int64_t int8_chunk(const struct ijob *j) { return (int64_t)(64 << 10) / (int64_t)j->rb + 1; }
+
+static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    struct ijob j;
+    if (int8_setup(be, &j, out, x, w, n)) {
+        const int nthr = cpu_n_threads(be);
+        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+        j.scr_bytes = (size_t)j.nb * 36 * j.R;
+        cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        free_scratch(j.scr, nthr);
+    } else {
         /* one contiguous run of rows per thread (cpu_parallel_for_split),
          * stolen from in chunks of ~64 KiB of weights */
-        cpu_parallel_for_split(be, N, (int64_t)(64 << 10) / (int64_t)j.rb + 1, i_rows, &j);
+        cpu_parallel_for_split(be, j.N, int8_chunk(&j), i_rows, &j);
     }
+}
+
+int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count,
+                      int n) {
+    const struct qprep *p0 = ws[0]->be;
+    struct cpu_task t[MULTI_MAX];
+    if (count > MULTI_MAX) return 0;
+    if (p0->int8_act) {
+        /* the row-dot decode: x quantized once, the rows of all linears in one job */
+        struct ijob j[MULTI_MAX];
+        const int isa = cpu_isa();
+        if (isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN) return 0;
+        for (int i = 1; i < count; i++)
+            if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
+        if (int8_setup(be, &j[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+        for (int i = 0; i < count; i++) {
+            if (i) {
+                j[i] = j[0];
+                j[i].w = ws[i], j[i].out = outs[i], j[i].N = ws[i]->n_out;
+                j[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
+            }
+            t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
+        }
+        cpu_parallel_for_split_tasks(be, t, count, int8_chunk(&j[0]));
+        return 1;
+    }
+    /* the exact decode: x reordered once for the lookup kernels */
+    struct xjob j[MULTI_MAX];
+    const int K = ws[0]->n_in;
+    float *xl = NULL;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = ws[i]->be;
+        if ((ws[i]->fmt == KILN_WFMT_GPTQ || ws[i]->fmt == KILN_WFMT_AWQ) && p->grp.perm) return 0;
+        j[i] = (struct xjob){.w = ws[i], .p = p, .out = outs[i], .x = x, .bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL,
+                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa()};
+        if (!exact_fused(&j[i])) return 0;
+    }
+    for (int i = 0; i < count; i++) {
+        if (exact_lut(&j[i])) {
+            if (!xl) {
+                const size_t sz = sizeof(float) * (size_t)K;
+                qbuf_get(be, &sz, (void **)&xl, 1);
+                lut_order_512(xl, x, K);
+            }
+            j[i].xl = xl;
+            j[i].lut128 = lut128_ok(&j[i].p->grp);
+        }
+        t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
+    }
+    cpu_parallel_for_split_tasks(be, t, count, ((64 << 10) / ((int64_t)K * 4) + 1) * 4);
+    return 1;
 }
 
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
