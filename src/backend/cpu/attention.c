@@ -154,12 +154,17 @@ KILN_AVX2 static float expsum_avx2(float *sc, int n, float mx) {
 
 KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
+        /* constant-trip loops unrolled, so a[] stays in registers (GCC
+         * kept it on the stack: a store and reload per FMA) */
         __m256 a[16];
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
         for (int j = 0; j < nk; j++, v += 128) {
             __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 16
             for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
         }
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
         return;
     }
@@ -208,12 +213,16 @@ KILN_AVX512 static float expsum_avx512(float *sc, int n, float mx) {
 
 KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
+        /* unrolled: a[] in registers (see pv_avx2) */
         __m512 a[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
         for (int j = 0; j < nk; j++, v += 128) {
             __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * i), a[i]);
         }
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
         return;
     }
