@@ -596,6 +596,9 @@ static int item_cmp(const void *a_, const void *b_) {
     return a->cost > b->cost ? -1 : a->cost < b->cost ? 1 : 0;
 }
 
+/* below this much work (~ rows x keys x head_dim) attention runs on the caller */
+enum { ATT_PAR_MIN = 8192 };
+
 /* isa < 0: the reference (every row on the row path, scalar loops) */
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
@@ -644,7 +647,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     size_t tile_len = any_tiled ? 2 * (size_t)QB * hd + BK * LMAX + 4 * QB : 0;
     j.scr_len = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
     if (posix_memalign((void **)&j.scratch, 64, sizeof(float) * j.scr_len * (size_t)nth)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
-    cpu_parallel_for(be, n_items, work >= 65536 ? 1 : n_items, att_items, &j);
+    cpu_parallel_for(be, n_items, work >= ATT_PAR_MIN ? 1 : n_items, att_items, &j);
     free(j.scratch);
     free(items);
 }
