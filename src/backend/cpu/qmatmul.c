@@ -1353,6 +1353,50 @@ VNNI static float dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m51
  * dot1z_q4_0 (two blocks per zmm), whose per-core rate (~35 GB/s of Q4_0
  * in L2) was barely above what one core streams from DRAM. Integer block
  * sums are the same; only the order of the f32 sums differs. */
+/* Q8_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 32 code bytes
+ * (two 32-byte loads, +128 to make them unsigned) against the two blocks'
+ * activation codes laid out back to back once per call (act2: [x_b | x_b+1]),
+ * -128 x sum of each block in lanes 0 and 8 of the starting accumulator
+ * (corr2); lanes 0..7 hold block b's integer sum, 8..15 block b+1's, scaled
+ * by a permute of the 8 block scales. Per 2 blocks: 2 loads, insert, xor,
+ * vpdpbusd, permute, convert, FMA (dot1v_q8_0: 2 x (xor, vpdpbusd, permute,
+ * convert, FMA) on 256-bit halves). Integer block sums are unchanged. */
+VNNI static float dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 34 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i ofs = _mm512_set1_epi8((char)0x80);
+    const __m512i ix0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        KILN_PF(w + (size_t)BS * i);
+        KILN_PF(w + (size_t)BS * i + 64);
+        KILN_PF(w + (size_t)BS * i + 128);
+        KILN_PF(w + (size_t)BS * i + 192);
+        KILN_PF(w + (size_t)BS * i + 256);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        __m512i ix = ix0;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * p);
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                           _mm256_loadu_si256((const __m256i *)(b0 + BS + 2)), 1);
+            __m512i sm = _mm512_dpbusd_epi32(_mm512_load_si512(corr2 + i / 2 + p), _mm512_xor_si512(c, ofs), _mm512_load_si512(act2 + i / 2 + p));
+            __m512 sc = _mm512_permutexvar_ps(ix, dd);
+            if (p & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc0);
+            ix = _mm512_add_epi32(ix, two);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i sm = _mm256_dpbusd_epi32(lane0(-128 * a[i].sum), Q8U_CODES(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
 /* widest rows (in blocks of 32) given to dot1q_q4_0: measured from DRAM
  * (2 threads, 1.77 MB matrices) it is 4-10% faster than dot1z_q4_0 at
  * K = 1024 and 1536, but 6% slower at K = 2048 and 20-28% slower at 3072
@@ -1470,6 +1514,10 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             for (int64_t r = r0; r < r1; r++) out[r] = dot1q_q4_0(W + (size_t)r * rb, j->corr4, j->act4, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
             return;
         }
+        if (j->act2 && j->w->w.dtype == KILN_DTYPE_Q8_0) {
+            for (int64_t r = r0; r < r1; r++) out[r] = dot1w_q8_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
         if (j->act2) {
             for (int64_t r = r0; r < r1; r++) out[r] = dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
             return;
@@ -1547,9 +1595,10 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* VNNI decode (Q8_0 / Q4_0): per-block vectors built once per call */
     const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && have_vbmi();
+    const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
     {
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec ? sizeof(__m256i) * (size_t)nb : 0, dec ? sizeof(float) * (size_t)nb : 0,
-                              dec4 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 ? 64 * (size_t)(nb / 2 + 1) : 0};
+                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         qbuf_get(be, sz, ptr, 5);
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
@@ -1563,7 +1612,17 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
             memcpy(&j.corr[b], v, sizeof v);
             j.xd[b] = j.xa[b].d;
         }
-        if (dec4q) {
+        if (dec8) {
+            /* block pairs: [x_b | x_b+1] codes, -128 x sum in lanes 0 and 8 */
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 32), memcpy(d + 32, x1->qs, 32);
+                int32_t v[16] = {0};
+                v[0] = -128 * x0->sum, v[8] = -128 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
+            }
+        } else if (dec4q) {
             /* groups of 4 blocks: [lo: x_b[0..15] x 4 | hi: x_b[16..31] x 4]
              * (act2's space: 2 zmm per 2 blocks), corr4 in corr2's space */
             j.act4 = j.act2, j.corr4 = j.corr2, j.act2 = j.corr2 = NULL;
