@@ -382,9 +382,11 @@ AVX512 static void lut128_rows_512(const struct qgrp *g, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *q = g->q + (size_t)r * g->row_bytes;
         const float *sb = g->sb + (size_t)r * ng * 2;
-        _mm_prefetch((const char *)sb + L128_PF2 / 8, _MM_HINT_T1);
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         for (int gi = 0; gi < ng; gi++, q += 64) {
+            /* the scale/bias stream, a 64-byte line per 8 groups (once per row
+             * covered one line of a row's 2-6 at K = 2048-6144) */
+            if (!(gi & 7)) _mm_prefetch((const char *)(sb + 2 * gi) + L128_PF2 / 8, _MM_HINT_T1);
             const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(sb[2 * gi]), _mm512_set1_ps(sb[2 * gi + 1]));
             const __m512i c = _mm512_loadu_si512((const void *)q);
             const float *x = xl + 128 * gi;
