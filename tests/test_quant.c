@@ -263,6 +263,73 @@ static void test_qgemm(void) {
 
 /* ==== quantize round trips ==== */
 
+/* matmul_multi (q/k/v, gate/up of a decode step as one pool job) gives
+ * exactly what one matmul per linear gives, on every ISA, for every decode
+ * path: int8 rows (Q8_0, Q4_0, Q4_K), the exact fused rows (GPTQ g128
+ * lookup, AWQ, FP8) and dense BF16; the runs cross from one linear into
+ * the next */
+static void test_qmulti(void) {
+    char err[512];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be || !be->matmul_multi) return;
+    const int saved = cpu_isa();
+    static const char *fmts[] = {"q8_0", "q4_0", "q4_k", "gptq-int4", "awq", "fp8", "bf16"};
+    static const int Ns[3] = {712, 136, 264};
+    const int K = 512;
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 7);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        void **owned = kiln_calloc(1, sizeof(void *));
+        struct qlinear w[3];
+        const struct qlinear *ws[3];
+        int ok = 1;
+        for (int i = 0; i < 3; i++) {
+            w[i] = (struct qlinear){.n_out = Ns[i], .n_in = K};
+            if (!strcmp(fmts[f], "bf16")) {
+                uint16_t *d = test_alloc(&owned, sizeof(uint16_t) * Ns[i] * K);
+                for (int k = 0; k < Ns[i] * K; k++) d[k] = kiln_f32_to_bf16(0.05f * kiln_rng_normal(&r));
+                w[i].fmt = KILN_WFMT_DENSE;
+                w[i].w = (struct ktensor){.dtype = KILN_DTYPE_BF16, .rows = Ns[i], .cols = K, .data = d};
+            } else {
+                int rc = quant_dummy_linear(&w[i], fmts[f], 128, 500 + 10 * f + i, 0.05f, test_alloc, &owned, err, sizeof err);
+                CHECK(rc == 0, "%s: %s", fmts[f], err);
+                ok &= rc == 0;
+            }
+            if (i == 1) {
+                float *bias = test_alloc(&owned, sizeof(float) * Ns[i]);
+                for (int k = 0; k < Ns[i]; k++) bias[k] = kiln_rng_normal(&r);
+                w[i].bias = (struct ktensor){KILN_DTYPE_F32, 1, Ns[i], bias, NULL};
+            }
+            if (ok && be->prepare_linear(be, &w[i], err, sizeof err)) {
+                CHECK(0, "%s: %s", fmts[f], err);
+                ok = 0;
+            }
+            ws[i] = &w[i];
+        }
+        if (!ok) continue;
+        float *x = kiln_malloc(sizeof(float) * 4 * K), *ref[3], *out[3];
+        for (int k = 0; k < 4 * K; k++) x[k] = kiln_rng_normal(&r);
+        for (int i = 0; i < 3; i++) ref[i] = kiln_malloc(sizeof(float) * 4 * Ns[i]), out[i] = kiln_malloc(sizeof(float) * 4 * Ns[i]);
+        for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++)
+            for (int n = 1; n <= 4; n += 3) {
+                cpu_set_isa(isa);
+                for (int i = 0; i < 3; i++) be->matmul(be, ref[i], x, ws[i], n);
+                for (int i = 0; i < 3; i++) memset(out[i], 0xff, sizeof(float) * n * Ns[i]);
+                be->matmul_multi(be, (void *const *)out, x, ws, 3, n);
+                for (int i = 0; i < 3; i++)
+                    CHECK(!memcmp(out[i], ref[i], sizeof(float) * n * Ns[i]), "%s %s n=%d: matmul_multi's linear %d differs from matmul",
+                          cpu_isa_name(isa), fmts[f], n, i);
+            }
+        for (int i = 0; i < 3; i++) be->release_linear(be, &w[i]), free(ref[i]), free(out[i]);
+        free(x);
+        for (int i = 0; owned[i]; i++) free(owned[i]);
+        free(owned);
+    }
+    cpu_set_isa(saved);
+    be->destroy(be);
+}
+
 static void test_roundtrip(void) {
     int same = 1; /* the fast e4m3 encoder against base.c's exhaustive one */
     for (int i = -5000; i <= 5000 && same; i++) {
@@ -644,6 +711,7 @@ void test_quant(void) {
     test_roundtrip();
     test_kernels();
     test_qgemm();
+    test_qmulti();
     test_config_errors();
     test_gguf_parser();
     test_pairs();

@@ -119,6 +119,10 @@ struct kiln_backend {
                         float eps);
     /* out[n][n_out] = x[n][n_in] W^T + b */
     void (*matmul)(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+    /* optional (NULL: matmul per linear): outs[i] = x ws[i]^T + b_i for
+     * count linears that read the same x (q/k/v, gate/up), as one op */
+    void (*matmul_multi)(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count,
+                         int n);
     /* per head: optional RMSNorm over head_dim (qn/kn NULL: none), then RoPE
      * at the batch positions; q and k updated in place */
     void (*qk_norm_rope)(struct kiln_backend *be, void *q, void *k, const struct ktensor *qn, const struct ktensor *kn,

@@ -49,6 +49,15 @@ static int ensure_ws(struct kiln_model *m, int n, int n_out, char *err, size_t e
     return 0;
 }
 
+/* linears that read the same x: one op where the backend has it */
+static void matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count, int n) {
+    if (be->matmul_multi) {
+        be->matmul_multi(be, outs, x, ws, count, n);
+        return;
+    }
+    for (int i = 0; i < count; i++) be->matmul(be, outs[i], x, ws[i], n);
+}
+
 int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_batch *b, float *logits, char *err,
                   size_t errlen) {
     const struct kiln_config *c = &m->cfg;
@@ -67,9 +76,11 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
     for (int l = 0; l < c->n_layer; l++) {
         struct layer *L = &m->layers[l];
         /* attention */
-        be->matmul(be, m->q, m->xb, &L->wq, n);
-        be->matmul(be, m->k, m->xb, &L->wk, n);
-        be->matmul(be, m->v, m->xb, &L->wv, n);
+        {
+            void *outs[3] = {m->q, m->k, m->v};
+            const struct qlinear *ws[3] = {&L->wq, &L->wk, &L->wv};
+            matmul_multi(be, outs, m->xb, ws, 3, n);
+        }
         be->qk_norm_rope(be, m->q, m->k, c->qk_norm ? &L->q_norm : NULL, c->qk_norm ? &L->k_norm : NULL, &m->rope, b,
                          c->n_head, c->n_head_kv, hd, eps);
         be->kv_write(be, kv, l, m->k, m->v, b);
@@ -84,8 +95,11 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
             if (l + 1 < c->n_layer) be->rmsnorm(be, m->xb, m->x, &m->layers[l + 1].attn_norm, n, dim, eps);
             continue;
         }
-        be->matmul(be, m->hb, m->xb, &L->gate, n);
-        be->matmul(be, m->hb2, m->xb, &L->up, n);
+        {
+            void *outs[2] = {m->hb, m->hb2};
+            const struct qlinear *ws[2] = {&L->gate, &L->up};
+            matmul_multi(be, outs, m->xb, ws, 2, n);
+        }
         be->swiglu(be, m->hb, m->hb, m->hb2, n, c->ffn);
         be->matmul(be, m->xb, m->hb, &L->down, n);
         if (l + 1 < c->n_layer)

@@ -154,12 +154,17 @@ KILN_AVX2 static float expsum_avx2(float *sc, int n, float mx) {
 
 KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
+        /* constant-trip loops unrolled, so a[] stays in registers (GCC
+         * kept it on the stack: a store and reload per FMA) */
         __m256 a[16];
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
         for (int j = 0; j < nk; j++, v += 128) {
             __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 16
             for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
         }
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
         return;
     }
@@ -208,12 +213,16 @@ KILN_AVX512 static float expsum_avx512(float *sc, int n, float mx) {
 
 KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
+        /* unrolled: a[] in registers (see pv_avx2) */
         __m512 a[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
         for (int j = 0; j < nk; j++, v += 128) {
             __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * i), a[i]);
         }
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
         return;
     }
@@ -587,6 +596,9 @@ static int item_cmp(const void *a_, const void *b_) {
     return a->cost > b->cost ? -1 : a->cost < b->cost ? 1 : 0;
 }
 
+/* below this much work (~ rows x keys x head_dim) attention runs on the caller */
+enum { ATT_PAR_MIN = 8192 };
+
 /* isa < 0: the reference (every row on the row path, scalar loops) */
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
@@ -635,7 +647,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     size_t tile_len = any_tiled ? 2 * (size_t)QB * hd + BK * LMAX + 4 * QB : 0;
     j.scr_len = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
     if (posix_memalign((void **)&j.scratch, 64, sizeof(float) * j.scr_len * (size_t)nth)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
-    cpu_parallel_for(be, n_items, work >= 65536 ? 1 : n_items, att_items, &j);
+    cpu_parallel_for(be, n_items, work >= ATT_PAR_MIN ? 1 : n_items, att_items, &j);
     free(j.scratch);
     free(items);
 }

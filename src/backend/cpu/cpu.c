@@ -200,6 +200,32 @@ void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, c
     parallel_for(be, n, chunk, fn, arg, n < ((int64_t)1 << 32)); /* runs are packed in 32-bit halves */
 }
 
+/* several split jobs as one: the tasks' items are laid end to end, so each
+ * thread's run may cover the end of one task and the start of the next */
+struct task_set {
+    const struct cpu_task *t;
+    int count;
+};
+
+static void tasks_range(void *arg, int64_t b, int64_t e, int tid) {
+    const struct task_set *s = arg;
+    int64_t off = 0;
+    for (int i = 0; i < s->count && b < e; off += s->t[i].n, i++) {
+        const int64_t end = off + s->t[i].n;
+        if (b >= end) continue;
+        const int64_t e1 = e < end ? e : end;
+        s->t[i].fn(s->t[i].arg, b - off, e1 - off, tid);
+        b = e1;
+    }
+}
+
+void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, int64_t chunk) {
+    struct task_set s = {t, count};
+    int64_t n = 0;
+    for (int i = 0; i < count; i++) n += t[i].n;
+    cpu_parallel_for_split(be, n, chunk, tasks_range, &s);
+}
+
 /* ==== memory ==== */
 
 static void *cpu_alloc(struct kiln_backend *be, size_t bytes) {
@@ -335,6 +361,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->release_rope = cpu_release_rope;
     be->begin = cpu_begin;
     be->matmul = cpu_matmul;
+    be->matmul_multi = cpu_matmul_multi;
     be->kv_write = cpu_kv_write;
     be->attention = cpu_attention;
     be->moe = cpu_moe;

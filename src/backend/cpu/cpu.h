@@ -57,6 +57,15 @@ void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_ran
  * kernels: each thread reads one sequential stream (interleaved chunks of
  * the shared counter break both threads' streams at every chunk). */
 void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
+/* several split jobs run as one pool job (one start and one join): their
+ * items are laid end to end, in order, and cut into one run per thread as
+ * above; fn of each task gets its own item numbers */
+struct cpu_task {
+    cpu_range_fn fn;
+    void *arg;
+    int64_t n;
+};
+void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, int64_t chunk);
 int cpu_n_threads(struct kiln_backend *be);
 
 /* f32 view of a small prepared tensor (norm weight, bias) */
@@ -64,6 +73,11 @@ static inline const float *cpu_vec(const struct ktensor *t) { return (const floa
 
 /* out[n][n_out] = x[n][n_in] W^T + b, all f32 activations */
 void cpu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+enum { MULTI_MAX = 4 }; /* linears per cpu_matmul_multi job */
+/* outs[i] = x ws[i]^T + b_i for count linears sharing x: decode (GEMV) of
+ * linears of one format, dtype and width as one pool job, else one by one */
+void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count,
+                      int n);
 
 /* dot products of one weight row (stored dtype) with 1..4 f32 vectors */
 typedef void (*cpu_dot_fn)(const void *row, const float *const *x, int nx, int n_in, float *out);
@@ -74,6 +88,11 @@ cpu_dot_fn cpu_dot_for(enum kiln_dtype t);
 int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen);
 void cpu_qrelease_linear(struct qlinear *w);
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+/* the decode of count quantized linears of one format, dtype and width as
+ * one pool job (x quantized or reordered once); 0 when their shape or the
+ * path does not allow it (nothing done: the caller runs them one by one) */
+int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count,
+                      int n);
 
 /* converts one row of n stored elements to f32 */
 void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n);

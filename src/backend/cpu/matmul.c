@@ -533,18 +533,29 @@ static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
     }
 }
 
-static void gemv(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, cpu_dot_fn dot) {
-    struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                       .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype)};
-    j.rb = (size_t)j.n_in * dtype_size(j.dt);
-    /* one contiguous run of rows per thread (each thread one sequential
-     * stream), stolen from in chunks of ~64 KiB of weights (at least 16
-     * rows, ~16+ per thread) by a thread that is done with its own */
-    int64_t chunk = (int64_t)(65536 / (j.rb ? j.rb : 1));
-    int64_t per = j.n_out / (cpu_n_threads(be) * 16);
+/* count linears of one dtype and width sharing x (one for a plain matmul):
+ * their rows laid end to end, one contiguous run per thread (each thread
+ * one sequential stream), stolen from in chunks of ~64 KiB of weights (at
+ * least 16 rows, ~16+ per thread) by a thread that is done with its own */
+static void gemv(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n,
+                 cpu_dot_fn dot) {
+    struct mm_job j[MULTI_MAX];
+    struct cpu_task t[MULTI_MAX];
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) {
+        const struct qlinear *w = ws[i];
+        j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
+                               .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype)};
+        j[i].rb = (size_t)j[i].n_in * dtype_size(j[i].dt);
+        t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
+        rows += w->n_out;
+    }
+    int64_t chunk = (int64_t)(65536 / (j[0].rb ? j[0].rb : 1));
+    int64_t per = rows / (cpu_n_threads(be) * 16);
     if (chunk > per) chunk = per;
     if (chunk < 16) chunk = 16;
-    cpu_parallel_for_split(be, j.n_out, chunk, gemv_rows, &j);
+    if (count == 1) cpu_parallel_for_split(be, rows, chunk, gemv_rows, &j[0]);
+    else cpu_parallel_for_split_tasks(be, t, count, chunk);
 }
 
 /* ==== the op ==== */
@@ -554,6 +565,22 @@ enum { GEMM_MIN = 8 }; /* fewer activation rows: the weight-streaming GEMV */
 void cpu_matmul(struct kiln_backend *be, void *out_, const void *x_, const struct qlinear *w, int n) {
     if (w->fmt != KILN_WFMT_DENSE) return cpu_qmatmul(be, out_, x_, w, n); /* quantized: qmatmul.c */
     int isa = cpu_isa();
-    if (isa != CPU_ISA_SCALAR && n >= GEMM_MIN) gemm(be, out_, x_, w, n, isa);
-    else gemv(be, out_, x_, w, n, cpu_dot_for(w->w.dtype));
+    float *out = out_;
+    if (isa != CPU_ISA_SCALAR && n >= GEMM_MIN) gemm(be, out, x_, w, n, isa);
+    else gemv(be, &out, x_, &w, 1, n, cpu_dot_for(w->w.dtype));
+}
+
+/* q/k/v or gate/up of a decode step: one pool job instead of one per
+ * linear (each job costs a start and a join, ~190 of them per token) */
+void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count,
+                      int n) {
+    int same = count <= MULTI_MAX;
+    for (int i = 1; i < count && same; i++)
+        same = ws[i]->fmt == ws[0]->fmt && ws[i]->w.dtype == ws[0]->w.dtype && ws[i]->n_in == ws[0]->n_in;
+    if (same && ws[0]->fmt == KILN_WFMT_DENSE && (n < GEMM_MIN || cpu_isa() == CPU_ISA_SCALAR)) {
+        gemv(be, (float *const *)outs, x, ws, count, n, cpu_dot_for(ws[0]->w.dtype));
+        return;
+    }
+    if (same && ws[0]->fmt != KILN_WFMT_DENSE && cpu_qmatmul_multi(be, (float *const *)outs, x, ws, count, n)) return;
+    for (int i = 0; i < count; i++) cpu_matmul(be, outs[i], x, ws[i], n);
 }

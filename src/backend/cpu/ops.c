@@ -30,6 +30,9 @@ enum { PAR_MIN = 16384 };
 /* rows per chunk so that a chunk has about PAR_MIN elements */
 static int64_t rows_chunk(int64_t width) { return width >= PAR_MIN ? 1 : PAR_MIN / (width > 0 ? width : 1); }
 
+typedef void (*norm_fn)(float *out, const float *x, const float *w, int dim, float eps);
+typedef void (*rope_fn)(float *h, const float *cs, int hd);
+
 /* the arguments of one row op, for the pool's range functions */
 struct row_job {
     float *out, *x;
@@ -42,6 +45,8 @@ struct row_job {
     float eps;
     const float *qw, *kw;
     float *q, *k;
+    norm_fn norm;
+    rope_fn rope;
 };
 
 static void embed_rows(void *arg, int64_t b, int64_t e, int tid) {
@@ -57,21 +62,66 @@ static void cpu_embed(struct kiln_backend *be, void *x, const struct ktensor *ta
     cpu_parallel_for(be, b->n_tokens, rows_chunk(j.dim), embed_rows, &j);
 }
 
-static inline void norm_row(float *out, const float *x, const float *w, int dim, float eps) {
+/* RMSNorm of one row: sum of squares in double (each square is exact in
+ * double), r = 1 / sqrt(mean + eps) in f32, out = w * (x * r). The vector
+ * paths sum the squares in 8 (AVX2: 4 + 4) double lanes, then across them:
+ * the same exact products, added in another order (in double, far below
+ * f32's rounding); the products with r and w are the same f32 operations. */
+static void norm_row_scalar(float *out, const float *x, const float *w, int dim, float eps) {
     double ss = 0;
     for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
     float r = 1.0f / sqrtf((float)(ss / dim) + eps);
     for (int i = 0; i < dim; i++) out[i] = w[i] * (x[i] * r);
 }
 
+KILN_AVX2 static void norm_row_avx2(float *out, const float *x, const float *w, int dim, float eps) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0;
+    int i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a0 = _mm256_fmadd_pd(lo, lo, a0), a1 = _mm256_fmadd_pd(hi, hi, a1);
+    }
+    double l[4];
+    _mm256_storeu_pd(l, _mm256_add_pd(a0, a1));
+    double ss = (l[0] + l[1]) + (l[2] + l[3]);
+    for (int k = i; k < dim; k++) ss += (double)x[k] * x[k];
+    float r = 1.0f / sqrtf((float)(ss / dim) + eps);
+    const __m256 rv = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= dim; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+    for (; i < dim; i++) out[i] = w[i] * (x[i] * r);
+}
+
+KILN_AVX512 static void norm_row_avx512(float *out, const float *x, const float *w, int dim, float eps) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+    for (int i = 0; i < dim; i += 16) {
+        __mmask16 m = dim - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dim - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i); /* lanes past the end are 0: they add nothing */
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v)), hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0), a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    float r = 1.0f / sqrtf((float)(ss / dim) + eps);
+    const __m512 rv = _mm512_set1_ps(r);
+    for (int i = 0; i < dim; i += 16) {
+        __mmask16 m = dim - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dim - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), rv)));
+    }
+}
+
+static norm_fn norm_for(void) {
+    int isa = cpu_isa();
+    return isa == CPU_ISA_AVX512 ? norm_row_avx512 : isa == CPU_ISA_AVX2 ? norm_row_avx2 : norm_row_scalar;
+}
+
 static void rmsnorm_rows(void *arg, int64_t b, int64_t e, int tid) {
     (void)tid;
     const struct row_job *j = arg;
-    for (int64_t i = b; i < e; i++) norm_row(j->out + (size_t)i * j->dim, j->y + (size_t)i * j->dim, j->w, j->dim, j->eps);
+    for (int64_t i = b; i < e; i++) j->norm(j->out + (size_t)i * j->dim, j->y + (size_t)i * j->dim, j->w, j->dim, j->eps);
 }
 
 static void cpu_rmsnorm(struct kiln_backend *be, void *out, const void *x, const struct ktensor *w, int n, int dim, float eps) {
-    struct row_job j = {.out = out, .y = x, .w = cpu_vec(w), .dim = dim, .eps = eps};
+    struct row_job j = {.out = out, .y = x, .w = cpu_vec(w), .dim = dim, .eps = eps, .norm = norm_for()};
     cpu_parallel_for(be, n, rows_chunk(dim), rmsnorm_rows, &j);
 }
 
@@ -84,20 +134,20 @@ static void add_rmsnorm_rows(void *arg, int64_t b, int64_t e, int tid) {
         float *xr = j->x + (size_t)i * dim;
         const float *yr = j->y + (size_t)i * dim;
         for (int c = 0; c < dim; c++) xr[c] += yr[c];
-        norm_row(j->out + (size_t)i * dim, xr, j->w, dim, j->eps);
+        j->norm(j->out + (size_t)i * dim, xr, j->w, dim, j->eps);
     }
 }
 
 static void cpu_add_rmsnorm(struct kiln_backend *be, void *x, void *out, const void *y, const struct ktensor *w, int n,
                             int dim, float eps) {
-    struct row_job j = {.out = out, .x = x, .y = y, .w = cpu_vec(w), .dim = dim, .eps = eps};
+    struct row_job j = {.out = out, .x = x, .y = y, .w = cpu_vec(w), .dim = dim, .eps = eps, .norm = norm_for()};
     cpu_parallel_for(be, n, rows_chunk(dim), add_rmsnorm_rows, &j);
 }
 
-/* one head vector: optional RMSNorm, then rotate pairs (i, i + half) by
- * the angles' cos cs[i] and sin cs[half + i] */
-static inline void head_norm_rope(float *h, const float *nw, const float *cs, int hd, float eps) {
-    if (nw) norm_row(h, h, nw, hd, eps);
+/* RoPE of one head vector: rotate pairs (i, i + half) by the angles' cos
+ * cs[i] and sin cs[half + i]; the vector path does the same f32 products
+ * and sums (a c - b s, b c + a s; no FMA), so it is bit-identical */
+static void rope_scalar(float *h, const float *cs, int hd) {
     int half = hd / 2;
     const float *cv = cs, *sv = cs + half;
     for (int i = 0; i < half; i++) {
@@ -105,6 +155,40 @@ static inline void head_norm_rope(float *h, const float *nw, const float *cs, in
         h[i] = a * cv[i] - bb * sv[i];
         h[i + half] = bb * cv[i] + a * sv[i];
     }
+}
+
+KILN_AVX512 static void rope_avx512(float *h, const float *cs, int hd) {
+    const int half = hd / 2;
+    const float *cv = cs, *sv = cs + half;
+    for (int i = 0; i < half; i += 16) {
+        __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (half - i)) - 1);
+        __m512 a = _mm512_maskz_loadu_ps(m, h + i), b = _mm512_maskz_loadu_ps(m, h + half + i);
+        __m512 c = _mm512_maskz_loadu_ps(m, cv + i), sn = _mm512_maskz_loadu_ps(m, sv + i);
+        _mm512_mask_storeu_ps(h + i, m, _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, sn)));
+        _mm512_mask_storeu_ps(h + half + i, m, _mm512_add_ps(_mm512_mul_ps(b, c), _mm512_mul_ps(a, sn)));
+    }
+}
+
+KILN_AVX2 static void rope_avx2(float *h, const float *cs, int hd) {
+    const int half = hd / 2;
+    const float *cv = cs, *sv = cs + half;
+    int i = 0;
+    for (; i + 8 <= half; i += 8) {
+        __m256 a = _mm256_loadu_ps(h + i), b = _mm256_loadu_ps(h + half + i), c = _mm256_loadu_ps(cv + i), sn = _mm256_loadu_ps(sv + i);
+        _mm256_storeu_ps(h + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
+        _mm256_storeu_ps(h + half + i, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, sn)));
+    }
+    for (; i < half; i++) {
+        float a = h[i], bb = h[i + half];
+        h[i] = a * cv[i] - bb * sv[i];
+        h[i + half] = bb * cv[i] + a * sv[i];
+    }
+}
+
+/* one head vector: optional RMSNorm, then RoPE */
+static inline void head_norm_rope(const struct row_job *j, float *h, const float *nw, const float *cs) {
+    if (nw) j->norm(h, h, nw, j->hd, j->eps);
+    j->rope(h, cs, j->hd);
 }
 
 /* the cos/sin table of this forward's positions: [n_tokens][cos half | sin half] */
@@ -152,8 +236,8 @@ static void qk_norm_rope_rows(void *arg, int64_t b, int64_t e, int tid) {
     const int hd = j->hd;
     for (int64_t i = b; i < e; i++) {
         const float *c = j->cs + (size_t)i * hd;
-        for (int h = 0; h < j->n_head; h++) head_norm_rope(j->q + ((size_t)i * j->n_head + h) * hd, j->qw, c, hd, j->eps);
-        for (int h = 0; h < j->n_head_kv; h++) head_norm_rope(j->k + ((size_t)i * j->n_head_kv + h) * hd, j->kw, c, hd, j->eps);
+        for (int h = 0; h < j->n_head; h++) head_norm_rope(j, j->q + ((size_t)i * j->n_head + h) * hd, j->qw, c);
+        for (int h = 0; h < j->n_head_kv; h++) head_norm_rope(j, j->k + ((size_t)i * j->n_head_kv + h) * hd, j->kw, c);
     }
 }
 
@@ -162,7 +246,9 @@ static void cpu_qk_norm_rope(struct kiln_backend *be, void *q_, void *k_, const 
                              float eps) {
     struct row_job j = {.q = q_, .k = k_, .qw = qn ? cpu_vec(qn) : NULL, .kw = kn ? cpu_vec(kn) : NULL,
                         .cs = rope_table(be, rope, b, head_dim), .n_head = n_head, .n_head_kv = n_head_kv, .hd = head_dim,
-                        .eps = eps};
+                        .eps = eps, .norm = norm_for()};
+    const int isa = cpu_isa();
+    j.rope = isa == CPU_ISA_AVX512 ? rope_avx512 : isa == CPU_ISA_AVX2 ? rope_avx2 : rope_scalar;
     cpu_parallel_for(be, b->n_tokens, rows_chunk((int64_t)(n_head + n_head_kv) * head_dim), qk_norm_rope_rows, &j);
 }
 

@@ -382,9 +382,11 @@ AVX512 static void lut128_rows_512(const struct qgrp *g, int64_t r0, int64_t r1,
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *q = g->q + (size_t)r * g->row_bytes;
         const float *sb = g->sb + (size_t)r * ng * 2;
-        _mm_prefetch((const char *)sb + L128_PF2 / 8, _MM_HINT_T1);
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         for (int gi = 0; gi < ng; gi++, q += 64) {
+            /* the scale/bias stream, a 64-byte line per 8 groups (once per row
+             * covered one line of a row's 2-6 at K = 2048-6144) */
+            if (!(gi & 7)) _mm_prefetch((const char *)(sb + 2 * gi) + L128_PF2 / 8, _MM_HINT_T1);
             const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(sb[2 * gi]), _mm512_set1_ps(sb[2 * gi + 1]));
             const __m512i c = _mm512_loadu_si512((const void *)q);
             const float *x = xl + 128 * gi;
@@ -654,6 +656,13 @@ static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 /* n at or above which the exact path runs the GEMM (below: row dots) */
 #define XGEMM_MIN 8
 
+/* the decode paths of the exact numerics: fused dequantize + FMA per row
+ * (n <= 4), and with it the lookup kernels of 4-bit groups (n = 1) */
+static int exact_fused(const struct xjob *j) { return j->isa >= CPU_ISA_AVX2 && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
+static int exact_lut(const struct xjob *j) {
+    return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
+}
+
 static void matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     const int K = w->n_in, N = w->n_out, nt = cpu_n_threads(be);
@@ -668,8 +677,8 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
                      .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
     /* rows per chunk: ~64 KiB of dequantized weights */
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
-    if (j.isa >= CPU_ISA_AVX2 && n <= 4 && w->fmt != KILN_WFMT_GGUF) { /* decode: fused, no scratch */
-        if (n == 1 && j.isa >= CPU_ISA_AVX512 && w->fmt != KILN_WFMT_FP8 && lut_ok(&p->grp)) {
+    if (exact_fused(&j)) { /* decode: fused, no scratch */
+        if (exact_lut(&j)) {
             float *xl;
             const size_t sz = sizeof(float) * (size_t)K;
             qbuf_get(be, &sz, (void **)&xl, 1);
@@ -1333,6 +1342,120 @@ VNNI static float dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m51
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
 }
 
+/* Q4_0 decode with AVX-512 VNNI + VBMI, four blocks per zmm: one vpermt2b
+ * gathers the 4 x 16 code bytes of blocks 4g..4g+3 out of two 64-byte
+ * loads (the 18-byte blocks straddle them), their low nibbles (weights
+ * 0..15 of each block) and high nibbles (16..31) feed two vpdpbusd into the
+ * same accumulator against the activations laid out to match once per call
+ * (act4: [g][lo: x_b[0..15] of the 4 blocks | hi: x_b[16..31]]); lanes 4k..
+ * 4k+3 hold block 4g+k's integer sum, the -8 x sum offset sits in lane 4k
+ * of the starting accumulator (corr4). Per 8 blocks: 3 loads, the scale
+ * gather as in dot1z_q4_0, 2 byte permutes, 4 nibble ops, 4 vpdpbusd, then
+ * 2 x (permute of the scales, convert, FMA): about half the vector ops of
+ * dot1z_q4_0 (two blocks per zmm), whose per-core rate (~35 GB/s of Q4_0
+ * in L2) was barely above what one core streams from DRAM. Integer block
+ * sums are the same; only the order of the f32 sums differs. */
+/* Q8_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 32 code bytes
+ * (two 32-byte loads, +128 to make them unsigned) against the two blocks'
+ * activation codes laid out back to back once per call (act2: [x_b | x_b+1]),
+ * -128 x sum of each block in lanes 0 and 8 of the starting accumulator
+ * (corr2); lanes 0..7 hold block b's integer sum, 8..15 block b+1's, scaled
+ * by a permute of the 8 block scales. Per 2 blocks: 2 loads, insert, xor,
+ * vpdpbusd, permute, convert, FMA (dot1v_q8_0: 2 x (xor, vpdpbusd, permute,
+ * convert, FMA) on 256-bit halves). Integer block sums are unchanged. */
+VNNI static float dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 34 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i ofs = _mm512_set1_epi8((char)0x80);
+    const __m512i ix0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        KILN_PF(w + (size_t)BS * i);
+        KILN_PF(w + (size_t)BS * i + 64);
+        KILN_PF(w + (size_t)BS * i + 128);
+        KILN_PF(w + (size_t)BS * i + 192);
+        KILN_PF(w + (size_t)BS * i + 256);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        __m512i ix = ix0;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * p);
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                           _mm256_loadu_si256((const __m256i *)(b0 + BS + 2)), 1);
+            __m512i sm = _mm512_dpbusd_epi32(_mm512_load_si512(corr2 + i / 2 + p), _mm512_xor_si512(c, ofs), _mm512_load_si512(act2 + i / 2 + p));
+            __m512 sc = _mm512_permutexvar_ps(ix, dd);
+            if (p & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc0);
+            ix = _mm512_add_epi32(ix, two);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i sm = _mm256_dpbusd_epi32(lane0(-128 * a[i].sum), Q8U_CODES(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+/* widest rows (in blocks of 32) given to dot1q_q4_0: measured from DRAM
+ * (2 threads, 1.77 MB matrices) it is 4-10% faster than dot1z_q4_0 at
+ * K = 1024 and 1536, but 6% slower at K = 2048 and 20-28% slower at 3072
+ * and 4096 (one thread: 48 against 65 GMAC/s), though 25% faster at 3072
+ * in L2; not understood */
+#define Q4Q_MAX_NB 48
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+VBMI static float dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 18 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i idx9 = _mm512_setr_epi32(0x90000, 0x1b0012, 0x2d0024, 0x3f0036, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* byte indices into [64-byte load A | load B] of the 4 x 16 code bytes:
+     * blocks 0..3 from A = w, B = w + 64 (code bytes at 2 + 18 k + j);
+     * blocks 4..7 from A = w + 64, B = w + 128 (at 74 + 18 k + j: from A
+     * below 128, else B's byte - 128 + 64) */
+    static const uint8_t i0[64] __attribute__((aligned(64))) = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
+    static const uint8_t i1[64] __attribute__((aligned(64))) = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
+    const __m512i c0 = _mm512_load_si512(i0), c1 = _mm512_load_si512(i1);
+    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), four = _mm512_set1_epi32(4);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const uint8_t *b = w + (size_t)BS * i;
+        KILN_PF(b);
+        KILN_PF(b + 64);
+        KILN_PF(b + 128);
+        const __m512i L0 = _mm512_loadu_si512((const void *)b), L1 = _mm512_loadu_si512((const void *)(b + 64)),
+                      L2 = _mm512_maskz_loadu_epi8(0xffff, b + 128); /* bytes 128..143 only: no read past the group */
+        /* the 8 f16 block scales (words 0, 9, ..., 63), times the activation scales */
+        const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(L0, idx9, L1));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        const __m512i q0 = _mm512_permutex2var_epi8(L0, c0, L1), q1 = _mm512_permutex2var_epi8(L1, c1, L2);
+        __m512i t0 = _mm512_dpbusd_epi32(_mm512_load_si512(corr4 + i / 4), _mm512_and_si512(q0, m4), _mm512_load_si512(act4 + i / 2));
+        __m512i t1 = _mm512_dpbusd_epi32(_mm512_load_si512(corr4 + i / 4 + 1), _mm512_and_si512(q1, m4), _mm512_load_si512(act4 + i / 2 + 2));
+        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_load_si512(act4 + i / 2 + 1));
+        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), _mm512_load_si512(act4 + i / 2 + 3));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_permutexvar_ps(s0, dd), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_permutexvar_ps(_mm512_add_epi32(s0, four), dd), acc1);
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i sm = _mm256_dpbusd_epi32(lane0(-8 * a[i].sum), q4_codes(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+static int have_vbmi(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi");
+    }
+    return v;
+}
+
 static int have_vnni(void) {
     static int v = -1;
     if (v < 0) {
@@ -1357,6 +1480,7 @@ struct ijob {
     __m256i *corr; /* per block: lane 0 = -8 or -128 x the activation sum */
     float *xd;     /* per block: the activation scale */
     __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (dot1z_q4_0) */
+    __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (dot1q_q4_0) */
     /* GEMM */
     int R, NT, mode, ntile;
     void **scr;
@@ -1388,6 +1512,14 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         const int nblk = j->nblk;
         const float *bias = j->bias;
         float *out = j->out;
+        if (j->act4) {
+            for (int64_t r = r0; r < r1; r++) out[r] = dot1q_q4_0(W + (size_t)r * rb, j->corr4, j->act4, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
+        if (j->act2 && j->w->w.dtype == KILN_DTYPE_Q8_0) {
+            for (int64_t r = r0; r < r1; r++) out[r] = dot1w_q8_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
         if (j->act2) {
             for (int64_t r = r0; r < r1; r++) out[r] = dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
             return;
@@ -1434,8 +1566,12 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 /* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
 
-static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
-    const int K = w->n_in, N = w->n_out, nb = K / 32, nthr = cpu_n_threads(be);
+/* everything of an int8 matmul before its parallel part: the kernels for
+ * w's dtype, the activations quantized (once, into the backend's buffer)
+ * and, for the VNNI decode, the per-block vectors; returns whether it is
+ * the GEMM */
+static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
+    const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
     switch (w->w.dtype) {
@@ -1460,44 +1596,130 @@ static void matmul_int8(struct kiln_backend *be, float *out, const float *x, con
     const int nrow = gemm ? j.ntile * j.NT : n;
     /* VNNI decode (Q8_0 / Q4_0): per-block vectors built once per call */
     const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
-    const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0;
+    const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && have_vbmi();
+    const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
     {
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec ? sizeof(__m256i) * (size_t)nb : 0, dec ? sizeof(float) * (size_t)nb : 0,
-                              dec4 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 ? 64 * (size_t)(nb / 2 + 1) : 0};
+                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         qbuf_get(be, sz, ptr, 5);
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
-    if (gemm) {
-        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
-        j.scr_bytes = (size_t)nb * 36 * j.R;
-        cpu_parallel_for(be, (N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
-        free_scratch(j.scr, nthr);
-    } else {
-        if (dec) {
-            const int c = dec4 ? 8 : 128;
-            j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
-            for (int b = 0; b < nb; b++) {
-                int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
-                memcpy(&j.corr[b], v, sizeof v);
-                j.xd[b] = j.xa[b].d;
+    if (dec) {
+        const int c = dec4 ? 8 : 128;
+        j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
+        for (int b = 0; b < nb; b++) {
+            int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(&j.corr[b], v, sizeof v);
+            j.xd[b] = j.xa[b].d;
+        }
+        if (dec8) {
+            /* block pairs: [x_b | x_b+1] codes, -128 x sum in lanes 0 and 8 */
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 32), memcpy(d + 32, x1->qs, 32);
+                int32_t v[16] = {0};
+                v[0] = -128 * x0->sum, v[8] = -128 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
             }
-            if (dec4) {
-                for (int q = 0; q < nb / 2; q++) {
-                    const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
-                    int8_t *d = (int8_t *)&j.act2[q];
-                    memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
-                    int32_t v[16] = {0};
-                    v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
-                    memcpy(&j.corr2[q], v, sizeof v);
+        } else if (dec4q) {
+            /* groups of 4 blocks: [lo: x_b[0..15] x 4 | hi: x_b[16..31] x 4]
+             * (act2's space: 2 zmm per 2 blocks), corr4 in corr2's space */
+            j.act4 = j.act2, j.corr4 = j.corr2, j.act2 = j.corr2 = NULL;
+            for (int g = 0; g < nb / 4; g++) {
+                int8_t *lo = (int8_t *)&j.act4[2 * g], *hi = lo + 64;
+                int32_t v[16] = {0};
+                for (int k = 0; k < 4; k++) {
+                    const struct q8a *xb = &j.xa[4 * g + k];
+                    memcpy(lo + 16 * k, xb->qs, 16), memcpy(hi + 16 * k, xb->qs + 16, 16);
+                    v[4 * k] = -8 * xb->sum;
                 }
+                memcpy(&j.corr4[g], v, sizeof v);
+            }
+        } else if (dec4) {
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+                int32_t v[16] = {0};
+                v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
             }
         }
+    }
+    *jp = j;
+    return gemm;
+}
+
+/* rows per chunk of the decode's split runs: ~64 KiB of weights */
+static int64_t int8_chunk(const struct ijob *j) { return (int64_t)(64 << 10) / (int64_t)j->rb + 1; }
+
+static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    struct ijob j;
+    if (int8_setup(be, &j, out, x, w, n)) {
+        const int nthr = cpu_n_threads(be);
+        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+        j.scr_bytes = (size_t)j.nb * 36 * j.R;
+        cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        free_scratch(j.scr, nthr);
+    } else {
         /* one contiguous run of rows per thread (cpu_parallel_for_split),
          * stolen from in chunks of ~64 KiB of weights */
-        cpu_parallel_for_split(be, N, (int64_t)(64 << 10) / (int64_t)j.rb + 1, i_rows, &j);
+        cpu_parallel_for_split(be, j.N, int8_chunk(&j), i_rows, &j);
     }
+}
+
+int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count,
+                      int n) {
+    const struct qprep *p0 = ws[0]->be;
+    struct cpu_task t[MULTI_MAX];
+    if (count > MULTI_MAX) return 0;
+    if (p0->int8_act) {
+        /* the row-dot decode: x quantized once, the rows of all linears in one job */
+        struct ijob j[MULTI_MAX];
+        const int isa = cpu_isa();
+        if (isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN) return 0;
+        for (int i = 1; i < count; i++)
+            if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
+        if (int8_setup(be, &j[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+        for (int i = 0; i < count; i++) {
+            if (i) {
+                j[i] = j[0];
+                j[i].w = ws[i], j[i].out = outs[i], j[i].N = ws[i]->n_out;
+                j[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
+            }
+            t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
+        }
+        cpu_parallel_for_split_tasks(be, t, count, int8_chunk(&j[0]));
+        return 1;
+    }
+    /* the exact decode: x reordered once for the lookup kernels */
+    struct xjob j[MULTI_MAX];
+    const int K = ws[0]->n_in;
+    float *xl = NULL;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = ws[i]->be;
+        if ((ws[i]->fmt == KILN_WFMT_GPTQ || ws[i]->fmt == KILN_WFMT_AWQ) && p->grp.perm) return 0;
+        j[i] = (struct xjob){.w = ws[i], .p = p, .out = outs[i], .x = x, .bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL,
+                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa()};
+        if (!exact_fused(&j[i])) return 0;
+    }
+    for (int i = 0; i < count; i++) {
+        if (exact_lut(&j[i])) {
+            if (!xl) {
+                const size_t sz = sizeof(float) * (size_t)K;
+                qbuf_get(be, &sz, (void **)&xl, 1);
+                lut_order_512(xl, x, K);
+            }
+            j[i].xl = xl;
+            j[i].lut128 = lut128_ok(&j[i].p->grp);
+        }
+        t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
+    }
+    cpu_parallel_for_split_tasks(be, t, count, ((64 << 10) / ((int64_t)K * 4) + 1) * 4);
+    return 1;
 }
 
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
