@@ -8,6 +8,8 @@
  * feeding t's bytes to a copy of the state succeeds (EOS iff the object is
  * done). Random walks through a small hand-made vocabulary and through
  * Qwen3's real 151k-token vocabulary compare the two at every step.
+ * Last, the server's fast path for token-id prompts (params_scan_prompt_ids)
+ * against what cJSON makes of the same bodies.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -15,6 +17,9 @@
 
 #include "base/base.h"
 #include "engine/json_mask.h"
+#include "server/params.h"
+
+#include <cjson/cJSON.h>
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -278,7 +283,59 @@ static void test_mask_qwen(void) {
     tok_free(t);
 }
 
+/* ==== the server's token-id prompt scan ==== */
+
+/* scan a copy of body: the ids it must find (n = 0: must decline and leave
+ * the body alone); a taken body must parse with cJSON to the same members
+ * and an empty "prompt" */
+static void check_scan(const char *body, const int32_t *want, int n) {
+    size_t len = strlen(body);
+    char *b = kiln_malloc(len + 1);
+    memcpy(b, body, len + 1);
+    int32_t *ids = NULL;
+    int got_n = 0, took = params_scan_prompt_ids(b, len, &ids, &got_n);
+    if (!n) {
+        CHECK(!took && !strcmp(b, body), "declined and untouched: %s (took %d)", body, took);
+    } else {
+        int same = took && got_n == n;
+        for (int i = 0; same && i < n; i++) same = ids[i] == want[i];
+        CHECK(same, "ids of %s (took %d, %d ids)", body, took, got_n);
+        cJSON *a = cJSON_Parse(body), *c = cJSON_Parse(b);
+        CHECK(a && c && strlen(b) == len, "the blanked body parses: %s -> %s", body, b);
+        if (a && c) {
+            const cJSON *pc = cJSON_GetObjectItemCaseSensitive(c, "prompt");
+            CHECK(cJSON_IsArray(pc) && cJSON_GetArraySize(pc) == 0, "prompt blanked: %s", b);
+            cJSON_DeleteItemFromObjectCaseSensitive(a, "prompt");
+            cJSON_DeleteItemFromObjectCaseSensitive(c, "prompt");
+            CHECK(cJSON_Compare(a, c, 1), "the other members unchanged: %s -> %s", body, b);
+        }
+        cJSON_Delete(a), cJSON_Delete(c);
+    }
+    free(ids);
+    free(b);
+}
+
+static void test_prompt_scan(void) {
+    static const int32_t a[] = {1, 2, 30000}, b[] = {5, 6, 7}, z[] = {0, 151935, 2147483647};
+    check_scan("{\"model\": \"m\", \"prompt\": [1,2,30000], \"max_tokens\": 4}", a, 3);
+    /* brackets, quotes and the key itself inside other strings; odd spacing */
+    check_scan("{\"stop\": [\"\\\"prompt\\\": [9]\", \"]\"], \"x\": {\"prompt\": [8]},\n \"prompt\" :\t[ 5 ,6, 7 ] }", b, 3);
+    check_scan("{\"pr\\u006fmpt\": [1,2,30000]}", a, 3); /* the key as cJSON reads it */
+    check_scan("{\"prompt\":[0,151935,2147483647],\"stream\":true,\"stream_options\":{\"include_usage\":true}}", z, 3);
+    /* anything else is cJSON's to judge */
+    const char *no[] = {
+        "{\"prompt\": \"text\"}",           "{\"prompt\": [[1, 2]]}",      "{\"prompt\": [1, -2]}",
+        "{\"prompt\": [1, 2.5]}",          "{\"prompt\": [1, 2e3]}",     "{\"prompt\": [1, 2E3]}",
+        "{\"prompt\": []}",                "{\"prompt\": [1], \"prompt\": [2]}", "{\"x\": {\"prompt\": [1]}}",
+        "{\"prompt\": [1, 2}",             "{\"prompt\": [1]} x",        "[1, 2]",
+        "{\"prompt\": [2147483648]}",      "{\"prompt\": [1, \"2\"]}",   "{\"prompt\": [1,]}",
+        "",                                  "{\"prompt\": [1, null]}",
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) check_scan(no[i], NULL, 0);
+}
+
 void test_json(void) {
+    test_prompt_scan();
     test_validator();
     test_mask_tiny();
     test_mask_qwen();

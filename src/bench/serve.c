@@ -149,9 +149,13 @@ static char *completion_body(const char *model, const int32_t *ids, int n_ids, i
     free(ms);
     cJSON_Delete(m);
     sb_add(&b, ", \"prompt\": [", 13);
-    for (int i = 0; i < n_ids; i++) {
-        k = snprintf(tmp, sizeof tmp, "%s%d", i ? "," : "", ids[i]);
-        sb_add(&b, tmp, (size_t)k);
+    for (int i = 0; i < n_ids; i++) { /* digits by hand: snprintf per id cost ~1 ms of TTFT at 16k ids */
+        char d[12], *q = d + sizeof d;
+        uint32_t x = (uint32_t)ids[i];
+        do *--q = (char)('0' + x % 10), x /= 10;
+        while (x);
+        if (i) *--q = ',';
+        sb_add(&b, q, (size_t)(d + sizeof d - q));
     }
     k = snprintf(tmp, sizeof tmp,
                  "], \"max_tokens\": %d, \"min_tokens\": %d, \"ignore_eos\": true, \"temperature\": 0, \"stream\": true, "

@@ -472,13 +472,26 @@ static cJSON *final_response(struct job *j) {
 }
 
 static void handle_generate(struct openai_server *s, const struct http_request *rq, struct http_response *rs, int chat) {
-    cJSON *req = cJSON_ParseWithLength(rq->body, rq->body_len);
-    if (!req) return reply_error(rs, 400, NULL, "the body is not valid JSON");
+    /* a prompt of token ids is read by the JSON scanner, the rest by cJSON */
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    char *copy = NULL;
+    if (!chat) {
+        copy = kiln_malloc(rq->body_len + 1);
+        memcpy(copy, rq->body, rq->body_len + 1);
+        if (!params_scan_prompt_ids(copy, rq->body_len, &ids, &n_ids)) free(copy), copy = NULL;
+    }
+    cJSON *req = cJSON_ParseWithLength(copy ? copy : rq->body, rq->body_len);
+    free(copy);
+    if (!req) {
+        free(ids);
+        return reply_error(rs, 400, NULL, "the body is not valid JSON");
+    }
     struct job *j = kiln_calloc(1, sizeof *j);
     j->s = s;
     j->fd = rq->fd;
     struct param_error pe;
-    int rc = params_parse(&s->pc, req, chat, &j->p, &pe);
+    int rc = ids ? params_parse_ids(&s->pc, req, ids, n_ids, &j->p, &pe) : params_parse(&s->pc, req, chat, &j->p, &pe);
     cJSON_Delete(req);
     if (rc) {
         reply_error(rs, 400, pe.param, "%s", pe.msg);

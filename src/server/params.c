@@ -9,6 +9,7 @@
  * tool message without content gets "" (templates test it as a string).
  */
 #include "server/params.h"
+#include "tokenizer/json_scan.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -341,7 +342,78 @@ void params_free(struct gen_params *p) {
     memset(p, 0, sizeof *p);
 }
 
+static int parse(const struct params_ctx *c, const cJSON *req, int chat, struct prompt *pre, struct gen_params *p,
+                 struct param_error *e);
+
 int params_parse(const struct params_ctx *c, const cJSON *req, int chat, struct gen_params *p, struct param_error *e) {
+    return parse(c, req, chat, NULL, p, e);
+}
+
+int params_parse_ids(const struct params_ctx *c, const cJSON *req, int32_t *ids, int n, struct gen_params *p,
+                     struct param_error *e) {
+    struct prompt pre = {ids, n};
+    int rc = parse(c, req, 0, &pre, p, e);
+    free(pre.ids); /* NULL once the prompt list took it */
+    return rc;
+}
+
+/* the JSON scanner's walk of the top-level object: the one "prompt" member
+ * (a second one makes cJSON's first-wins rule matter: not taken) */
+int params_scan_prompt_ids(char *body, size_t len, int32_t **ids, int *n) {
+    struct js s;
+    js_init(&s, body, 0, len, 0);
+    const uint8_t *k, *a0 = NULL, *a1 = NULL;
+    size_t kl;
+    int first = 1, r = 0, cnt = 0, cap = 0, ok = 1;
+    int32_t *v = NULL;
+    if (js_peek(&s) != '{' || js_obj_open(&s)) ok = 0;
+    while (ok && (r = js_obj_next(&s, &first, &k, &kl)) == 1) {
+        if (kl == 6 && !memcmp(k, "prompt", 6)) {
+            if (a0 || js_peek(&s) != '[') {
+                ok = 0;
+                break;
+            }
+            a0 = s.p;
+            int f2 = 1, r2 = 0;
+            if (js_arr_open(&s)) ok = 0;
+            while (ok && (r2 = js_arr_next(&s, &f2)) == 1) {
+                const int c = js_peek(&s);
+                const uint8_t *n0 = s.p;
+                double d;
+                if (c < '0' || c > '9' || js_number(&s, &d) || d > 2147483647.0) {
+                    ok = 0;
+                    break;
+                }
+                for (const uint8_t *q = n0; q < s.p; q++) /* plain digits only: fractions and exponents go to cJSON */
+                    if (*q < '0' || *q > '9') ok = 0;
+                if (!ok) break;
+                if (cnt == cap) {
+                    cap = cap ? 2 * cap : 1024;
+                    v = kiln_realloc(v, sizeof *v * (size_t)cap);
+                }
+                v[cnt++] = (int32_t)d;
+            }
+            if (ok && r2 < 0) ok = 0;
+            a1 = s.p;
+        } else if (js_skip(&s, NULL)) {
+            ok = 0;
+        }
+    }
+    if (ok && (r < 0 || js_peek(&s) != -1)) ok = 0; /* an error, or bytes after the object */
+    ok = ok && a0 && cnt > 0;
+    js_free(&s);
+    if (!ok) {
+        free(v);
+        return 0;
+    }
+    /* "prompt": [ ... ] becomes "prompt": []       (same length) */
+    memset(body + (a0 - (const uint8_t *)body) + 1, ' ', (size_t)(a1 - a0) - 2);
+    *ids = v, *n = cnt;
+    return 1;
+}
+
+static int parse(const struct params_ctx *c, const cJSON *req, int chat, struct prompt *pre, struct gen_params *p,
+                 struct param_error *e) {
     memset(p, 0, sizeof *p);
     p->chat = chat;
     p->sp = sampling_default();
@@ -413,7 +485,14 @@ int params_parse(const struct params_ctx *c, const cJSON *req, int chat, struct 
     if (parse_logit_bias(c, req, p, e)) return -1;
     if (parse_response_format(c, req, p, e)) return -1;
     if (parse_tools(req, chat, p, e)) return -1;
-    if (chat ? chat_prompt(c, req, 1, p, e) : completion_prompt(c, req, p, e)) return -1;
+    if (pre) { /* the ids params_scan_prompt_ids took out of the body */
+        for (int i = 0; i < pre->n; i++)
+            if (pre->ids[i] >= c->vocab) return perr(e, "prompt", "'prompt' must hold token ids in [0, %d)", c->vocab);
+        *add_prompt(p, 1) = *pre;
+        pre->ids = NULL;
+    } else if (chat ? chat_prompt(c, req, 1, p, e) : completion_prompt(c, req, p, e)) {
+        return -1;
+    }
     if ((long long)p->n_prompts * p->n > PARAMS_MAX_CHOICES)
         return perr(e, "n", "%d prompts x n = %d choices: at most %d in one request", p->n_prompts, p->n_prompts * p->n, PARAMS_MAX_CHOICES);
     const char *what = chat ? "messages" : "prompt";

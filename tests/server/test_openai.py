@@ -283,6 +283,8 @@ def test_bad_json_and_types(srv, client, model):
         ("/v1/completions", {"prompt": 42}),
         ("/v1/completions", {"prompt": [1, -5]}),
         ("/v1/completions", {"prompt": [1, 10**9]}),
+        ("/v1/completions", {"prompt": [1, 2], "max_tokens": "x"}),
+        ("/v1/completions", {"prompt": [1, 2.5]}),
         ("/v1/completions", {"prompt": "x", "max_tokens": 5, "min_tokens": 9}),
         ("/v1/completions", {"prompt": ""}),
         ("/v1/chat/completions", {"messages": []}),

@@ -475,7 +475,7 @@ static int flash_blocks_per_sm(void) {
 }
 
 int cu_flash_blocks_per_sm(int hd, int hg) {
-    if (hd == 128 && hg == 2 && cu_flash_wg_ok()) return 1; /* k_flash_wg: 160 KB of shared memory */
+    if (hd == 128 && hg == 2 && cu_flash_wg_ok()) return 1; /* k_flash_wg(2): 160 (230) KB of shared memory */
     switch (hd * 4 + (hg == 2 ? 2 : 1)) {
     case 16 * 4 + 1: return flash_blocks_per_sm<16, 1>();
     case 32 * 4 + 1: return flash_blocks_per_sm<32, 1>();

@@ -540,6 +540,8 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         const int wg = (c->fa_hd == 128 || c->fa_hd == 0) && cu_flash_wg_ok();
         const int hg_min = hm && *hm ? atoi(hm) : wg ? FA_WG_HG_MIN_KB : FA_HG_MIN_KB;
         c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && J >= hg_min ? 2 : 1;
+        const char *ov = getenv("KILN_CUDA_FA_OVERLAP"); /* A/B timing: 0 never, 1 always */
+        c->fa_ovl_run = ov && *ov ? *ov != '0' : J >= FA_WG_OVL_MIN_KB;
         cb = fa_split_kb(c, b, n_tiles, J);
         for (int s = 0; s < S; s++)
             for (int m0 = 0; m0 < b->seqs[s].n; m0 += FA_BM) {

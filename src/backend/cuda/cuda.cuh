@@ -92,6 +92,11 @@ struct cu_moe_tab {
 /* the same where the two heads run on the wgmma kernel (flash_wg.cu): 512
  * keys (H200, 0.6B pp1024 218k -> 253k tok/s, 8B 38.2k -> 39.6k) */
 #define FA_WG_HG_MIN_KB 8
+/* k_flash_wg2 overlaps each warpgroup's softmax with its own P V product
+ * (flash_wg.cu) where the longest tile walks this many key blocks (2,048
+ * keys); below, the prologue costs more than the overlap saves (H200,
+ * 0.6B pp1024: 287k without, 277k with) */
+#define FA_WG_OVL_MIN_KB 32
 /* split-KV of the flash kernel (cuda.cu cu_begin plans it, attention.cu
  * describes it): a chunk walks at least FA_SPLIT_MIN_KB key blocks (512
  * keys), a tile is cut into at most FA_SPLIT_MAX chunks */
@@ -125,6 +130,7 @@ struct cuda_ctx {
     int fa_slots; /* partial slots of the split entries (0: no tile is split) */
     int fa_heads, fa_hd, fa_hg; /* q heads, head_dim, most q heads per flash block (1, 2) of the last attention call, for cu_begin's plan (0: unknown) */
     int fa_hg_run; /* q heads per flash block in this batch (cu_begin: 2 if fa_hg allows and the longest tile is long) */
+    int fa_ovl_run; /* k_flash_wg2 with the in-warpgroup overlap in this batch (cu_begin: the longest tile is long) */
 
     /* scratch: grown on demand, counted as workspace */
     float *att_part;  size_t att_part_cap;  /* split-K partials (row kernel and split flash entries) */

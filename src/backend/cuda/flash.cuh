@@ -76,16 +76,21 @@ __device__ __forceinline__ void flash_part_merge(const float *part, int j0, int 
 
 /* the split group's counter: true in the last of the group's blocks to get
  * here (which also zeroes the counter for the next launch). Every thread of
- * the block calls it after storing its slot. */
-__device__ __forceinline__ bool flash_group_last(int *done, int idx, int n_sp) {
+ * the block calls it after storing its slot; or, with bar > 0, threads
+ * 0 .. nthr - 1 only, meeting at named barrier `bar`. */
+__device__ __forceinline__ void flash_bar(int bar, int nthr) {
+    if (bar) asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(nthr) : "memory");
+    else __syncthreads();
+}
+__device__ __forceinline__ bool flash_group_last(int *done, int idx, int n_sp, int bar = 0, int nthr = 0) {
     __shared__ int last;
     __threadfence();
-    __syncthreads();
+    flash_bar(bar, nthr);
     if (threadIdx.x == 0) {
         last = atomicAdd(&done[idx], 1) == n_sp - 1;
         if (last) done[idx] = 0; /* every block of the group has counted */
     }
-    __syncthreads();
+    flash_bar(bar, nthr);
     if (last) __threadfence();
     return last;
 }

@@ -68,6 +68,7 @@ __device__ __forceinline__ uint64_t wg_desc(unsigned addr, unsigned lbo, unsigne
 __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0(void) { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1(void) { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 /* the accumulators are written asynchronously: keep the compiler from
  * moving their reads and writes across the wait */
@@ -283,32 +284,117 @@ __global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, flo
 
 
 /*
- * k_flash_wg2: k_flash_wg with FlashAttention-3's schedule. 288 threads:
- * warpgroups 0 and 1 compute (one q head each, as above); one thread of
- * warp 8 loads. Per 128-key step it asks the copy engine (TMA) for the
- * step's pages: boxes of BR = min(P, 64) keys x 64 columns (two per key
- * range: the two column halves), of K and of V, from 2-d tensor maps over
- * the layer's cache viewed as (n_pages * n_head_kv * P) rows of head_dim,
- * landing in the 128-byte swizzle; the stage's "full" mbarrier expects the
- * bytes. Boxes past the entry's last key are not loaded: the stage keeps
+ * k_flash_wg2: k_flash_wg with FlashAttention-3's schedule. Warpgroups 0
+ * and 1 compute (one q head each, as above); warp 8 loads: per 128-key
+ * step, lane j asks the copy engine (TMA) for box j of the step's keys:
+ * BR = min(P, 64) keys x 64 columns, twice (the two column halves), of K
+ * and of V, from 2-d tensor maps over the layer's cache viewed as
+ * (n_pages * n_head_kv * P) rows of head_dim, landing in the 128-byte
+ * swizzle; lane 0 tells the stage's "full" mbarrier how many bytes to
+ * expect. Boxes past the entry's last key are not loaded: the stage keeps
  * what it held (zeroed at the start, then finite cache values), masked
  * like the keys past the entry inside a loaded box (the cache is zeroed
  * when allocated, so never-written slots are finite too). A computing
  * warpgroup waits on "full", and after its P V product arrives on the
  * stage's "empty" mbarrier, which the loader waits on before refilling.
  * No block barrier in the loop; two named barriers make the warpgroups
- * take turns issuing S = Q K^T, so one's softmax runs under the other's
- * MMAs (measured level with letting them run free, KILN_CUDA_FA_PINGPONG=0:
- * 13.87 / 13.93 against 13.78 / 13.77 ms in the cached-prefix case; kept,
- * being what make test-cuda ran). Softmax: the scale folds into the exponent's FMA (the max is taken
- * on the raw scores), ex2.approx.ftz, the row sums stay per thread until
- * the end, and O is rescaled only when some row's max moved.
+ * take turns issuing their MMAs, so one's softmax runs under the other's
+ * (measured level with letting them run free, KILN_CUDA_FA_PINGPONG=0).
+ * Softmax: the scale folds into the exponent's FMA (the max is taken on
+ * the raw scores), ex2.approx.ftz, the row sums stay per thread until the
+ * end, and O is rescaled only when some row's max moved. The loader warp
+ * returns when its loads are issued; the computing warps meet at named
+ * barrier 5 for the split merge.
+ *
+ * OVL (long tiles, cu_begin's fa_ovl_run): also the in-warpgroup overlap.
+ * A warpgroup issues S of step i + 1 and then P V of step i, waits for S
+ * alone (wait_group 1), and runs step i + 1's softmax while P V of step i
+ * is on the tensor cores; then O is rescaled and the new P packed. That
+ * holds S, O and P in registers at once (~190 per thread), more than the
+ * 168 a 288-thread block gets (three warps share a scheduler's 16K): the
+ * block is 384 threads, and setmaxnreg gives the loader warpgroup 40
+ * registers and the computing ones 232 (ptxas honours it only because the
+ * loader never reaches the code after the branch).
+ * H200, 250 new tokens after 15,750 cached on Qwen3-8B: 12.2 ms with the
+ * overlap, 12.6 without, 13.7 with the single-thread loader before it.
  */
 #define WG2_NS 3
 #define WG2_SMEM (WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES + 1024 + 64)
 
+#ifdef KILN_WGMMA
+/* S = Q K^T of one 128-key step: 8 wgmma over head_dim (issued only) */
+__device__ __forceinline__ void wg2_scores(float (&sc)[16][4], unsigned qa, unsigned ka) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
+                 wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+}
+
+/* O += P V of one step: 8 wgmma over its keys (issued only) */
+__device__ __forceinline__ void wg2_pv(float (&o)[16][4], const unsigned (&pa)[8][4], unsigned va) {
+#pragma unroll
+    for (int j = 0; j < WG_BN / 16; j++) wgmma_rs(o, pa[j], wg_desc(va + j * 16 * 128, WG_BN * 128, 1024), 1);
+}
+
+/* online softmax of one step, in place (sc: raw scores in, p out): mask,
+ * the max on raw scores (scaled after), p = 2^(s * sl2 - m) with the scale
+ * folded into the FMA, per-thread row sums; a0/a1 rescale the rows' O */
 template <bool SPLIT>
-__global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
+__device__ __forceinline__ void wg2_softmax(float (&sc)[16][4], float (&mr)[2], float (&lr)[2], float &a0, float &a1, int key0,
+                                            int p_lo, int k_end, int p0, int p1, int t4, float sl2) {
+    if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = key0 + j * 8 + 2 * t4 + (e & 1);
+                if (!(key < k_end && key <= (e < 2 ? p0 : p1))) sc[j][e] = -INFINITY;
+            }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(mr[0], mx0 * sl2), mn1 = fmaxf(mr[1], mx1 * sl2);
+    /* a split chunk may start past a row's position: m stays -inf there
+     * and 0 is subtracted (p = 0, l = 0) */
+    const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+    a0 = ex2(mr[0] - b0), a1 = ex2(mr[1] - b1);
+    mr[0] = mn0, mr[1] = mn1;
+    float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        sc[j][0] = ex2(fmaf(sc[j][0], sl2, -b0)), sc[j][1] = ex2(fmaf(sc[j][1], sl2, -b0));
+        sc[j][2] = ex2(fmaf(sc[j][2], sl2, -b1)), sc[j][3] = ex2(fmaf(sc[j][3], sl2, -b1));
+        ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
+    }
+    lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1; /* this thread's columns; summed over the quad at the end */
+}
+
+/* p rounded to bf16 in the A-operand register layout */
+__device__ __forceinline__ void wg2_pack(unsigned (&pa)[8][4], const float (&sc)[16][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        pa[j][0] = pack_bf16(sc[2 * j][0], sc[2 * j][1]);
+        pa[j][1] = pack_bf16(sc[2 * j][2], sc[2 * j][3]);
+        pa[j][2] = pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+        pa[j][3] = pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+    }
+}
+
+/* O's rows times the step's factors, skipped when no row's max moved */
+__device__ __forceinline__ void wg2_rescale(float (&o)[16][4], float a0, float a1) {
+    if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+    }
+}
+
+#endif
+
+template <bool SPLIT, bool OVL>
+__global__ void __launch_bounds__(OVL ? 384 : 288, 1) k_flash_wg2(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
                                                       const bf16 *__restrict__ q, const __grid_constant__ CUtensorMap kmap,
                                                       const __grid_constant__ CUtensorMap vmap, const int *__restrict__ tiles,
                                                       const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
@@ -343,26 +429,21 @@ __global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, fl
 
     float o[16][4], lr[2] = {0.f, 0.f};
     if (wg == 2) {
-        if (tid == 256) {
+        if (OVL) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp == 0) { /* warp 8: lane j loads box j of each step (at most 16) */
             const int BR = P < 64 ? P : 64;
             for (int i = 0; i < n_step; i++) {
-                const int st = i % WG2_NS, key0 = (kb0 + 2 * i) * FA_BN;
-                int nb = 0, row[WG_BN / 8];
-#pragma unroll
-                for (int j = 0; j < WG_BN / 8; j++) { /* the step's pages first: their loads overlap */
-                    const int tk = key0 + j * BR;
-                    row[j] = j * BR < WG_BN && tk < k_end ? pages[poff + (tk >> ps)] : -1;
-                }
+                const int st = i % WG2_NS, key0 = (kb0 + 2 * i) * FA_BN, tk = key0 + lane * BR;
+                /* the page first: its load overlaps the wait */
+                const int row = lane * BR < WG_BN && tk < k_end ? pages[poff + (tk >> ps)] : -1;
                 if (i >= WG2_NS) mbar_wait(bar_empty + 8 * st, (i / WG2_NS - 1) & 1);
-#pragma unroll
-                for (int j = 0; j < WG_BN / 8; j++) nb += row[j] >= 0;
+                const unsigned nb = __popc(__ballot_sync(0xffffffffu, row >= 0));
                 const unsigned K = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, V = K + WG_T_BYTES, full = bar_full + 8 * st;
-                mbar_arrive_tx(full, (unsigned)nb * BR * D * 2 * 2);
-#pragma unroll
-                for (int j = 0; j < WG_BN / 8; j++) {
-                    if (row[j] < 0) continue;
-                    const int r = (row[j] * nkv + kh) * P + ((key0 + j * BR) & (P - 1));
-                    const unsigned off = j * BR * 128;
+                if (lane == 0) mbar_arrive_tx(full, nb * BR * D * 2 * 2);
+                __syncwarp();
+                if (row >= 0) {
+                    const int r = (row * nkv + kh) * P + (tk & (P - 1));
+                    const unsigned off = lane * BR * 128;
                     tma_load_2d(K + off, &kmap, 0, r, full);
                     tma_load_2d(K + WG_BN * 128 + off, &kmap, 64, r, full);
                     tma_load_2d(V + off, &vmap, 0, r, full);
@@ -370,7 +451,10 @@ __global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, fl
                 }
             }
         }
+        return; /* the consumers finish on their own (named barrier 5), so the
+                 * loader's registers are never needed again */
     } else {
+        if (OVL) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         /* this warpgroup's Q (rows past n repeat row n - 1) */
         for (int i = x; i < FA_BM * 16; i += 128) {
             const int r = i >> 4, c = i & 15;
@@ -388,81 +472,92 @@ __global__ void __launch_bounds__(288, 1) k_flash_wg2(bf16 *__restrict__ out, fl
         for (int i = 0; i < 16; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) o[i][e] = sc[i][e] = 0.f;
-        for (int i = 0; i < n_step; i++) {
-            const int st = i % WG2_NS, kb = kb0 + 2 * i;
-            mbar_wait(bar_full + 8 * st, (i / WG2_NS) & 1);
-            const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
-            if (pp && (wg == 1 || i > 0)) bar_sync(1 + wg, 256); /* my turn: the other issued its step before */
+        if (!OVL) {
+            for (int i = 0; i < n_step; i++) {
+                const int st = i % WG2_NS;
+                const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES;
+                mbar_wait(bar_full + 8 * st, (i / WG2_NS) & 1);
+                if (pp && (wg == 1 || i > 0)) bar_sync(1 + wg, 256); /* my turn: the other issued its step before */
+                wg_fence();
+                wg2_scores(sc, qa, ka);
+                wg_commit();
+                if (pp && (wg == 0 || i + 1 < n_step)) bar_arrive(2 - wg, 256); /* the other's turn */
+                wg_wait0();
+                wg_keep(sc);
+                float a0, a1;
+                wg2_softmax<SPLIT>(sc, mr, lr, a0, a1, (kb0 + 2 * i) * FA_BN, p_lo, k_end, p0, p1, t4, sl2);
+                unsigned pa[8][4];
+                wg2_pack(pa, sc);
+                wg2_rescale(o, a0, a1);
+                wg_fence();
+                wg2_pv(o, pa, ka + WG_T_BYTES);
+                wg_commit();
+                wg_wait0();
+                wg_keep(o);
+                mbar_arrive(bar_empty + 8 * st);
+            }
+        } else if (n_step > 0) {
+            /* in-warpgroup overlap: the launch unit u issues S of step u
+             * and P V of step u - 1; S of step u is waited for alone
+             * (wait_group 1) and its softmax runs while P V of step u - 1
+             * is on the tensor cores; then O is rescaled and P packed. The
+             * turn-taking covers units 0 .. n_step. */
+            unsigned pa[8][4];
+            mbar_wait(bar_full, 0);
+            if (pp && wg == 1) bar_sync(2, 256);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
-                         wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+            wg2_scores(sc, qa, sm_a + WG_Q_BYTES);
             wg_commit();
-            if (pp && (wg == 0 || i + 1 < n_step)) bar_arrive(2 - wg, 256); /* the other's turn */
+            if (pp) bar_arrive(2 - wg, 256);
             wg_wait0();
             wg_keep(sc);
-
-            /* mask on raw scores; the max on raw scores, scaled after */
-            const int key0 = kb * FA_BN;
-            if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int key = key0 + j * 8 + 2 * t4 + (e & 1);
-                        if (!(key < k_end && key <= (e < 2 ? p0 : p1))) sc[j][e] = -INFINITY;
-                    }
+            {
+                float a0, a1; /* O is still zero: nothing to rescale */
+                wg2_softmax<SPLIT>(sc, mr, lr, a0, a1, kb0 * FA_BN, p_lo, k_end, p0, p1, t4, sl2);
             }
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(mr[0], mx0 * sl2), mn1 = fmaxf(mr[1], mx1 * sl2);
-            /* a split chunk may start past a row's position: m stays -inf
-             * there and 0 is subtracted (p = 0, l = 0) */
-            const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
-            const float a0 = ex2(mr[0] - b0), a1 = ex2(mr[1] - b1);
-            mr[0] = mn0, mr[1] = mn1;
-            float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                sc[j][0] = ex2(fmaf(sc[j][0], sl2, -b0)), sc[j][1] = ex2(fmaf(sc[j][1], sl2, -b0));
-                sc[j][2] = ex2(fmaf(sc[j][2], sl2, -b1)), sc[j][3] = ex2(fmaf(sc[j][3], sl2, -b1));
-                ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
+            wg2_pack(pa, sc);
+            for (int i = 0; i + 1 < n_step; i++) { /* units 1 .. n_step - 1 */
+                const int st = i % WG2_NS, s1 = (i + 1) % WG2_NS;
+                mbar_wait(bar_full + 8 * s1, ((i + 1) / WG2_NS) & 1);
+                if (pp) bar_sync(1 + wg, 256);
+                wg_fence();
+                wg2_scores(sc, qa, sm_a + WG_Q_BYTES + s1 * 2 * WG_T_BYTES);
+                wg_commit();
+                wg2_pv(o, pa, sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES + WG_T_BYTES);
+                wg_commit();
+                if (pp) bar_arrive(2 - wg, 256);
+                wg_wait1();
+                wg_keep(sc);
+                float a0, a1;
+                wg2_softmax<SPLIT>(sc, mr, lr, a0, a1, (kb0 + 2 * (i + 1)) * FA_BN, p_lo, k_end, p0, p1, t4, sl2);
+                wg_wait0();
+                wg_keep(o);
+                mbar_arrive(bar_empty + 8 * st);
+                wg2_rescale(o, a0, a1);
+                wg2_pack(pa, sc);
             }
-            lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1; /* this thread's columns; summed over the quad at the end */
-            unsigned pa[8][4];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                pa[j][0] = pack_bf16(sc[2 * j][0], sc[2 * j][1]);
-                pa[j][1] = pack_bf16(sc[2 * j][2], sc[2 * j][3]);
-                pa[j][2] = pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-                pa[j][3] = pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+            { /* unit n_step: the last P V */
+                const int st = (n_step - 1) % WG2_NS;
+                if (pp) bar_sync(1 + wg, 256);
+                wg_fence();
+                wg2_pv(o, pa, sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES + WG_T_BYTES);
+                wg_commit();
+                if (pp && wg == 0) bar_arrive(2, 256);
+                wg_wait0();
+                wg_keep(o);
+                mbar_arrive(bar_empty + 8 * st);
             }
-            if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
-            }
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < WG_BN / 16; j++) wgmma_rs(o, pa[j], wg_desc(va + j * 16 * 128, WG_BN * 128, 1024), 1);
-            wg_commit();
-            wg_wait0();
-            wg_keep(o);
-            mbar_arrive(bar_empty + 8 * st);
         }
         lr[0] += __shfl_xor_sync(0xffffffffu, lr[0], 1), lr[0] += __shfl_xor_sync(0xffffffffu, lr[0], 2);
         lr[1] += __shfl_xor_sync(0xffffffffu, lr[1], 1), lr[1] += __shfl_xor_sync(0xffffffffu, lr[1], 2);
-        if (SPLIT && ent[4] >= 0) flash_part_store<D>(part, ent[4] + ent[5], n_head, h0 + wg, x, o, mr, lr);
+        if (SPLIT && ent[4] >= 0) {
+            const int j0 = ent[4], n_sp = ent[6];
+            flash_part_store<D>(part, j0 + ent[5], n_head, h0 + wg, x, o, mr, lr);
+            if (!flash_group_last(done, j0 * n_head + h0, n_sp, 5, 256)) return;
+            flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
+        }
+        flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
     }
-    if (SPLIT && ent[4] >= 0) {
-        const int j0 = ent[4], n_sp = ent[6];
-        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
-        if (wg < 2) flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
-    }
-    if (wg < 2) flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
 #else
     __trap();
 #endif
@@ -503,8 +598,10 @@ int cu_flash_wg_ok(void) {
         if (ok) {
             CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
             CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
-            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
+            CUDA_CHECK(cudaFuncSetAttribute(k_flash_wg2<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG2_SMEM));
         }
     }
     const char *e = getenv("KILN_CUDA_FA_WG");
@@ -523,12 +620,13 @@ void cu_flash_wg_launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
         while ((1 << ps) < P) ps++;
         const char *pe = getenv("KILN_CUDA_FA_PINGPONG");
         const int pp = !(pe && *pe == '0');
-        if (part)
-            cu_launch(c->stream, k_flash_wg2<true>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
-                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2, pp);
-        else
-            cu_launch(c->stream, k_flash_wg2<false>, grid, 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
-                      (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2, pp);
+        const int ovl = c->fa_ovl_run;
+        /* the four instances take the same arguments */
+        decltype(&k_flash_wg2<true, true>) k =
+            part ? (ovl ? k_flash_wg2<true, true> : k_flash_wg2<true, false>)
+                 : (ovl ? k_flash_wg2<false, true> : k_flash_wg2<false, false>);
+        cu_launch(c->stream, k, grid, ovl ? 384 : 288, WG2_SMEM, out, part, cnt, q, km, vm, (const int *)c->fa_tiles,
+                  (const int *)c->d_seq, (const int *)c->d_pages, n_head, kv->n_head_kv, P, ps, sl2, pp);
         CU_LAUNCHED();
         return;
     }
