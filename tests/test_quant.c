@@ -120,6 +120,12 @@ static void test_pairs(void) {
         const char *q = cJSON_GetArrayItem(p, 0)->valuestring;
         if (strstr(q, ".gguf") && (strstr(q, "q8_0") || strstr(q, "q4_0") || strstr(q, "kmix")))
             compare(q, cJSON_GetArrayItem(p, 1)->valuestring, -0.04f, "int8");
+        /* GPTQ / AWQ 4-bit (g32/g64/g128, per-channel, sym/asym, act-order,
+         * MoE) on the int8-activation path: the same per-block rounding of
+         * x as the GGUF blocks (the weights' s and b enter in f32), so the
+         * same bound */
+        if ((strstr(q, "gptq") || strstr(q, "awq")) && strstr(q, "int4"))
+            compare(q, cJSON_GetArrayItem(p, 1)->valuestring, -0.04f, "int8");
     }
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(m, "gguf_vs_st")) {
         compare(cJSON_GetArrayItem(p, 0)->valuestring, cJSON_GetArrayItem(p, 1)->valuestring, (float)cJSON_GetArrayItem(p, 2)->valuedouble,
@@ -203,13 +209,20 @@ static void test_qgemm(void) {
     const int saved = cpu_isa();
     struct {
         const char *fmt;
-        int N, K, f32act, group;
-    } cs[] = {{"q8_0", 37, 320, 0, 64},      {"q4_0", 37, 320, 0, 64},      {"q8_0", 53, 96, 0, 64},  {"q4_0", 16, 64, 0, 64},
-              {"q4_k", 21, 512, 0, 64},      {"q8_0", 37, 320, 1, 64},      {"gptq-int4", 40, 320, 0, 64},
-              {"gptq-int8", 24, 192, 0, 64}, {"awq", 40, 320, 0, 64},       {"fp8", 37, 320, 0, 64},
-              {"gptq-int4", 40, 384, 0, 128}, {"awq", 24, 512, 0, 256},     {"q4_0", 45, 1056, 0, 64},
+        int N, K, f32act, group, asym; /* asym: 1 random zero points, 2 and act-order (a random g_idx) */
+    } cs[] = {{"q8_0", 37, 320, 0, 64, 0},      {"q4_0", 37, 320, 0, 64, 0},      {"q8_0", 53, 96, 0, 64, 0},  {"q4_0", 16, 64, 0, 64, 0},
+              {"q4_k", 21, 512, 0, 64, 0},      {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
+              {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
+              {"gptq-int4", 40, 384, 0, 128, 0}, {"awq", 24, 512, 0, 256, 0},     {"q4_0", 45, 1056, 0, 64, 0},
               /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */
-              {"q8_0", 1000, 256, 0, 64},    {"q4_0", 1900, 256, 0, 64},    {"gptq-int4", 600, 256, 0, 128}};
+              {"q8_0", 1000, 256, 0, 64, 0},    {"q4_0", 1900, 256, 0, 64, 0},    {"gptq-int4", 600, 256, 0, 128, 0},
+              /* GPTQ / AWQ 4-bit on int8 activations: K of 11 blocks (a VNNI decode step of 3 blocks at the end),
+               * groups 32/64/128/per-channel, K = 1024 / 2048 for the g128 run-of-rows kernel, zero points
+               * random, act-order; the f32 pair checks the exact path did not move */
+              {"gptq-int4", 40, 352, 0, 32, 1},  {"gptq-int4", 41 * 8, 352, 0, 64, 2}, {"gptq-int4", 24, 1024, 0, 128, 1},
+              {"gptq-int4", 48, 2048, 0, 128, 2}, {"gptq-int4", 40, 640, 0, 128, 0},   {"awq", 40, 352, 0, 32, 0},
+              {"awq", 24, 1024, 0, 128, 0},       {"gptq-int4", 16, 256, 0, 0, 1},     {"gptq-int4", 600, 1024, 0, 128, 1},
+              {"gptq-int4", 40, 1024, 1, 128, 2}};
     static const int ns[] = {1, 3, 8, 13, 37};
     const int maxn = 37;
     struct kiln_rng r;
@@ -221,6 +234,19 @@ static void test_qgemm(void) {
         struct qlinear w = {.n_out = N, .n_in = K};
         int rc = quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 300 + c, 0.05f, test_alloc, &owned, err, sizeof err);
         CHECK(rc == 0, "%s: %s", cs[c].fmt, err);
+        int32_t *gidx = NULL;
+        if (rc == 0 && cs[c].asym) /* random 4-bit zero points */
+            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
+        if (rc == 0 && cs[c].asym == 2) {
+            /* act-order: input channel order shuffled, each group keeps its size */
+            gidx = kiln_malloc(sizeof(int32_t) * K);
+            for (int k = 0; k < K; k++) gidx[k] = k / w.group;
+            for (int k = K - 1; k > 0; k--) {
+                int o = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1)), t = gidx[k];
+                gidx[k] = gidx[o], gidx[o] = t;
+            }
+            w.g_idx = (struct ktensor){KILN_DTYPE_I32, 1, K, gidx, NULL};
+        }
         float *bias = kiln_malloc(sizeof(float) * N);
         for (int i = 0; i < N; i++) bias[i] = kiln_rng_normal(&r);
         if (c & 1) w.bias = (struct ktensor){KILN_DTYPE_F32, 1, N, bias, NULL};
@@ -240,6 +266,43 @@ static void test_qgemm(void) {
                     }
                 cpu_set_isa(CPU_ISA_SCALAR);
                 be->matmul(be, ref, x, &w, n);
+                if (cs[c].asym || cs[c].group == 32) {
+                    /* the scalar path itself against the dequantized weights (zero points and
+                     * act-order included). Exact: 1e-5 x sum |w x|. int8 activations: x_i is
+                     * rounded to d q_i, d = amax / 127 of its block of 32, so |x_i - d q_i| <=
+                     * d / 2 and each output moves by at most sum_blocks d_b / 2 sum_{i in b} |w_i|
+                     * (plus the same 1e-5 x sum |w x| of f32 rounding): a worst-case bound, not a
+                     * fitted one. Blocks are taken in the order the kernel quantizes (act-order:
+                     * x permuted by the sorted g_idx). */
+                    int *ord = kiln_malloc(sizeof(int) * K);
+                    for (int k = 0, o = 0; gidx && o < K / w.group + 1; o++)
+                        for (int kk = 0; kk < K; kk++)
+                            if (gidx[kk] == o) ord[k++] = kk;
+                    if (!gidx)
+                        for (int k = 0; k < K; k++) ord[k] = k;
+                    double worst = 0;
+                    for (int t = 0; t < n; t++)
+                        for (int o = 0; o < N; o++) {
+                            double d = w.bias.data ? bias[o] : 0, bound = 0, a = 0;
+                            for (int b0 = 0; b0 < K; b0 += 32) {
+                                double amax = 0, sw = 0;
+                                for (int i = b0; i < b0 + 32; i++) {
+                                    const int k = ord[i];
+                                    amax = fmax(amax, fabs(x[(size_t)t * K + k])), sw += fabs(W[(size_t)o * K + k]);
+                                }
+                                bound += amax / 127 / 2 * sw;
+                            }
+                            for (int k = 0; k < K; k++)
+                                d += (double)W[(size_t)o * K + k] * x[(size_t)t * K + k], a += fabs(W[(size_t)o * K + k] * x[(size_t)t * K + k]);
+                            const double tol = (cs[c].f32act ? 0 : bound) + 1e-5 * a + 1e-6 * scale;
+                            worst = fmax(worst, fabs(d - ref[(size_t)t * N + o]) / tol);
+                        }
+                    free(ord);
+                    CHECK(worst <= 1, "scalar %s g%d asym %d N=%d K=%d n=%d: |delta| vs dequantized at %.3g of its bound", cs[c].fmt,
+                          cs[c].group, cs[c].asym, N, K, n, worst);
+                    if (getenv("KILN_TEST_VERBOSE") && n == 37)
+                        fprintf(stderr, "  qgemm %s g%d asym %d K=%d: |delta| vs dequantized at %.3g of the rounding bound\n", cs[c].fmt, cs[c].group, cs[c].asym, K, worst);
+                }
                 for (int isa = CPU_ISA_AVX2; isa <= cpu_isa_max(); isa++) {
                     cpu_set_isa(isa);
                     memset(out, 0xff, sizeof(float) * (size_t)n * N); /* NaN: every output must be written */
@@ -255,7 +318,7 @@ static void test_qgemm(void) {
         }
         unsetenv("KILN_QACT");
         for (int i = 0; owned[i]; i++) free(owned[i]);
-        free(owned), free(bias);
+        free(owned), free(bias), free(gidx);
     }
     cpu_set_isa(saved);
     be->destroy(be);
