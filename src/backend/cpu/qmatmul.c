@@ -8,7 +8,8 @@
  * Two numerics, both reading the weights as stored (or as repacked once at
  * load, for GPTQ/AWQ: format/quant.h struct qgrp):
  *
- *   exact   (FP8, GPTQ, AWQ; GGUF Q5_0/Q5_1, or any GGUF with KILN_QACT=f32)
+ *   exact   (FP8, GPTQ/AWQ 8-bit or with groups the int8 path cannot take;
+ *           GGUF Q5_0/Q5_1; anything with KILN_QACT=f32)
  *           f32 activations, weights dequantized to f32 (w = s * q + b), f32
  *           products: equal to the dequantized weights' matmul up to f32
  *           summation order.
@@ -21,7 +22,9 @@
  *               (AVX-512 12 x 32, AVX2 6 x 16);
  *             otherwise (scalar, n 5..7): one row dequantized to scratch and
  *               matmul.c's f32 dots.
- *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way)
+ *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way; GPTQ
+ *           and AWQ 4-bit with groups of 32, 64 or k x 128: its own section,
+ *           "GPTQ / AWQ 4-bit with int8 activations", below)
  *           activations quantized once per call to int8 blocks of 32 (f32
  *           scale + the block's integer sum); integer dot products of the
  *           stored codes with the activation codes, scaled per block. Costs
