@@ -1710,6 +1710,13 @@ static void matmul_int8(struct kiln_backend *be, float *out, const float *x, con
  *     token into a zeroed int accumulator, cvt, FMA with dx into a group
  *     accumulator; per group C += T * s + b * SX.
  *   otherwise (AVX2, scalar, 2..7 tokens): row dots, one block at a time.
+ *
+ * Prefill (n >= 8) on a CPU without AVX-512 VNNI keeps the exact f32 GEMM:
+ * the int8 row dots lose to it there (0.6B pp512 with KILN_CPU_ISA=avx2,
+ * which on a VNNI CPU still takes the row dots: 251 -> 139 tok/s), while
+ * decode gains (tg 59 -> 71). The choice follows
+ * the CPU, not KILN_CPU_ISA, so every ISA forced on one machine computes
+ * the same numerics (test_qgemm holds them to the scalar path).
  */
 
 /* the group size if w can take the int8 path, else 0 */
@@ -2086,7 +2093,7 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
     if (p0->gact) {
         /* GPTQ / AWQ int8 rows: x quantized once (same K, same groups), all rows in one job */
         struct gjob g[MULTI_MAX];
-        if (cpu_isa() >= CPU_ISA_AVX512 && have_vnni() && n >= GGEMM_MIN) return 0;
+        if (n >= GGEMM_MIN) return 0;
         for (int i = 0; i < count; i++) {
             const struct qprep *p = ws[i]->be;
             if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in) return 0;
@@ -2133,6 +2140,6 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     if (p->int8_act) matmul_int8(be, out, x, w, n);
-    else if (p->gact) matmul_gact(be, out, x, w, n);
+    else if (p->gact && (n < GGEMM_MIN || have_vnni())) matmul_gact(be, out, x, w, n);
     else matmul_exact(be, out, x, w, n);
 }
