@@ -572,7 +572,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const int hd = kv->head_dim;
     /* for the next forward's split plan (cuda.cu cu_begin) */
     c->fa_heads = n_head, c->fa_hd = hd, c->fa_hg = cu_flash_hg(n_head, kv->n_head_kv);
-    if (c->max_seq_n > ATT_ROWS_MAX && !getenv("KILN_CUDA_NO_FLASH")) {
+    if (c->use_flash && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
         case 16: launch_flash_hg<16>(c, out, q, kv, layer, n_head, sl2); return;
         case 32: launch_flash_hg<32>(c, out, q, kv, layer, n_head, sl2); return;

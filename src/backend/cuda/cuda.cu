@@ -529,7 +529,15 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     /* the flash kernel's work list (layout in cuda.cuh): a tile per 64 rows
      * of a sequence, or n_sp entries for a tile split into key chunks */
     int n_ent = 0, n_slots = 0, cb = 0;
-    if (max_n > ATT_ROWS_MAX) {
+    static int rows_ctx = -1, dec_ctx = -1;
+    if (rows_ctx < 0) {
+        const char *e = getenv("KILN_CUDA_FLASH_ROWS_CTX"), *d = getenv("KILN_CUDA_FLASH_DECODE_CTX");
+        rows_ctx = e && *e ? atoi(e) : FA_ROWS_MIN_CTX;
+        dec_ctx = d && *d ? atoi(d) : FA_DECODE_MIN_CTX;
+    }
+    c->use_flash = max_n > ATT_ROWS_MAX || (rows_ctx > 0 && max_n >= 2 && max_len >= rows_ctx) ||
+                   (dec_ctx > 0 && max_n == 1 && S <= FA_DECODE_MAX_SEQS && max_len >= dec_ctx);
+    if (c->use_flash) {
         /* two q heads per flash block where the KV groups allow it (the last
          * attention call says; unknown: assume so) and the tiles are long;
          * on short ones the halved grid cost more than the shared K/V tiles
@@ -601,7 +609,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     /* graphs: replay a known decode shape, record it the second time */
     /* an MoE model has built its expert tables in its first (eager) forward */
     const int graph_max = c->n_moe_tabs ? MOE_GRAPH_MAX_TOKENS : GRAPH_MAX_TOKENS;
-    if (c->no_graphs || n > graph_max || max_n > 1 || no == 0) return 0;
+    if (c->no_graphs || n > graph_max || max_n > 1 || no == 0 || c->use_flash) return 0;
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].n_tokens == n && c->graphs[i].n_seqs == S && c->graphs[i].n_out == no &&

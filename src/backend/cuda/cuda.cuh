@@ -83,6 +83,19 @@ struct cu_moe_tab {
 /* attention: sequences with at most ATT_ROWS_MAX new rows take the row
  * kernel; above it the flash kernel (FA_BM query rows x FA_BN-key blocks) */
 #define ATT_ROWS_MAX 16
+/* ...unless the context is long: from FA_ROWS_MIN_CTX tokens of context a
+ * chunk of 2 or more rows takes the flash kernel, which reads each K/V tile
+ * once per block of 64 rows and head pair (H200, 8B, 2-16 new tokens after
+ * 15,744 cached: 12.6-32.6 ms through the server with the row kernels,
+ * 8.3-8.9 ms with flash); KILN_CUDA_FLASH_ROWS_CTX sets it (0: never). From
+ * FA_DECODE_MIN_CTX, decode steps of at most FA_DECODE_MAX_SEQS sequences
+ * too (eager: the flash work list follows the lengths, so no graph; 8B
+ * TPOT at 4,000 / 16,000 tokens 6.99 / 8.55 -> 5.81 / 6.80 ms, 0.6B at
+ * 16,000 3.04 -> 2.13 ms); KILN_CUDA_FLASH_DECODE_CTX sets it (0: never).
+ * Batches of more sequences keep the row kernels (not measured). */
+#define FA_ROWS_MIN_CTX 4096
+#define FA_DECODE_MIN_CTX 2048
+#define FA_DECODE_MAX_SEQS 4
 #define FA_BM 64
 #define FA_BN 64
 #define FA_ENT 8
@@ -123,6 +136,7 @@ struct cuda_ctx {
     int *d_tokens, *d_pos, *d_row_seq, *d_row_t, *d_seq, *d_out_rows, *d_pages;
     /* host copies of the batch's shape, for launch decisions */
     int n_tokens, n_seqs, n_out, max_seq_n, max_len;
+    int use_flash; /* this batch's attention takes the flash kernel (cu_begin: a long chunk, or a short one over a long context) */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;

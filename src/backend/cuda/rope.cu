@@ -2,11 +2,15 @@
  * rope.cu: per-head RMSNorm of q and k (Qwen3's q_norm/k_norm, optional)
  * fused with the rotary embedding, in place.
  *
- * Decomposition: one warp per (token, head) over the n_head query heads and
- * then the n_head_kv key heads; lane l owns the rotation pairs (i, i + half)
- * for i = l, l+32, ... (head_dim <= 512). The norm's sum of squares is a warp
- * sum; everything is f32 and rounded to bf16 once. Angles use the accurate
- * sincosf: positions reach tens of thousands of radians.
+ * Decomposition: a block of 8 warps per (token, group of 8 heads), over the
+ * n_head query heads, then the n_head_kv key heads (then, with the KV write
+ * fused in, the value heads, copied); warp w takes head 8 * group + w, and
+ * lane l owns the rotation pairs (i, i + half) for i = l, l+32, ...
+ * (head_dim <= 512). The token's cos/sin are computed once per block into
+ * shared memory (a thread per pair) rather than once per head. The norm's
+ * sum of squares is a warp sum; everything is f32 and rounded to bf16 once.
+ * Angles use the accurate sincosf: positions reach tens of thousands of
+ * radians.
  */
 #include "backend/cuda/cuda.cuh"
 
@@ -19,10 +23,17 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
                                                       const int *__restrict__ row_t, const int *__restrict__ seq,
                                                       const int *__restrict__ pages, int P) {
     pdl_wait();
-    const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    __shared__ float cs[2][32 * ROPE_MAX_PAIRS];
+    const int lane = threadIdx.x & 31, t = blockIdx.x, h = blockIdx.y * 8 + (threadIdx.x >> 5), half = hd / 2;
     const int nh = n_head + n_head_kv + (kc ? n_head_kv : 0);
-    if (gw >= n_tok * nh) return;
-    const int t = gw / nh, h = gw % nh, half = hd / 2;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cn;
+        sincosf(p * inv_freq[i], &sn, &cn);
+        cs[0][i] = cn * af, cs[1][i] = sn * af;
+    }
+    __syncthreads();
+    if (h >= nh) return;
     /* fused KV write: the cache row of token t, kv head hk */
     size_t cbase = 0;
     if (kc && h >= n_head) {
@@ -49,16 +60,13 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
         for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         r = rsqrtf(ss / hd + eps);
     }
-    const float p = (float)pos[t];
 #pragma unroll
     for (int j = 0; j < ROPE_MAX_PAIRS; j++) {
         int i = lane + 32 * j;
         if (i >= half) break;
         float x0 = a[j], x1 = b[j];
         if (nw) x0 = nw[i] * (x0 * r), x1 = nw[i + half] * (x1 * r);
-        float s, c;
-        sincosf(p * inv_freq[i], &s, &c);
-        c *= af, s *= af;
+        const float c = cs[0][i], s = cs[1][i];
         const bf16 r0 = __float2bfloat16(x0 * c - x1 * s), r1 = __float2bfloat16(x1 * c + x0 * s);
         v[i] = r0, v[i + half] = r1;
         if (kc && h >= n_head) kc[cbase + i] = r0, kc[cbase + i + half] = r1;
@@ -69,8 +77,7 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
 void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P) {
     c->prope.on = 0;
     const int nh = c->prope.n_head + c->prope.n_head_kv + (kc ? c->prope.n_head_kv : 0);
-    const int warps = c->prope.n_tok * nh;
-    cu_launch(c->stream, k_qk_norm_rope, (warps + 7) / 8, 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw,
+    cu_launch(c->stream, k_qk_norm_rope, dim3((unsigned)c->prope.n_tok, (unsigned)((nh + 7) / 8)), 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw,
               c->prope.inv_freq, c->prope.af, c->d_pos, c->prope.n_tok, c->prope.n_head, c->prope.n_head_kv, c->prope.hd,
               c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, P);
     CU_LAUNCHED();
