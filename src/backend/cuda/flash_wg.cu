@@ -141,186 +141,6 @@ __device__ __forceinline__ float ex2(float x) {
 }
 #endif
 
-template <bool SPLIT>
-__global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
-                                                     const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
-                                                     const bf16 *__restrict__ vc, const int *__restrict__ tiles,
-                                                     const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
-                                                     int nkv, int P, float sl2) {
-#ifdef KILN_WGMMA
-    constexpr int D = 128;
-    pdl_wait();
-    extern __shared__ uint4 smem_u4[];
-    char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
-    const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
-    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
-    const int s = ent[0], m0 = ent[1];
-    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
-    const int kh = h0 / (n_head / nkv);
-    const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
-    const int qr0 = m0 + warp * 16 + g;
-    const int kv_end = n_past + min(m0 + FA_BM, n);
-    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
-    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
-    const int p0 = n_past + qr0, p1 = p0 + 8, p_lo = n_past + m0;
-
-    /* Q of both heads (rows past n repeat row n - 1); it rides in the first
-     * tile's cp.async group */
-    for (int i = tid; i < 2 * FA_BM * 16; i += 256) {
-        const int hi = i >> 10, r = (i >> 4) & (FA_BM - 1), c = i & 15;
-        cp_async16(sm + hi * (WG_Q_BYTES / 2) + swz(r, c, FA_BM),
-                   q + ((size_t)(start + min(m0 + r, n - 1)) * n_head + h0 + hi) * D + c * 8);
-    }
-    auto load = [&](int kb, int st) {
-        char *K = sm + WG_Q_BYTES + st * 2 * WG_T_BYTES, *V = K + WG_T_BYTES;
-        for (int i = tid; i < WG_BN * 16; i += 256) {
-            const int key = i >> 4, c = i & 15, tk = kb * FA_BN + key;
-            const unsigned off = swz(key, c, WG_BN);
-            if (tk < k_end) {
-                const size_t src = (((size_t)pages[poff + tk / P] * nkv + kh) * P + tk % P) * D + c * 8;
-                cp_async16(K + off, kc + src);
-                cp_async16(V + off, vc + src);
-            } else {
-                *(uint4 *)(K + off) = make_uint4(0, 0, 0, 0);
-                *(uint4 *)(V + off) = make_uint4(0, 0, 0, 0);
-            }
-        }
-        asm volatile("cp.async.commit_group;");
-    };
-
-    float o[16][4], sc[16][4];
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[i][e] = sc[i][e] = 0.f;
-    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
-    const unsigned qa = sm_a + wg * (WG_Q_BYTES / 2);
-
-    load(kb0, 0);
-    int st = 0;
-    for (int kb = kb0; kb < kb1; kb += 2, st ^= 1) {
-        asm volatile("cp.async.wait_group 0;");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads(); /* this tile is in; both warpgroups are done with the other stage */
-        if (kb + 2 < kb1) load(kb + 2, st ^ 1);
-        const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
-
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wgmma_ss(sc, wg_desc(qa + (kk >> 2) * FA_BM * 128 + (kk & 3) * 32, 16, 1024),
-                     wg_desc(ka + (kk >> 2) * WG_BN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
-        wg_commit();
-        wg_wait0();
-        wg_keep(sc);
-
-        /* scale (log2 domain) and mask, then the online softmax of rows
-         * qr0 (e < 2) and qr0 + 8 (e >= 2) */
-        const int key0 = kb * FA_BN;
-        if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = key0 + j * 8 + 2 * t4 + (e & 1);
-                    sc[j][e] = key < k_end && key <= (e < 2 ? p0 : p1) ? sc[j][e] * sl2 : -INFINITY;
-                }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[j][e] *= sl2;
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
-        /* a split chunk may start past a row's position: m stays -inf there
-         * and 0 is subtracted (p = 0, l = 0) */
-        const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
-        const float a0 = exp2f(mr[0] - b0), a1 = exp2f(mr[1] - b1);
-        float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
-            sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
-            ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
-        }
-        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-        lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1;
-        mr[0] = mn0, mr[1] = mn1;
-        unsigned pa[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            pa[j][0] = pack_bf16(sc[2 * j][0], sc[2 * j][1]);
-            pa[j][1] = pack_bf16(sc[2 * j][2], sc[2 * j][3]);
-            pa[j][2] = pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-            pa[j][3] = pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-        }
-#pragma unroll
-        for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
-
-        wg_fence();
-#pragma unroll
-        for (int j = 0; j < WG_BN / 16; j++) wgmma_rs(o, pa[j], wg_desc(va + j * 16 * 128, WG_BN * 128, 1024), 1);
-        wg_commit();
-        wg_wait0();
-        wg_keep(o);
-    }
-    if (SPLIT && ent[4] >= 0) {
-        const int j0 = ent[4], sp = ent[5], n_sp = ent[6];
-        flash_part_store<D>(part, j0 + sp, n_head, h0 + wg, x, o, mr, lr);
-        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
-        flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
-    }
-    flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
-#else
-    __trap(); /* the host launches this kernel only where the sm_90a code runs */
-#endif
-}
-
-
-/*
- * k_flash_wg2: k_flash_wg with FlashAttention-3's schedule. Warpgroups 0
- * and 1 compute (one q head each, as above); warp 8 loads: per 128-key
- * step, lane j asks the copy engine (TMA) for box j of the step's keys:
- * BR = min(P, 64) keys x 64 columns, twice (the two column halves), of K
- * and of V, from 2-d tensor maps over the layer's cache viewed as
- * (n_pages * n_head_kv * P) rows of head_dim, landing in the 128-byte
- * swizzle; lane 0 tells the stage's "full" mbarrier how many bytes to
- * expect. Boxes past the entry's last key are not loaded: the stage keeps
- * what it held (zeroed at the start, then finite cache values), masked
- * like the keys past the entry inside a loaded box (the cache is zeroed
- * when allocated, so never-written slots are finite too). A computing
- * warpgroup waits on "full", and after its P V product arrives on the
- * stage's "empty" mbarrier, which the loader waits on before refilling.
- * No block barrier in the loop; two named barriers make the warpgroups
- * take turns issuing their MMAs, so one's softmax runs under the other's
- * (measured level with letting them run free, KILN_CUDA_FA_PINGPONG=0).
- * Softmax: the scale folds into the exponent's FMA (the max is taken on
- * the raw scores), ex2.approx.ftz, the row sums stay per thread until the
- * end, and O is rescaled only when some row's max moved. The loader warp
- * returns when its loads are issued; the computing warps meet at named
- * barrier 5 for the split merge.
- *
- * OVL (long tiles, cu_begin's fa_ovl_run): also the in-warpgroup overlap.
- * A warpgroup issues S of step i + 1 and then P V of step i, waits for S
- * alone (wait_group 1), and runs step i + 1's softmax while P V of step i
- * is on the tensor cores; then O is rescaled and the new P packed. That
- * holds S, O and P in registers at once (~190 per thread), more than the
- * 168 a 288-thread block gets (three warps share a scheduler's 16K): the
- * block is 384 threads, and setmaxnreg gives the loader warpgroup 40
- * registers and the computing ones 232 (ptxas honours it only because the
- * loader never reaches the code after the branch).
- * H200, 250 new tokens after 15,750 cached on Qwen3-8B: 12.2 ms with the
- * overlap, 12.6 without, 13.7 with the single-thread loader before it.
- */
-#define WG2_NS 3
-#define WG2_SMEM (WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES + 1024 + 64)
-
 #ifdef KILN_WGMMA
 /* S = Q K^T of one 128-key step: 8 wgmma over head_dim (issued only) */
 __device__ __forceinline__ void wg2_scores(float (&sc)[16][4], unsigned qa, unsigned ka) {
@@ -392,6 +212,177 @@ __device__ __forceinline__ void wg2_rescale(float (&o)[16][4], float a0, float a
 }
 
 #endif
+
+template <bool SPLIT>
+__global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
+                                                     const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                                                     const bf16 *__restrict__ vc, const int *__restrict__ tiles,
+                                                     const int *__restrict__ seq, const int *__restrict__ pages, int n_head,
+                                                     int nkv, int P, float sl2) {
+#ifdef KILN_WGMMA
+    constexpr int D = 128;
+    pdl_wait();
+    extern __shared__ uint4 smem_u4[];
+    char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
+    const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
+    const int s = ent[0], m0 = ent[1];
+    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
+    const int kh = h0 / (n_head / nkv);
+    const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
+    const int qr0 = m0 + warp * 16 + g;
+    const int kv_end = n_past + min(m0 + FA_BM, n);
+    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
+    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
+    const int p0 = n_past + qr0, p1 = p0 + 8, p_lo = n_past + m0;
+
+    /* Q of both heads (rows past n repeat row n - 1); it rides in the first
+     * tile's cp.async group */
+    for (int i = tid; i < 2 * FA_BM * 16; i += 256) {
+        const int hi = i >> 10, r = (i >> 4) & (FA_BM - 1), c = i & 15;
+        cp_async16(sm + hi * (WG_Q_BYTES / 2) + swz(r, c, FA_BM),
+                   q + ((size_t)(start + min(m0 + r, n - 1)) * n_head + h0 + hi) * D + c * 8);
+    }
+    auto load = [&](int kb, int st) {
+        char *K = sm + WG_Q_BYTES + st * 2 * WG_T_BYTES, *V = K + WG_T_BYTES;
+        for (int i = tid; i < WG_BN * 16; i += 256) {
+            const int key = i >> 4, c = i & 15, tk = kb * FA_BN + key;
+            const unsigned off = swz(key, c, WG_BN);
+            if (tk < k_end) {
+                const size_t src = (((size_t)pages[poff + tk / P] * nkv + kh) * P + tk % P) * D + c * 8;
+                cp_async16(K + off, kc + src);
+                cp_async16(V + off, vc + src);
+            } else {
+                *(uint4 *)(K + off) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(V + off) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    float o[16][4], sc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[i][e] = sc[i][e] = 0.f;
+    float mr[2] = {-INFINITY, -INFINITY}, lr[2] = {0.f, 0.f};
+    const unsigned qa = sm_a + wg * (WG_Q_BYTES / 2);
+
+    load(kb0, 0);
+    int st = 0;
+    for (int kb = kb0; kb < kb1; kb += 2, st ^= 1) {
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads(); /* this tile is in; both warpgroups are done with the other stage */
+        if (kb + 2 < kb1) load(kb + 2, st ^ 1);
+        const unsigned ka = sm_a + WG_Q_BYTES + st * 2 * WG_T_BYTES, va = ka + WG_T_BYTES;
+
+        wg_fence();
+        wg2_scores(sc, qa, ka);
+        wg_commit();
+        wg_wait0();
+        wg_keep(sc);
+
+        /* scale (log2 domain) and mask, then the online softmax of rows
+         * qr0 (e < 2) and qr0 + 8 (e >= 2) */
+        const int key0 = kb * FA_BN;
+        if (key0 + WG_BN - 1 > p_lo || key0 + WG_BN > k_end) {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = key0 + j * 8 + 2 * t4 + (e & 1);
+                    sc[j][e] = key < k_end && key <= (e < 2 ? p0 : p1) ? sc[j][e] * sl2 : -INFINITY;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[j][e] *= sl2;
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; j++) mx0 = fmaxf(mx0, fmaxf(sc[j][0], sc[j][1])), mx1 = fmaxf(mx1, fmaxf(sc[j][2], sc[j][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1)), mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1)), mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(mr[0], mx0), mn1 = fmaxf(mr[1], mx1);
+        /* a split chunk may start past a row's position: m stays -inf there
+         * and 0 is subtracted (p = 0, l = 0) */
+        const float b0 = SPLIT && mn0 == -INFINITY ? 0.f : mn0, b1 = SPLIT && mn1 == -INFINITY ? 0.f : mn1;
+        const float a0 = exp2f(mr[0] - b0), a1 = exp2f(mr[1] - b1);
+        float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            sc[j][0] = exp2f(sc[j][0] - b0), sc[j][1] = exp2f(sc[j][1] - b0);
+            sc[j][2] = exp2f(sc[j][2] - b1), sc[j][3] = exp2f(sc[j][3] - b1);
+            ls0 += sc[j][0] + sc[j][1], ls1 += sc[j][2] + sc[j][3];
+        }
+        ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1), ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+        ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1), ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+        lr[0] = lr[0] * a0 + ls0, lr[1] = lr[1] * a1 + ls1;
+        mr[0] = mn0, mr[1] = mn1;
+        unsigned pa[8][4];
+        wg2_pack(pa, sc);
+#pragma unroll
+        for (int j = 0; j < 16; j++) o[j][0] *= a0, o[j][1] *= a0, o[j][2] *= a1, o[j][3] *= a1;
+
+        wg_fence();
+        wg2_pv(o, pa, va);
+        wg_commit();
+        wg_wait0();
+        wg_keep(o);
+    }
+    if (SPLIT && ent[4] >= 0) {
+        const int j0 = ent[4], sp = ent[5], n_sp = ent[6];
+        flash_part_store<D>(part, j0 + sp, n_head, h0 + wg, x, o, mr, lr);
+        if (!flash_group_last(done, j0 * n_head + h0, n_sp)) return;
+        flash_part_merge<D>(part, j0, n_sp, n_head, h0 + wg, x, o, lr);
+    }
+    flash_store_out<D>(out, start, n, n_head, h0 + wg, qr0, t4, o, lr);
+#else
+    __trap(); /* the host launches this kernel only where the sm_90a code runs */
+#endif
+}
+
+
+/*
+ * k_flash_wg2: k_flash_wg with FlashAttention-3's schedule. Warpgroups 0
+ * and 1 compute (one q head each, as above); warp 8 loads: per 128-key
+ * step, lane j asks the copy engine (TMA) for box j of the step's keys:
+ * BR = min(P, 64) keys x 64 columns, twice (the two column halves), of K
+ * and of V, from 2-d tensor maps over the layer's cache viewed as
+ * (n_pages * n_head_kv * P) rows of head_dim, landing in the 128-byte
+ * swizzle; lane 0 tells the stage's "full" mbarrier how many bytes to
+ * expect. Boxes past the entry's last key are not loaded: the stage keeps
+ * what it held (zeroed at the start, then finite cache values), masked
+ * like the keys past the entry inside a loaded box (the cache is zeroed
+ * when allocated, so never-written slots are finite too). A computing
+ * warpgroup waits on "full", and after its P V product arrives on the
+ * stage's "empty" mbarrier, which the loader waits on before refilling.
+ * No block barrier in the loop; two named barriers make the warpgroups
+ * take turns issuing their MMAs, so one's softmax runs under the other's
+ * (measured level with letting them run free, KILN_CUDA_FA_PINGPONG=0).
+ * Softmax: the scale folds into the exponent's FMA (the max is taken on
+ * the raw scores), ex2.approx.ftz, the row sums stay per thread until the
+ * end, and O is rescaled only when some row's max moved. The loader warp
+ * returns when its loads are issued; the computing warps meet at named
+ * barrier 5 for the split merge.
+ *
+ * OVL (long tiles, cu_begin's fa_ovl_run): also the in-warpgroup overlap.
+ * A warpgroup issues S of step i + 1 and then P V of step i, waits for S
+ * alone (wait_group 1), and runs step i + 1's softmax while P V of step i
+ * is on the tensor cores; then O is rescaled and the new P packed. That
+ * holds S, O and P in registers at once (~190 per thread), more than the
+ * 168 a 288-thread block gets (three warps share a scheduler's 16K): the
+ * block is 384 threads, and setmaxnreg gives the loader warpgroup 40
+ * registers and the computing ones 232 (ptxas honours it only because the
+ * loader never reaches the code after the branch).
+ * H200, 250 new tokens after 15,750 cached on Qwen3-8B: 12.2 ms with the
+ * overlap, 12.6 without, 13.7 with the single-thread loader before it.
+ */
+#define WG2_NS 3
+#define WG2_SMEM (WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES + 1024 + 64)
+
 
 template <bool SPLIT, bool OVL>
 __global__ void __launch_bounds__(OVL ? 384 : 288, 1) k_flash_wg2(bf16 *__restrict__ out, float *__restrict__ part, int *__restrict__ done,
