@@ -59,7 +59,7 @@ static int prof_on;
 static double prof_t0, prof_issue, prof_wait, prof_copy;
 static long prof_n;
 int cu_pdl = 1;
-extern int cu_gemv_pf, cu_gemv_rows;
+extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
 static std::unordered_map<void *, size_t> buf_sizes;
 
@@ -664,6 +664,8 @@ static void cu_destroy(struct kiln_backend *be) {
     if (c->ids_host) cudaFreeHost(c->ids_host);
     if (c->ids_dev) cudaFree(c->ids_dev);
     if (c->norm_cnt) cudaFree(c->norm_cnt);
+    if (c->gs_slot) cudaFree(c->gs_slot);
+    if (c->gs_cnt) cudaFree(c->gs_cnt);
     if (c->moe_host) cudaFreeHost(c->moe_host);
     if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
     cublasDestroy(c->blas);
@@ -721,6 +723,19 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->old_read = rd && !strcmp(rd, "0");
     const char *pf = getenv("KILN_CUDA_PF");
     cu_gemv_pf = !(pf && !strcmp(pf, "0"));
+    const char *bps = getenv("KILN_CUDA_GEMV_BPS");
+    if (bps && *bps >= '0' && *bps <= '8' && !bps[1]) cu_gemv_bps = *bps - '0';
+    const char *sr = getenv("KILN_CUDA_GEMV_SROWS");
+    if (sr) cu_gemv_srows = atoi(sr);
+    const char *smb = getenv("KILN_CUDA_GEMV_SMB");
+    if (smb) cu_gemv_smb = atoi(smb);
+    {
+        const size_t wt = (size_t)8 * 8 * c->n_sm; /* warps of the largest streaming grid */
+        CUDA_CHECK(cudaMalloc(&c->gs_slot, wt * 8 * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&c->gs_cnt, wt * sizeof(int)));
+        CUDA_CHECK(cudaMemset(c->gs_cnt, 0, wt * sizeof(int)));
+        c->bytes_ws += wt * 9 * sizeof(float);
+    }
     CUDA_CHECK(cudaMalloc(&c->norm_cnt, 64));
     CUDA_CHECK(cudaMemset(c->norm_cnt, 0, 64));
     const char *mg = getenv("KILN_CUDA_MOE_GROUPED");

@@ -197,6 +197,8 @@ struct cuda_ctx {
         float af, eps;
     } prope;
     int *norm_cnt; /* the folded norm's block counter, kept zero between launches */
+    float *gs_slot; /* k_gemv_s: a row piece per (warp, cut row), and per cut row a counter kept zero */
+    int *gs_cnt;
     /* the logits' bf16 staging copy in pinned host memory (read) */
     uint16_t *logit_host;
     size_t logit_host_cap;

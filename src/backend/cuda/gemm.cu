@@ -277,6 +277,178 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
     }
 }
 
+/*
+ * k_gemv_s: the streaming GEMV, for decode at batch 1-2 (NB rows of x) over
+ * large matrices. The jobs' rows are concatenated; a row is n_in/256 steps,
+ * a step one 16-byte chunk per lane of a warp (32 chunks, 256 weights; GLU:
+ * the same chunk of the gate and of the up row), and steps go in quads of 4
+ * (n_in % 1024 == 0, so a row is whole quads). The grid is a fixed number of
+ * blocks per SM (cu_gemv_bps), all resident at once; warp g of Wt takes the
+ * contiguous quad range [g Q / Wt, (g+1) Q / Wt) of all Q quads and streams
+ * it with 8 loads in flight per lane, straight across row boundaries, so no
+ * warp idles between rows and there is no second wave (k_gemv's o_proj on
+ * Qwen3-8B is 1.3 waves of blocks). The first quads are loaded before
+ * griddepcontrol.wait: weights are never written by an earlier kernel.
+ * A row inside one warp's range is summed there. A row cut by range ends is
+ * summed in pieces: each warp leaves its piece in slot[g][0 if the row is
+ * the first of its range, else 1] and bumps cnt[ga] (ga: the warp holding
+ * the row's first quad); the last piece to arrive adds the pieces in warp
+ * order, writes the row and zeroes the counter. Cut points depend only on
+ * the shape and the grid, so results repeat from run to run.
+ * Measured on the H200 (docs/cuda.md): Qwen3-8B decode 200 -> 211 tok/s;
+ * on small matrices (0.6B's, 30B-A3B's attention) it is no faster or slower
+ * than k_gemv, so it takes matrices of 32 MiB and up.
+ */
+#define GEMV_S_NB 2
+#define GS_SLOT (2 * GEMV_S_NB * 2) /* floats per warp: 2 cut rows x NB x (gate, up) */
+
+__device__ __forceinline__ int gs_start(long h, int Q, int Wt) { return (int)(h * Q / Wt); }
+/* the warp whose quad range holds quad q (ranges [h Q / Wt, (h+1) Q / Wt)) */
+__device__ __forceinline__ int gs_warp_of(int q, int Q, int Wt) { return (int)((((long)q + 1) * Wt + Q - 1) / Q) - 1; }
+
+/* row (of the concatenated jobs) -> job index; blk0 holds each job's first row */
+__device__ __forceinline__ int gs_job(const struct gemv_jobs &J, int row) {
+    return (J.nj > 2 && row >= J.j[2].blk0) ? 2 : (J.nj > 1 && row >= J.j[1].blk0) ? 1 : 0;
+}
+
+template <int NB, typename OutT, bool GLU>
+__device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, const float *v, const float *v2) {
+    /* fields picked one by one: a struct picked by a run-time index is copied to the stack */
+    const int ji = gs_job(J, row);
+    const int r = row - (ji == 0 ? 0 : ji == 1 ? J.j[1].blk0 : J.j[2].blk0);
+    const int n_out = ji == 0 ? J.j[0].n_out : ji == 1 ? J.j[1].n_out : J.j[2].n_out;
+    const float *bias = ji == 0 ? J.j[0].bias : ji == 1 ? J.j[1].bias : J.j[2].bias;
+    void *out = ji == 0 ? J.j[0].out : ji == 1 ? J.j[1].out : J.j[2].out;
+    const float b = bias ? bias[r] : 0.f;
+    if (!GLU) {
+#pragma unroll
+        for (int j = 0; j < NB; j++) ((OutT *)out)[(size_t)j * n_out + r] = to_out<OutT>(v[j] + b);
+    } else {
+        const float b2 = J.j[0].bias2 ? J.j[0].bias2[r] : 0.f;
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            const float gv = __bfloat162float(__float2bfloat16(v[j] + b));
+            const bf16 u = __float2bfloat16(v2[j] + b2);
+            ((bf16 *)out)[(size_t)j * n_out + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+            ((bf16 *)J.j[0].out2)[(size_t)j * n_out + r] = u;
+        }
+    }
+}
+
+/* a row cut by warp range ends (lane 0): leave this warp's piece in
+ * slot[g][0 if the row is the first of its range, else 1]; the last piece to
+ * arrive (counter cnt[ga], ga the warp holding the row's first quad) adds the
+ * pieces in warp order, writes the row and zeroes the counter */
+template <int NB, typename OutT, bool GLU>
+__device__ __forceinline__ void gs_piece(const struct gemv_jobs &J, float *slot, int *cnt, int g, int Q, int Wt, int S4,
+                                         int row, bool first, const float *v, const float *v2) {
+    float *sl = slot + (size_t)g * GS_SLOT + (first ? 0 : 2 * NB);
+#pragma unroll
+    for (int j = 0; j < NB; j++) sl[j] = v[j], sl[NB + j] = GLU ? v2[j] : 0.f;
+    const int ga = gs_warp_of(row * S4, Q, Wt), gb = gs_warp_of(row * S4 + S4 - 1, Q, Wt);
+    __threadfence();
+    if (atomicAdd(cnt + ga, 1) != gb - ga) return;
+    __threadfence();
+    float s[2 * NB];
+#pragma unroll
+    for (int j = 0; j < 2 * NB; j++) s[j] = 0.f;
+    for (int h = ga; h <= gb; h++) {
+        const volatile float *hs = slot + (size_t)h * GS_SLOT + (gs_start(h, Q, Wt) >= row * S4 ? 0 : 2 * NB);
+#pragma unroll
+        for (int j = 0; j < 2 * NB; j++) s[j] += hs[j];
+    }
+    gs_emit<NB, OutT, GLU>(J, row, s, s + NB);
+    cnt[ga] = 0;
+}
+
+/* lp/lp2 move one quad on; into the next job at a job's end */
+#define GS_ADVANCE()                                                                 \
+    do {                                                                             \
+        lp += 128, lp2 += 128;                                                       \
+        if (--left == 0 && lj < J.nj - 1) {                                          \
+            lj++;                                                                    \
+            lp = (const uint4 *)(lj == 1 ? J.j[1].w : J.j[2].w) + lane;              \
+            left = (lj == 1 ? J.j[1].n_out : J.j[2].n_out) * S4;                     \
+        }                                                                            \
+    } while (0)
+
+template <int NB, typename OutT, bool GLU>
+__global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
+                                                   float *__restrict__ slot, int *__restrict__ cnt) {
+    constexpr int QD = GLU ? 1 : 2; /* quads in flight: 8 loads per lane */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.x * 8 + warp, Wt = gridDim.x * 8;
+    const int nch = n_in >> 3, S4 = n_in >> 10; /* quads per row */
+    const int Q = rows * S4, q0 = gs_start(g, Q, Wt), q1 = gs_start(g + 1, Q, Wt);
+    /* load cursor: pointer(s) to the lane's chunk, quads left in this job */
+    int lj = gs_job(J, q0 / S4);
+    const int jr0 = lj == 0 ? 0 : lj == 1 ? J.j[1].blk0 : J.j[2].blk0;
+    const int jn = lj == 0 ? J.j[0].n_out : lj == 1 ? J.j[1].n_out : J.j[2].n_out;
+    const size_t off = (size_t)(q0 - jr0 * S4) * 128 + lane;
+    const uint4 *lp = (const uint4 *)(lj == 0 ? J.j[0].w : lj == 1 ? J.j[1].w : J.j[2].w) + off;
+    const uint4 *lp2 = GLU ? (const uint4 *)J.j[0].w2 + off : NULL;
+    int left = (jr0 + jn) * S4 - q0;
+    uint4 ring[QD][4], ring2[QD][4];
+#pragma unroll
+    for (int r = 0; r < QD; r++)
+        if (q0 + r < q1) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                ring[r][u] = ld_stream(lp + 32 * u);
+                if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
+            }
+            GS_ADVANCE();
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    const uint4 *xv = (const uint4 *)x + lane;
+    int cr = q0 / S4, cq = q0 - cr * S4, rs = q0; /* row, quad within it, first quad of its piece */
+    float acc[NB], acc2[NB];
+#pragma unroll
+    for (int j = 0; j < NB; j++) acc[j] = acc2[j] = 0.f;
+    for (int q = q0; q < q1;) {
+#pragma unroll
+        for (int r = 0; r < QD; r++, q++) {
+            if (q >= q1) break;
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    const uint4 xc = __ldg(xv + (size_t)j * nch + cq * 128 + 32 * u);
+                    acc[j] = dot8(acc[j], ring[r][u], xc);
+                    if (GLU) acc2[j] = dot8(acc2[j], ring2[r][u], xc);
+                }
+            if (q + QD < q1) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    ring[r][u] = ld_stream(lp + 32 * u);
+                    if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
+                }
+                GS_ADVANCE();
+            }
+            if (++cq == S4 || q + 1 == q1) {
+                /* the piece [rs, q] of row cr ends here */
+                float v[NB], v2[NB];
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    v[j] = warp_sum(acc[j]), acc[j] = 0.f;
+                    v2[j] = GLU ? warp_sum(acc2[j]) : 0.f, acc2[j] = 0.f;
+                }
+                if (rs == cr * S4 && cq == S4) {
+                    if (lane == 0) gs_emit<NB, OutT, GLU>(J, cr, v, v2);
+                } else if (lane == 0) {
+                    gs_piece<NB, OutT, GLU>(J, slot, cnt, g, Q, Wt, S4, cr, cr * S4 <= q0, v, v2);
+                }
+                if (cq == S4) cq = 0, cr++;
+                rs = q + 1;
+            }
+        }
+    }
+}
+#undef GS_ADVANCE
+
 /* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
  * n rows of x. Used only for odd shapes. */
 template <typename OutT>
@@ -297,12 +469,32 @@ __global__ void k_gemv_any(OutT *__restrict__ out, const bf16 *__restrict__ x, c
 static int gemv_ok(const bf16 *x, const bf16 *w, int n_in) { return n_in % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15); }
 
 int cu_gemv_pf = 1;
+/* blocks per SM of the streaming GEMV (k_gemv_s); 0: the row-block kernel k_gemv */
+int cu_gemv_bps = 3;
+/* k_gemv_s only when there are as many rows as warps (KILN_CUDA_GEMV_SROWS) */
+int cu_gemv_srows = 1;
+/* ... and only for matrices of at least this many MiB (KILN_CUDA_GEMV_SMB) */
+int cu_gemv_smb = 32;
 
 /* launches jobs J (blk0 filled here) over n rows of x; with the pending norm
  * folded in when nm (then x is nm->out) */
 template <typename OutT, bool GLU>
 static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in,
                              const struct gemv_norm *nm = NULL) {
+    if (!nm && n <= GEMV_S_NB && cu_gemv_bps > 0 && n_in % 1024 == 0) {
+        int rows = 0;
+        for (int i = 0; i < J->nj; i++) J->j[i].blk0 = rows, rows += J->j[i].n_out;
+        /* every warp needs a quad: at most Q / 8 blocks */
+        const long Q = (long)rows * (n_in / 1024);
+        const long blocks = Q / 8 < (long)cu_gemv_bps * c->n_sm ? Q / 8 : (long)cu_gemv_bps * c->n_sm;
+        const long bytes = (long)rows * n_in * 2 * (GLU ? 2 : 1);
+        if (blocks >= 1 && (!cu_gemv_srows || rows >= blocks * 8) && bytes >= ((long)cu_gemv_smb << 20)) {
+            if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
+            else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
+            CU_LAUNCHED();
+            return;
+        }
+    }
     /* enough warps in flight to cover the memory latency: about 48 per SM */
     long rows = 0;
     for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
