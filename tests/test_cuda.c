@@ -439,6 +439,44 @@ static void test_misc(struct pair *p) {
     vec_free(p, &table);
 }
 
+/* The decode paths that only a model's forward reaches: q/k/v reading one x
+ * (one launch of three jobs) and gate/up folded into swiglu (the GLU GEMV,
+ * which also writes up), at batch 1 and 2, at Qwen3-8B shapes (the streaming
+ * GEMV k_gemv_s) and Qwen2-0.5B-like shapes with q/k/v biases (k_gemv). */
+static void test_decode_fused(struct pair *p) {
+    const int shapes[][5] = {{4096, 4096, 1024, 12288, 0}, {896, 896, 128, 4864, 1}}; /* dim, q, kv, ffn, bias */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int dim = shapes[s][0], qd = shapes[s][1], kvd = shapes[s][2], ffn = shapes[s][3], b = shapes[s][4];
+        struct lin2 L[5] = {lin_make(p, qd, dim, b), lin_make(p, kvd, dim, b), lin_make(p, kvd, dim, b),
+                            lin_make(p, ffn, dim, 0), lin_make(p, ffn, dim, 0)};
+        for (int n = 1; n <= 2; n++) {
+            float *x = rand_vec((size_t)n * dim, 1.f);
+            void *xc, *xg, *oc[5], *og[5];
+            put(p, &xc, &xg, x, (size_t)n * dim);
+            for (int i = 0; i < 5; i++) oc[i] = alloc_both(p, &og[i], (size_t)n * L[i].c.n_out);
+            for (int i = 0; i < 5; i++) {
+                p->cpu->matmul(p->cpu, oc[i], xc, &L[i].c, n);
+                p->gpu->matmul(p->gpu, og[i], xg, &L[i].g, n);
+                if (i == 2 || i == 4) { /* the queue: q/k/v, then gate/up */
+                    if (i == 4) {
+                        p->cpu->swiglu(p->cpu, oc[3], oc[3], oc[4], n, ffn);
+                        p->gpu->swiglu(p->gpu, og[3], og[3], og[4], n, ffn);
+                    }
+                    for (int j = i == 2 ? 0 : 3; j <= i; j++) {
+                        static const char *nm[5] = {"q", "k", "v", "swiglu(gate, up)", "up"};
+                        char what[96];
+                        snprintf(what, sizeof what, "decode %s %dx%d n=%d", nm[j], L[j].c.n_out, dim, n);
+                        check_rel(p, what, oc[j], og[j], (size_t)n * L[j].c.n_out, TOL_OP);
+                    }
+                }
+            }
+            for (int i = 0; i < 5; i++) free_both(p, oc[i], og[i]);
+            free_both(p, xc, xg), free(x);
+        }
+        for (int i = 0; i < 5; i++) lin_free(p, &L[i]);
+    }
+}
+
 static void test_moe(struct pair *p) {
     const int E = 32, K = 8, dim = 1024, F = 768;
     struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
@@ -842,6 +880,7 @@ void test_cuda(void) {
     test_rope(&p);
     test_attention(&p);
     test_misc(&p);
+    test_decode_fused(&p);
     test_moe(&p);
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
