@@ -1,4 +1,4 @@
-# kiln: make | make test | make test-asan | make fuzz | make help
+# kiln: make | make test | make test-asan | make arm64 | make fuzz | make help
 # CUDA objects are built only when nvcc is found (or NVCC= is set); the CPU
 # build never needs a GPU.
 
@@ -28,11 +28,22 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpat
 endif
 endif
 
-.PHONY: all cpu test test-c test-server test-asan test-cuda fuzz bench clean help format
+.PHONY: all cpu arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench clean help format
 all: $(BUILD)/kiln $(BUILD)/test-kiln
 
 cpu:
 	$(MAKE) NVCC= BUILD=build-cpu all
+
+# AArch64 (NEON) cross build, run under qemu-user: Debian's gcc-aarch64-linux-gnu,
+# qemu-user and the arm64 -dev packages of the libraries (dpkg --add-architecture
+# arm64; scripts/setup.sh --arm64 installs them)
+ARM64_CC   ?= aarch64-linux-gnu-gcc
+ARM64_RUN  ?= qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib
+arm64:                          ## cross-build kiln and the test runner for aarch64 in build-arm64/
+	$(MAKE) NVCC= CC=$(ARM64_CC) BUILD=build-arm64 all
+
+test-arm64: arm64               ## the C runner for aarch64 under qemu-user (ARGS=group to pick groups)
+	$(ARM64_RUN) build-arm64/test-kiln $(ARGS)
 
 $(BUILD)/kiln: $(BUILD)/src/main.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -82,12 +93,13 @@ format:                         ## clang-format every C source
 	clang-format -i $(SRC) $(TEST_SRC) $(shell find src -name '*.h')
 
 clean:
-	rm -rf build build-cpu build-asan build-fuzz
+	rm -rf build build-cpu build-asan build-fuzz build-arm64
 
 help:                           ## this list
 	@echo "kiln make targets:"
 	@echo "  make            build ./build/kiln and the test runner (CUDA too when nvcc is found)"
 	@echo "  make cpu        CPU-only build in build-cpu/"
+	@echo "  make arm64      aarch64 (NEON) cross build in build-arm64/; make test-arm64 runs its C tests under qemu-user"
 	@echo "  make test       all tests: C runner (parsers, kernels, HF parity, engine) + server and CLI pytest"
 	@echo "  make test-c     C runner only; ARGS='group ...' picks groups, ARGS=--list lists them"
 	@echo "  make test-asan  the C runner under ASan+UBSan"

@@ -339,7 +339,7 @@ void test_cpukernels(void) {
     CHECK(be != NULL, "%s", err);
     if (!be) return;
     int saved = cpu_isa();
-    for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_AVX512; isa++) {
+    for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_LAST; isa++) {
         if (isa > cpu_isa_max()) {
             fprintf(stderr, "  %s: not on this CPU\n", cpu_isa_name(isa));
             test_skip(cpu_isa_name(isa));

@@ -109,6 +109,7 @@ static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) 
         for (int i = 0; i < hd; i++) o[i] += p[j] * v[i];
 }
 
+#if defined(KILN_X86)
 KILN_AVX2 static void qk_avx2(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     if (hd == 128) {
         __m256 qv[16];
@@ -235,6 +236,69 @@ KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int 
     }
 }
 
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* NEON: 4 accumulators per key (16 floats per step) */
+static void qk_neon(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
+    for (int j = 0; j < nk; j++, k += hd) {
+        float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+        int i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            a0 = vfmaq_f32(a0, vld1q_f32(q + i), vld1q_f32(k + i));
+            a1 = vfmaq_f32(a1, vld1q_f32(q + i + 4), vld1q_f32(k + i + 4));
+            a2 = vfmaq_f32(a2, vld1q_f32(q + i + 8), vld1q_f32(k + i + 8));
+            a3 = vfmaq_f32(a3, vld1q_f32(q + i + 12), vld1q_f32(k + i + 12));
+        }
+        for (; i + 4 <= hd; i += 4) a0 = vfmaq_f32(a0, vld1q_f32(q + i), vld1q_f32(k + i));
+        float d = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
+        for (; i < hd; i++) d += q[i] * k[i];
+        sc[j] = d * scale;
+    }
+}
+
+static float expsum_neon(float *sc, int n, float mx) {
+    float32x4_t m = vdupq_n_f32(mx), s = vdupq_n_f32(0);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        float32x4_t e = kiln_exp4(vsubq_f32(vld1q_f32(sc + t), m));
+        vst1q_f32(sc + t, e);
+        s = vaddq_f32(s, e);
+    }
+    float sum = vaddvq_f32(s);
+    if (t < n) {
+        float tmp[4] = {0};
+        for (int i = t; i < n; i++) tmp[i - t] = sc[i] - mx;
+        vst1q_f32(tmp, kiln_exp4(vld1q_f32(tmp)));
+        for (int i = t; i < n; i++) sc[i] = tmp[i - t], sum += tmp[i - t];
+    }
+    return sum;
+}
+
+static void pv_neon(float *o, const float *p, const float *v, int nk, int hd) {
+    int i0 = 0;
+    /* 64 dims at a time in 16 accumulators, then 4 at a time */
+    for (; i0 + 64 <= hd; i0 += 64) {
+        float32x4_t a[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) a[i] = vld1q_f32(o + i0 + 4 * i);
+        const float *vj = v + i0;
+        for (int j = 0; j < nk; j++, vj += hd) {
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) a[i] = vfmaq_n_f32(a[i], vld1q_f32(vj + 4 * i), p[j]);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) vst1q_f32(o + i0 + 4 * i, a[i]);
+    }
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * hd;
+        int i = i0;
+        for (; i + 4 <= hd; i += 4) vst1q_f32(o + i, vfmaq_n_f32(vld1q_f32(o + i), vld1q_f32(vj + i), p[j]));
+        for (; i < hd; i++) o[i] += p[j] * vj[i];
+    }
+}
+#endif /* KILN_NEON */
+
 /* ==== tiled path kernels: rows in the lanes ==== */
 
 enum {
@@ -294,6 +358,7 @@ static void tpv_scalar(float *ot, const float *alpha, const float *p, const floa
     }
 }
 
+#if defined(KILN_X86)
 /* AVX2: 16 lanes = 2 ymm; qk blocks of 4 keys (8 accumulators), pv blocks
  * of 4 dims (8 accumulators) */
 #define NK2 4
@@ -447,6 +512,92 @@ KILN_AVX512 static void tpv_avx512(float *ot, const float *alpha, const float *p
     for (; hd - d0 >= 4; d0 += 4) tpv512_block(ot + (size_t)d0 * 32, al0, al1, p, vrow, d0, nk, 4);
     for (; d0 < hd; d0++) tpv512_block(ot + (size_t)d0 * 32, al0, al1, p, vrow, d0, nk, 1);
 }
+
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* NEON: 16 lanes = 4 q registers; qk blocks of 4 keys and pv blocks of 4
+ * dims (16 accumulators each) */
+static void tqk_neon(const float *qt, const float *const *krow, int nk, int hd, float *s) {
+    for (int j = 0; j < nk; j += 4, s += 4 * LS) {
+        const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+        float32x4_t a[4][4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = a[u][2] = a[u][3] = vdupq_n_f32(0);
+        const float *q = qt;
+        for (int d = 0; d < hd; d++, q += LS) {
+            float32x4_t q0 = vld1q_f32(q), q1 = vld1q_f32(q + 4), q2 = vld1q_f32(q + 8), q3 = vld1q_f32(q + 12);
+            const float kv[4] = {k0[d], k1[d], k2[d], k3[d]};
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                a[u][0] = vfmaq_n_f32(a[u][0], q0, kv[u]), a[u][1] = vfmaq_n_f32(a[u][1], q1, kv[u]);
+                a[u][2] = vfmaq_n_f32(a[u][2], q2, kv[u]), a[u][3] = vfmaq_n_f32(a[u][3], q3, kv[u]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            for (int c = 0; c < 4; c++) vst1q_f32(s + u * LS + 4 * c, a[u][c]);
+    }
+}
+
+static void tsm_neon(float *s, int nk, int t0, const int32_t *lim, float *m, float *l, float *alpha) {
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    for (int h = 0; h < LS; h += 4) {
+        int32x4_t lv = vld1q_s32(lim + h);
+        float32x4_t mo = vld1q_f32(m + h), mx = mo;
+        for (int j = 0; j < nk; j++) {
+            uint32x4_t ok = vcleq_s32(vdupq_n_s32(t0 + j), lv);
+            mx = vmaxq_f32(mx, vbslq_f32(ok, vld1q_f32(s + j * LS + h), ninf));
+        }
+        float32x4_t sum = vdupq_n_f32(0);
+        for (int j = 0; j < nk; j++) {
+            uint32x4_t ok = vcleq_s32(vdupq_n_s32(t0 + j), lv);
+            float32x4_t e = kiln_exp4(vsubq_f32(vld1q_f32(s + j * LS + h), mx));
+            float32x4_t p = vreinterpretq_f32_u32(vandq_u32(ok, vreinterpretq_u32_f32(e)));
+            vst1q_f32(s + j * LS + h, p);
+            sum = vaddq_f32(sum, p);
+        }
+        float32x4_t al = kiln_exp4(vsubq_f32(mo, mx));
+        vst1q_f32(alpha + h, al);
+        vst1q_f32(l + h, vfmaq_f32(sum, vld1q_f32(l + h), al));
+        vst1q_f32(m + h, mx);
+    }
+}
+
+static void tpv_neon(float *ot, const float *alpha, const float *p, const float *const *vrow, int nk, int hd) {
+    const float32x4_t al[4] = {vld1q_f32(alpha), vld1q_f32(alpha + 4), vld1q_f32(alpha + 8), vld1q_f32(alpha + 12)};
+    int d0 = 0;
+    for (; d0 + 4 <= hd; d0 += 4) {
+        float *o = ot + (size_t)d0 * LS;
+        float32x4_t a[4][4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            for (int c = 0; c < 4; c++) a[u][c] = vmulq_f32(vld1q_f32(o + u * LS + 4 * c), al[c]);
+        for (int j = 0; j < nk; j++) {
+            const float *v = vrow[j] + d0, *pj = p + j * LS;
+            float32x4_t p0 = vld1q_f32(pj), p1 = vld1q_f32(pj + 4), p2 = vld1q_f32(pj + 8), p3 = vld1q_f32(pj + 12);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                a[u][0] = vfmaq_n_f32(a[u][0], p0, v[u]), a[u][1] = vfmaq_n_f32(a[u][1], p1, v[u]);
+                a[u][2] = vfmaq_n_f32(a[u][2], p2, v[u]), a[u][3] = vfmaq_n_f32(a[u][3], p3, v[u]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            for (int c = 0; c < 4; c++) vst1q_f32(o + u * LS + 4 * c, a[u][c]);
+    }
+    for (; d0 < hd; d0++) {
+        float *o = ot + (size_t)d0 * LS;
+        float32x4_t a[4];
+        for (int c = 0; c < 4; c++) a[c] = vmulq_f32(vld1q_f32(o + 4 * c), al[c]);
+        for (int j = 0; j < nk; j++) {
+            const float v = vrow[j][d0];
+            for (int c = 0; c < 4; c++) a[c] = vfmaq_n_f32(a[c], vld1q_f32(p + j * LS + 4 * c), v);
+        }
+        for (int c = 0; c < 4; c++) vst1q_f32(o + 4 * c, a[c]);
+    }
+}
+#endif /* KILN_NEON */
 
 /* ==== work items and the drivers ==== */
 
@@ -604,6 +755,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
     const int G = n_head / kv->n_head_kv, nkv = kv->n_head_kv, hd = kv->head_dim, nth = cpu_n_threads(be);
     struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .layer = layer, .n_head = n_head, .group = G, .scale = scale};
+#if defined(KILN_X86)
     j.qk = isa == CPU_ISA_AVX512 ? qk_avx512 : isa == CPU_ISA_AVX2 ? qk_avx2 : qk_scalar;
     j.expsum = isa == CPU_ISA_AVX512 ? expsum_avx512 : isa == CPU_ISA_AVX2 ? expsum_avx2 : expsum_scalar;
     j.pv = isa == CPU_ISA_AVX512 ? pv_avx512 : isa == CPU_ISA_AVX2 ? pv_avx2 : pv_scalar;
@@ -611,6 +763,15 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tqk = isa == CPU_ISA_AVX512 ? tqk_avx512 : isa == CPU_ISA_AVX2 ? tqk_avx2 : tqk_scalar;
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
+#elif defined(KILN_NEON)
+    const int neon = isa >= CPU_ISA_NEON;
+    j.qk = neon ? qk_neon : qk_scalar, j.expsum = neon ? expsum_neon : expsum_scalar, j.pv = neon ? pv_neon : pv_scalar;
+    j.L = LS;
+    j.tqk = neon ? tqk_neon : tqk_scalar, j.tsm = neon ? tsm_neon : tsm_scalar, j.tpv = neon ? tpv_neon : tpv_scalar;
+#else
+    j.qk = qk_scalar, j.expsum = expsum_scalar, j.pv = pv_scalar, j.L = LS;
+    j.tqk = tqk_scalar, j.tsm = tsm_scalar, j.tpv = tpv_scalar;
+#endif
     int n_items = 0, max_len = 1, any_tiled = 0;
     int64_t work = 0;
     for (int s = 0; s < b->n_seqs; s++) {

@@ -29,9 +29,26 @@ struct cpu_ctx {
     const struct rope *rope_of;
 };
 
-/* instruction sets of the kernels, chosen at run time (matmul.c):
- * KILN_CPU_ISA=scalar|avx2|avx512 caps it, tests force each with set */
-enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2 };
+/* The architecture's vector kernels: x86 (AVX2 / AVX-512, each function
+ * under its own target attribute) or AArch64 (NEON, always there; dotprod
+ * under its own target attribute). Anything else builds the scalar path. */
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_X86 1
+#elif defined(__aarch64__)
+#define KILN_NEON 1
+#endif
+
+/* instruction sets of the kernels, chosen at run time (matmul.c), ordered
+ * on each architecture (a level has what the ones below it have):
+ * KILN_CPU_ISA=scalar|avx2|avx512 (x86) or scalar|neon|dotprod (AArch64)
+ * caps it, tests force each with set. The other architecture's levels are
+ * names only, above every reachable level, and are never chosen;
+ * CPU_ISA_LAST is this architecture's top level. */
+#if defined(KILN_NEON)
+enum { CPU_ISA_SCALAR = 0, CPU_ISA_NEON = 1, CPU_ISA_DOTPROD = 2, CPU_ISA_LAST = 2, CPU_ISA_AVX2 = 16, CPU_ISA_AVX512 = 17 };
+#else
+enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_LAST = 2, CPU_ISA_NEON = 16, CPU_ISA_DOTPROD = 17 };
+#endif
 int cpu_isa(void);                /* in use */
 int cpu_isa_max(void);            /* best the CPU has */
 int cpu_set_isa(int isa);         /* capped at cpu_isa_max(); returns what was set */

@@ -24,9 +24,12 @@
  * Paths: scalar (portable, the reference), AVX2+FMA+F16C, AVX-512 (F+BW+VL),
  * picked at run time from what the CPU reports; KILN_CPU_ISA=scalar|avx2|
  * avx512 caps the choice (KILN_NO_SIMD=1 means scalar), and tests force each
- * path with cpu_set_isa().
+ * path with cpu_set_isa(). On AArch64: NEON (GEMM 8 x 12, GEMV), and the
+ * dotprod level (Q8_0 / Q4_0 with sdot, qmatmul.c) when the CPU has it.
  */
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,18 +42,40 @@
 
 static int isa_hw = -1, isa_cur = -1;
 
+#if defined(KILN_NEON) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
 static void isa_init(void) {
     if (isa_hw >= 0) return;
-    __builtin_cpu_init();
     int h = CPU_ISA_SCALAR;
+#if defined(KILN_X86)
+    __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) h = CPU_ISA_AVX2;
     if (h == CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
         h = CPU_ISA_AVX512;
+#elif defined(KILN_NEON)
+    /* Advanced SIMD is part of AArch64; dotprod (sdot/udot, ARMv8.2+:
+     * Cortex-A76 / Pi 5, Neoverse, Apple) is optional. The f16 -> f32
+     * widening (fcvtl) is base AArch64; FEAT_FP16 / FEAT_BF16 arithmetic
+     * would round the f32 activations, which the parity contract forbids,
+     * so they are not used. */
+    h = CPU_ISA_NEON;
+#if defined(__linux__) && defined(HWCAP_ASIMDDP)
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) h = CPU_ISA_DOTPROD;
+#elif defined(__ARM_FEATURE_DOTPROD)
+    h = CPU_ISA_DOTPROD;
+#endif
+#endif
     int c = h;
     const char *e = getenv("KILN_CPU_ISA");
     if (e && *e) {
+#if defined(KILN_NEON)
+        int want = !strcmp(e, "scalar") ? CPU_ISA_SCALAR : !strcmp(e, "neon") ? CPU_ISA_NEON : CPU_ISA_DOTPROD;
+#else
         int want = !strcmp(e, "scalar") ? CPU_ISA_SCALAR : !strcmp(e, "avx2") ? CPU_ISA_AVX2 : CPU_ISA_AVX512;
+#endif
         if (want < c) c = want;
     }
     if (getenv("KILN_NO_SIMD")) c = CPU_ISA_SCALAR;
@@ -74,7 +99,9 @@ int cpu_set_isa(int isa) {
     return isa_cur;
 }
 
-const char *cpu_isa_name(int isa) { return isa == CPU_ISA_AVX512 ? "avx512" : isa == CPU_ISA_AVX2 ? "avx2" : "scalar"; }
+const char *cpu_isa_name(int isa) {
+    return isa == CPU_ISA_AVX512 ? "avx512" : isa == CPU_ISA_AVX2 ? "avx2" : isa == CPU_ISA_DOTPROD ? "dotprod" : isa == CPU_ISA_NEON ? "neon" : "scalar";
+}
 
 /* ==== scalar dot products (portable, and the reference for tests) ==== */
 
@@ -105,6 +132,7 @@ static void dot_f16_scalar(const void *row, const float *const *x, int nx, int n
     }
 }
 
+#if defined(KILN_X86)
 /* ==== AVX2 + FMA (+ F16C) ==== */
 
 #define AVX2 KILN_AVX2
@@ -191,6 +219,8 @@ DOT_AVX512(dot_f32_avx512, float, load16_f32, load16m_f32)
 DOT_AVX512(dot_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
 DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 
+#endif /* KILN_X86 */
+
 /* Decode GEMV, one activation row: the weight rows are read in order, one
  * row at a time (a single sequential stream per thread), 64 weights per step
  * into 4 independent accumulators, with a software prefetch GEMV_PFD bytes
@@ -207,6 +237,7 @@ static inline void gemv_pf_start(const uint8_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
+#if defined(KILN_X86)
 #define GEMV1_AVX512(NAME, WT, LOAD, LOADM)                                                                       \
     AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,        \
                             const float *bias, float *out) {                                                      \
@@ -269,23 +300,112 @@ GEMV1_AVX2(gemv1_f32_avx2, float, load8_f32, dot_f32_scalar)
 GEMV1_AVX2(gemv1_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
 GEMV1_AVX2(gemv1_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
 
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* ==== NEON (AArch64) ==== */
+
+static inline float32x4_t load4_f32(const float *p) { return vld1q_f32(p); }
+
+/* dot of one weight row with 1..4 activation rows: 8 weights per step, two
+ * accumulators per activation row (as DOT_AVX2) */
+#define DOT_NEON(NAME, WT, LOAD, SCALAR)                                                            \
+    static void NAME(const void *row, const float *const *x, int nx, int n_in, float *out) {        \
+        const WT *w = row;                                                                          \
+        int i = 0, n8 = n_in & ~7;                                                                  \
+        float32x4_t a[4][2];                                                                        \
+        for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = vdupq_n_f32(0);                             \
+        for (; i < n8; i += 8) {                                                                    \
+            float32x4_t w0 = LOAD(w + i), w1 = LOAD(w + i + 4);                                     \
+            for (int j = 0; j < nx; j++) {                                                          \
+                a[j][0] = vfmaq_f32(a[j][0], w0, vld1q_f32(x[j] + i));                              \
+                a[j][1] = vfmaq_f32(a[j][1], w1, vld1q_f32(x[j] + i + 4));                          \
+            }                                                                                       \
+        }                                                                                           \
+        for (int j = 0; j < nx; j++) {                                                              \
+            float s = vaddvq_f32(vaddq_f32(a[j][0], a[j][1]));                                      \
+            float t;                                                                                \
+            const float *xt = x[j] + i;                                                             \
+            SCALAR((const void *)(w + i), &xt, 1, n_in - i, &t);                                    \
+            out[j] = s + t;                                                                         \
+        }                                                                                           \
+    }
+
+DOT_NEON(dot_f32_neon, float, load4_f32, dot_f32_scalar)
+DOT_NEON(dot_bf16_neon, uint16_t, kiln_bf16x4, dot_bf16_scalar)
+DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
+
+/* decode GEMV (one activation row): one weight row at a time, 32 weights
+ * per step into 4 accumulators of 2 x 4 lanes, prefetch GEMV_PFD ahead
+ * (as GEMV1_AVX2); the tail (n_in % 32) through the scalar dot */
+#define GEMV1_NEON(NAME, WT, LOAD, SCALAR)                                                                        \
+    static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias, \
+                     float *out) {                                                                                \
+        gemv_pf_start(W + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);                                               \
+        const int n32 = n_in & ~31;                                                                               \
+        for (int64_t r = r0; r < r1; r++) {                                                                       \
+            const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
+            float32x4_t a[8];                                                                                     \
+            for (int u = 0; u < 8; u++) a[u] = vdupq_n_f32(0);                                                    \
+            for (int i = 0; i < n32; i += 32) {                                                                   \
+                for (int c = 0; c < 32 * (int)sizeof(WT); c += 64)                                                \
+                    _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
+                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a[u] =                                        \
+                    vfmaq_f32(a[u], LOAD(w + i + 4 * u), vld1q_f32(x + i + 4 * u));                               \
+            }                                                                                                     \
+            float t = 0;                                                                                          \
+            if (n32 < n_in) {                                                                                     \
+                const float *xt = x + n32;                                                                        \
+                SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                          \
+            }                                                                                                     \
+            float32x4_t s = vaddq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])),                    \
+                                      vaddq_f32(vaddq_f32(a[4], a[5]), vaddq_f32(a[6], a[7])));                   \
+            out[r] = vaddvq_f32(s) + t + (bias ? bias[r] : 0.0f);                                                 \
+        }                                                                                                         \
+    }
+
+GEMV1_NEON(gemv1_f32_neon, float, load4_f32, dot_f32_scalar)
+GEMV1_NEON(gemv1_bf16_neon, uint16_t, kiln_bf16x4, dot_bf16_scalar)
+GEMV1_NEON(gemv1_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
+#endif /* KILN_NEON */
+
 static gemv1_fn gemv1_for(enum kiln_dtype t) {
     int v = cpu_isa();
+#if defined(KILN_NEON)
+    if (v >= CPU_ISA_NEON)
+        return t == KILN_DTYPE_BF16 ? gemv1_bf16_neon : t == KILN_DTYPE_F16 ? gemv1_f16_neon : t == KILN_DTYPE_F32 ? gemv1_f32_neon : NULL;
+    return NULL;
+#elif !defined(KILN_X86)
+    return (void)v, (void)t, NULL;
+#else
     if (v == CPU_ISA_AVX512)
         return t == KILN_DTYPE_BF16 ? gemv1_bf16_avx512 : t == KILN_DTYPE_F16 ? gemv1_f16_avx512 : t == KILN_DTYPE_F32 ? gemv1_f32_avx512 : NULL;
     if (v == CPU_ISA_AVX2)
         return t == KILN_DTYPE_BF16 ? gemv1_bf16_avx2 : t == KILN_DTYPE_F16 ? gemv1_f16_avx2 : t == KILN_DTYPE_F32 ? gemv1_f32_avx2 : NULL;
     return NULL;
+#endif
 }
 
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t) {
     int v = cpu_isa();
+#if defined(KILN_NEON)
+    switch (t) {
+    case KILN_DTYPE_F32: return v ? dot_f32_neon : dot_f32_scalar;
+    case KILN_DTYPE_BF16: return v ? dot_bf16_neon : dot_bf16_scalar;
+    case KILN_DTYPE_F16: return v ? dot_f16_neon : dot_f16_scalar;
+    default: return NULL;
+    }
+#elif !defined(KILN_X86)
+    (void)v;
+    return t == KILN_DTYPE_F32 ? dot_f32_scalar : t == KILN_DTYPE_BF16 ? dot_bf16_scalar : t == KILN_DTYPE_F16 ? dot_f16_scalar : NULL;
+#else
     switch (t) {
     case KILN_DTYPE_F32: return v == CPU_ISA_AVX512 ? dot_f32_avx512 : v ? dot_f32_avx2 : dot_f32_scalar;
     case KILN_DTYPE_BF16: return v == CPU_ISA_AVX512 ? dot_bf16_avx512 : v ? dot_bf16_avx2 : dot_bf16_scalar;
     case KILN_DTYPE_F16: return v == CPU_ISA_AVX512 ? dot_f16_avx512 : v ? dot_f16_avx2 : dot_f16_scalar;
     default: return NULL;
     }
+#endif
 }
 
 void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
@@ -303,7 +423,7 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
 
 /* ==== GEMM: packing ==== */
 
-enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, PACK_KB = 16 };
+enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, MRNEON = 8, NRNEON = 12, PACK_KB = 16 };
 
 /* x rows [t0, t0+mr) -> xp[k][MR] (rows past mr are zero). k outer: xp is
  * written once, front to back, while the mr rows are read as mr sequential
@@ -336,6 +456,7 @@ static void pack_w_generic(float *wp, const uint8_t *W, enum kiln_dtype t, size_
     }
 }
 
+#if defined(KILN_X86)
 /* AVX2 (also used on AVX-512 machines): widen 8 k of 8 rows at a time and
  * transpose the 8 x 8 block in registers; the k tail and a partial panel
  * (nr < NR) go through the generic path. */
@@ -432,6 +553,73 @@ AVX2 static void ukr_avx2(const float *xp, const float *wp, int K, float *c, siz
     }
 }
 
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* NEON: 4 k of 4 rows widened and transposed in registers (two zip
+ * steps); the k tail and a partial panel go through the generic path */
+#define PACK_T4(LOAD, T)                                                                                     \
+    for (; k0 + 4 <= n_in; k0 += 4)                                                                          \
+        for (int jb = 0; jb < NR; jb += 4) {                                                                 \
+            float32x4_t r0 = LOAD((const T *)(W + (size_t)(o0 + jb) * rb) + k0);                             \
+            float32x4_t r1 = LOAD((const T *)(W + (size_t)(o0 + jb + 1) * rb) + k0);                         \
+            float32x4_t r2 = LOAD((const T *)(W + (size_t)(o0 + jb + 2) * rb) + k0);                         \
+            float32x4_t r3 = LOAD((const T *)(W + (size_t)(o0 + jb + 3) * rb) + k0);                         \
+            float32x4_t t0 = vzip1q_f32(r0, r2), t1 = vzip2q_f32(r0, r2), t2 = vzip1q_f32(r1, r3), t3 = vzip2q_f32(r1, r3); \
+            vst1q_f32(wp + (size_t)(k0 + 0) * NR + jb, vzip1q_f32(t0, t2));                                  \
+            vst1q_f32(wp + (size_t)(k0 + 1) * NR + jb, vzip2q_f32(t0, t2));                                  \
+            vst1q_f32(wp + (size_t)(k0 + 2) * NR + jb, vzip1q_f32(t1, t3));                                  \
+            vst1q_f32(wp + (size_t)(k0 + 3) * NR + jb, vzip2q_f32(t1, t3));                                  \
+        }
+
+static void pack_w_neon(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, int n_in, int o0, int nr, int NR) {
+    if (nr < NR) {
+        pack_w_generic(wp, W, t, rb, n_in, o0, nr, NR);
+        return;
+    }
+    int k0 = 0;
+    if (t == KILN_DTYPE_BF16) {
+        PACK_T4(kiln_bf16x4, uint16_t)
+    } else if (t == KILN_DTYPE_F16) {
+        PACK_T4(kiln_f16x4, uint16_t)
+    } else {
+        PACK_T4(load4_f32, float)
+    }
+    for (; k0 < n_in; k0++)
+        for (int j = 0; j < NR; j++) cpu_row_to_f32(wp + (size_t)k0 * NR + j, W + (size_t)(o0 + j) * rb + (size_t)k0 * dtype_size(t), t, 1);
+}
+
+/* c[r][0..nr) = sum_k xp[k][r] * wp[k][0..12) + bias, rows r < mr: 8 x 12
+ * in 24 accumulators, per k 3 weight loads, 2 activation loads and 24
+ * lane-indexed FMAs (no broadcasts) */
+static void ukr_neon(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+    float32x4_t acc[MRNEON][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < MRNEON; r++) acc[r][0] = acc[r][1] = acc[r][2] = vdupq_n_f32(0);
+    for (int k = 0; k < K; k++) {
+        float32x4_t w0 = vld1q_f32(wp), w1 = vld1q_f32(wp + 4), w2 = vld1q_f32(wp + 8);
+        float32x4_t x0 = vld1q_f32(xp), x1 = vld1q_f32(xp + 4);
+#define UKR_ROW(r, xv, l)                                   \
+    acc[r][0] = vfmaq_laneq_f32(acc[r][0], w0, xv, l);      \
+    acc[r][1] = vfmaq_laneq_f32(acc[r][1], w1, xv, l);      \
+    acc[r][2] = vfmaq_laneq_f32(acc[r][2], w2, xv, l);
+        UKR_ROW(0, x0, 0) UKR_ROW(1, x0, 1) UKR_ROW(2, x0, 2) UKR_ROW(3, x0, 3)
+        UKR_ROW(4, x1, 0) UKR_ROW(5, x1, 1) UKR_ROW(6, x1, 2) UKR_ROW(7, x1, 3)
+#undef UKR_ROW
+        wp += NRNEON;
+        xp += MRNEON;
+    }
+    /* constant indices only (unrolled): acc stays in registers in the k loop */
+    float tile[MRNEON][NRNEON];
+#pragma GCC unroll 8
+    for (int r = 0; r < MRNEON; r++) vst1q_f32(tile[r], acc[r][0]), vst1q_f32(tile[r] + 4, acc[r][1]), vst1q_f32(tile[r] + 8, acc[r][2]);
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+        for (int j = 0; j < nr; j++) cr[j] = tile[r][j] + (bias ? bias[j] : 0.0f);
+    }
+}
+#endif /* KILN_NEON */
+
 /* per-call scratch kept in the backend context: the packed activations,
  * then one weight panel per thread */
 static float *scratch(struct kiln_backend *be, size_t floats) {
@@ -473,7 +661,11 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
     for (int64_t ob = b; ob < e; ob++) {
         int o0 = (int)ob * NR, nr = n_out - o0 < NR ? n_out - o0 : NR;
         const float *bo = j->bias ? j->bias + o0 : NULL;
+#if defined(KILN_NEON)
+        pack_w_neon(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
+#elif defined(KILN_X86)
         pack_w_avx2(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
+#endif
         /* the next panel's weight rows (same thread) are prefetched into L2
          * a slice per row panel, so its packing does not wait on DRAM */
         const int pf_rows = ob + 1 < e ? (n_out - o0 - nr < NR ? n_out - o0 - nr : NR) : 0;
@@ -485,8 +677,12 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
             int t0 = tb * MR, mr = n - t0 < MR ? n - t0 : MR;
             const float *xp = j->xp + (size_t)tb * MR * n_in;
             float *c = j->out + (size_t)t0 * n_out + o0;
+#if defined(KILN_NEON)
+            ukr_neon(xp, wp, n_in, c, n_out, mr, nr, bo);
+#elif defined(KILN_X86)
             if (j->isa == CPU_ISA_AVX512) ukr_avx512(xp, wp, n_in, c, n_out, mr, nr, bo);
             else ukr_avx2(xp, wp, n_in, c, n_out, mr, nr, bo);
+#endif
         }
     }
 }
@@ -495,6 +691,9 @@ static void gemm(struct kiln_backend *be, float *out, const float *x, const stru
     struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
                        .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL};
     j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
+#if defined(KILN_NEON)
+    j.MR = MRNEON, j.NR = NRNEON;
+#endif
     j.rb = (size_t)j.n_in * dtype_size(j.dt);
     const int n_tb = (n + j.MR - 1) / j.MR, n_ob = (j.n_out + j.NR - 1) / j.NR;
     const size_t xp_sz = ((size_t)n_tb * j.MR * j.n_in + 15) & ~(size_t)15;

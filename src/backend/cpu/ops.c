@@ -74,6 +74,7 @@ static void norm_row_scalar(float *out, const float *x, const float *w, int dim,
     for (int i = 0; i < dim; i++) out[i] = w[i] * (x[i] * r);
 }
 
+#if defined(KILN_X86)
 KILN_AVX2 static void norm_row_avx2(float *out, const float *x, const float *w, int dim, float eps) {
     __m256d a0 = _mm256_setzero_pd(), a1 = a0;
     int i = 0;
@@ -109,9 +110,37 @@ KILN_AVX512 static void norm_row_avx512(float *out, const float *x, const float 
     }
 }
 
+#endif
+
+#if defined(KILN_NEON)
+/* NEON: the squares summed in 8 double lanes (4 x 2), as the AVX2 path */
+static void norm_row_neon(float *out, const float *x, const float *w, int dim, float eps) {
+    float64x2_t a0 = vdupq_n_f64(0), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        float32x4_t v0 = vld1q_f32(x + i), v1 = vld1q_f32(x + i + 4);
+        float64x2_t d0 = vcvt_f64_f32(vget_low_f32(v0)), d1 = vcvt_high_f64_f32(v0);
+        float64x2_t d2 = vcvt_f64_f32(vget_low_f32(v1)), d3 = vcvt_high_f64_f32(v1);
+        a0 = vfmaq_f64(a0, d0, d0), a1 = vfmaq_f64(a1, d1, d1), a2 = vfmaq_f64(a2, d2, d2), a3 = vfmaq_f64(a3, d3, d3);
+    }
+    double ss = vaddvq_f64(vaddq_f64(vaddq_f64(a0, a1), vaddq_f64(a2, a3)));
+    for (int k = i; k < dim; k++) ss += (double)x[k] * x[k];
+    float r = 1.0f / sqrtf((float)(ss / dim) + eps);
+    const float32x4_t rv = vdupq_n_f32(r);
+    for (i = 0; i + 4 <= dim; i += 4) vst1q_f32(out + i, vmulq_f32(vld1q_f32(w + i), vmulq_f32(vld1q_f32(x + i), rv)));
+    for (; i < dim; i++) out[i] = w[i] * (x[i] * r);
+}
+#endif
+
 static norm_fn norm_for(void) {
     int isa = cpu_isa();
+#if defined(KILN_X86)
     return isa == CPU_ISA_AVX512 ? norm_row_avx512 : isa == CPU_ISA_AVX2 ? norm_row_avx2 : norm_row_scalar;
+#elif defined(KILN_NEON)
+    return isa >= CPU_ISA_NEON ? norm_row_neon : norm_row_scalar;
+#else
+    return (void)isa, norm_row_scalar;
+#endif
 }
 
 static void rmsnorm_rows(void *arg, int64_t b, int64_t e, int tid) {
@@ -157,6 +186,7 @@ static void rope_scalar(float *h, const float *cs, int hd) {
     }
 }
 
+#if defined(KILN_X86)
 KILN_AVX512 static void rope_avx512(float *h, const float *cs, int hd) {
     const int half = hd / 2;
     const float *cv = cs, *sv = cs + half;
@@ -184,6 +214,26 @@ KILN_AVX2 static void rope_avx2(float *h, const float *cs, int hd) {
         h[i + half] = bb * cv[i] + a * sv[i];
     }
 }
+
+#endif
+
+#if defined(KILN_NEON)
+static void rope_neon(float *h, const float *cs, int hd) {
+    const int half = hd / 2;
+    const float *cv = cs, *sv = cs + half;
+    int i = 0;
+    for (; i + 4 <= half; i += 4) {
+        float32x4_t a = vld1q_f32(h + i), b = vld1q_f32(h + half + i), c = vld1q_f32(cv + i), sn = vld1q_f32(sv + i);
+        vst1q_f32(h + i, vsubq_f32(vmulq_f32(a, c), vmulq_f32(b, sn)));
+        vst1q_f32(h + half + i, vaddq_f32(vmulq_f32(b, c), vmulq_f32(a, sn)));
+    }
+    for (; i < half; i++) {
+        float a = h[i], bb = h[i + half];
+        h[i] = a * cv[i] - bb * sv[i];
+        h[i + half] = bb * cv[i] + a * sv[i];
+    }
+}
+#endif
 
 /* one head vector: optional RMSNorm, then RoPE */
 static inline void head_norm_rope(const struct row_job *j, float *h, const float *nw, const float *cs) {
@@ -248,7 +298,13 @@ static void cpu_qk_norm_rope(struct kiln_backend *be, void *q_, void *k_, const 
                         .cs = rope_table(be, rope, b, head_dim), .n_head = n_head, .n_head_kv = n_head_kv, .hd = head_dim,
                         .eps = eps, .norm = norm_for()};
     const int isa = cpu_isa();
+#if defined(KILN_X86)
     j.rope = isa == CPU_ISA_AVX512 ? rope_avx512 : isa == CPU_ISA_AVX2 ? rope_avx2 : rope_scalar;
+#elif defined(KILN_NEON)
+    j.rope = isa >= CPU_ISA_NEON ? rope_neon : rope_scalar;
+#else
+    j.rope = (void)isa, rope_scalar;
+#endif
     cpu_parallel_for(be, b->n_tokens, rows_chunk((int64_t)(n_head + n_head_kv) * head_dim), qk_norm_rope_rows, &j);
 }
 
@@ -256,6 +312,7 @@ static void swiglu_scalar(float *out, const float *g, const float *u, size_t n) 
     for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+#if defined(KILN_X86)
 KILN_AVX2 static void swiglu_avx2(float *out, const float *g, const float *u, size_t n) {
     size_t i = 0;
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -277,6 +334,21 @@ KILN_AVX512 static void swiglu_avx512(float *out, const float *g, const float *u
     }
 }
 
+#endif
+
+#if defined(KILN_NEON)
+static void swiglu_neon(float *out, const float *g, const float *u, size_t n) {
+    size_t i = 0;
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t gv = vld1q_f32(g + i);
+        float32x4_t d = vaddq_f32(one, kiln_exp4(vnegq_f32(gv)));
+        vst1q_f32(out + i, vmulq_f32(vdivq_f32(gv, d), vld1q_f32(u + i)));
+    }
+    swiglu_scalar(out + i, g + i, u + i, n - i);
+}
+#endif
+
 struct swiglu_job {
     float *out;
     const float *g, *u;
@@ -294,7 +366,13 @@ static void swiglu_range(void *arg, int64_t b, int64_t e, int tid) {
 static void cpu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn) {
     int isa = cpu_isa();
     struct swiglu_job j = {.out = out, .g = gate, .u = up, .total = (size_t)n * ffn};
+#if defined(KILN_X86)
     j.fn = isa == CPU_ISA_AVX512 ? swiglu_avx512 : isa == CPU_ISA_AVX2 ? swiglu_avx2 : swiglu_scalar;
+#elif defined(KILN_NEON)
+    j.fn = isa >= CPU_ISA_NEON ? swiglu_neon : swiglu_scalar;
+#else
+    j.fn = (void)isa, swiglu_scalar;
+#endif
     cpu_parallel_for(be, (int64_t)((j.total + 15) / 16), PAR_MIN / 16, swiglu_range, &j);
 }
 

@@ -43,7 +43,9 @@
  * Act-order GPTQ: x is permuted once per call (x'[k] = x[perm[k]]) so the
  * repacked rows read groups contiguously.
  */
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdlib.h>
 
@@ -148,6 +150,7 @@ static void row_grp(const struct qgrp *g, int r, float *y) {
     }
 }
 
+#if defined(KILN_X86)
 /* AVX2 row dequantization. FP8: e4m3 bits moved into an f16 (sign, then
  * exponent+mantissa shifted left by 7) equal the value times 2^-8 for
  * normals and subnormals alike, so F16C converts 8 at a time and the 2^8
@@ -443,6 +446,8 @@ AVX512 static void lut_order_512(float *xl, const float *x, int K) {
     }
 }
 
+#endif /* KILN_X86 */
+
 /* ==== exact path on the worker pool ==== */
 
 struct xjob {
@@ -501,15 +506,23 @@ static void free_scratch(void **scr, int nt) {
 
 /* dequantizes row r of any exact-path format into y[K] */
 static void dequant_row(const struct xjob *j, int r, float *y) {
+#if defined(KILN_X86)
     const int v = j->isa >= CPU_ISA_AVX2;
     switch (j->w->fmt) {
     case KILN_WFMT_FP8: (v ? row_fp8_avx2 : row_fp8)(j->w, j->p, r, y); break;
     case KILN_WFMT_GPTQ:
     case KILN_WFMT_AWQ: (v ? row_grp_avx2 : row_grp)(&j->p->grp, r, y); break;
+#else
+    switch (j->w->fmt) {
+    case KILN_WFMT_FP8: row_fp8(j->w, j->p, r, y); break;
+    case KILN_WFMT_GPTQ:
+    case KILN_WFMT_AWQ: row_grp(&j->p->grp, r, y); break;
+#endif
     default: quant_dequant_row(j->w->w.dtype, (const uint8_t *)j->w->w.data + (size_t)r * j->rb, y, j->K); break;
     }
 }
 
+#if defined(KILN_X86)
 static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
@@ -529,6 +542,8 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)tid;
 }
 
+#endif /* KILN_X86 */
+
 static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     float *y = thread_scratch(j->scr, tid, j->scr_bytes);
@@ -547,6 +562,7 @@ static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
 }
 
+#if defined(KILN_X86)
 /* GEMM: x packed once in tiles of MR tokens ([k][MR], zero padded); per NR
  * output rows the weights are dequantized once into an f32 panel [k][NR]
  * (per-thread scratch, L2), then an MR x NR register-tiled microkernel runs
@@ -663,15 +679,20 @@ static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     }
 }
 
+#endif /* KILN_X86 */
+
 /* n at or above which the exact path runs the GEMM (below: row dots) */
 #define XGEMM_MIN 8
 
 /* the decode paths of the exact numerics: fused dequantize + FMA per row
  * (n <= 4), and with it the lookup kernels of 4-bit groups (n = 1) */
+#if defined(KILN_X86)
 static int exact_fused(const struct xjob *j) { return j->isa >= CPU_ISA_AVX2 && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
 static int exact_lut(const struct xjob *j) {
     return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
 }
+
+#endif
 
 static void matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
@@ -687,6 +708,7 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
                      .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
     /* rows per chunk: ~64 KiB of dequantized weights */
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
+#if defined(KILN_X86)
     if (exact_fused(&j)) { /* decode: fused, no scratch */
         if (exact_lut(&j)) {
             float *xl;
@@ -707,7 +729,9 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
         cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
         free(j.xp);
         free_scratch(j.scr, nt);
-    } else {
+    } else
+#endif
+    { /* row dots on dequantized rows (NEON: matmul.c's dot) */
         j.scr = kiln_calloc((size_t)nt, sizeof(void *));
         j.scr_bytes = sizeof(float) * (size_t)K;
         cpu_parallel_for(be, N, chunk, x_rows, &j);
@@ -744,6 +768,7 @@ static void quantize_act(const float *x, struct q8a *b, int K) {
  * (amax, d = amax / 127, id = 1 / d, x * id rounded to nearest even by
  * cvtps2dq as lrintf does), so the codes are bit-identical. Block b of the
  * row goes to out[b * stride] (stride 1: row-major; NT: the GEMM's tiles). */
+#if defined(KILN_X86)
 AVX2 static void quantize_act_avx2(const float *x, struct q8a *b, int K, int stride) {
     const __m256 sgn = _mm256_set1_ps(-0.0f);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
@@ -768,6 +793,8 @@ AVX2 static void quantize_act_avx2(const float *x, struct q8a *b, int K, int str
         b->d = d, b->sum = _mm_cvtsi128_si32(s4);
     }
 }
+
+#endif
 
 static inline float h2f(const uint8_t *p) { return kiln_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
@@ -865,6 +892,7 @@ static float dot_q6_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
     return acc;
 }
 
+#if defined(KILN_X86)
 /* sum over 32 lanes of u8 a * s8 b, as 8 i32 lanes converted to f32 */
 AVX2 static inline __m256 dot_u8s8(__m256i a, __m256i b) {
     __m256i p = _mm256_maddubs_epi16(a, b);
@@ -878,9 +906,13 @@ AVX2 static inline float h2f_c(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
+#endif /* KILN_X86 */
+
 /* The AVX2 kernels take up to 4 activation rows (nx) per pass over a weight
  * row, so at prefill each block is unpacked once per 4 tokens. */
 #define NX 4
+
+#if defined(KILN_X86)
 
 /* dot_<fmt>_avx2 over nx <= 4 activation rows: a switch onto copies of the
  * kernel dot_<fmt>_avx2_ with nx a constant, so the accumulators stay in
@@ -1050,6 +1082,8 @@ AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q6_k_avx2)
 
+#endif /* KILN_X86 */
+
 typedef float (*qdot_fn)(const uint8_t *w, const struct q8a *a, int nb);
 typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
@@ -1078,6 +1112,8 @@ typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, i
  * (dot_*_avx2, dot_*_scalar) up to the f32 summation order. */
 
 enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2 };
+
+#if defined(KILN_X86)
 
 
 /* rows r0 .. r0+nr-1 (nr <= R; missing rows repeat the last one with scale
@@ -1475,6 +1511,76 @@ static int have_vnni(void) {
     return v;
 }
 
+#else
+static int have_vnni(void) { return 0; }
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* ==== NEON int8 row dots (Q8_0 / Q4_0) ====
+ *
+ * Per block the integer dot of the 32 weight codes with the 32 activation
+ * codes is exact, as in every other path: Q8_0 codes as stored, Q4_0
+ * nibbles minus 8 (sum (q - 8) x = sum q x - 8 sum x, the scalar path's
+ * integer). Baseline NEON: smull / smull2 (|w x| <= 128 x 127 fits i16)
+ * and sadalp into 4 i32 lanes; with dotprod: sdot. Four blocks per step:
+ * their 4 x 4 lanes pairwise added to one i32 vector (lane u = block u),
+ * converted, times the 4 products of weight and activation scales, into
+ * one f32 accumulator (an FMA, so only the f32 order and rounding of the
+ * per-block terms differ from dot_*_scalar); a last partial step runs per
+ * block. */
+#define DP_ATTR __attribute__((target("arch=armv8.2-a+dotprod")))
+
+static inline int32x4_t i8dot_neon(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpadalq_s16(acc, vmull_high_s8(a, b));
+}
+DP_ATTR static inline int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+
+/* the 32 codes of a block as two s8 vectors: elements 0..15 and 16..31 */
+#define Q8_CODES(bw, c0, c1) (c0 = vld1q_s8((const int8_t *)(bw) + 2), c1 = vld1q_s8((const int8_t *)(bw) + 18))
+#define Q4_CODES(bw, c0, c1)                                                                                  \
+    do {                                                                                                      \
+        uint8x16_t b_ = vld1q_u8((bw) + 2);                                                                   \
+        c0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(b_, vdupq_n_u8(15))), vdupq_n_s8(8));                      \
+        c1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(b_, 4)), vdupq_n_s8(8));                                 \
+    } while (0)
+
+#define QDOT_NEON(NAME, ATTR, IDOT, BS, CODES)                                                                \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                   \
+        float32x4_t acc = vdupq_n_f32(0);                                                                     \
+        int i = 0;                                                                                            \
+        for (; i + 4 <= nb; i += 4) {                                                                         \
+            int32x4_t s[4];                                                                                   \
+            uint16_t hs[4];                                                                                   \
+            float xd[4];                                                                                      \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {                                             \
+                const uint8_t *bw = w + (size_t)(BS) * (i + u);                                               \
+                int8x16_t c0, c1;                                                                             \
+                CODES(bw, c0, c1);                                                                            \
+                s[u] = IDOT(IDOT(vdupq_n_s32(0), c0, vld1q_s8(a[i + u].qs)), c1, vld1q_s8(a[i + u].qs + 16)); \
+                hs[u] = (uint16_t)(bw[0] | bw[1] << 8), xd[u] = a[i + u].d;                                   \
+            }                                                                                                 \
+            int32x4_t t = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));                         \
+            float32x4_t sc = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hs))), vld1q_f32(xd));      \
+            acc = vfmaq_f32(acc, vcvtq_f32_s32(t), sc);                                                       \
+        }                                                                                                     \
+        float r = vaddvq_f32(acc);                                                                            \
+        for (; i < nb; i++) {                                                                                 \
+            const uint8_t *bw = w + (size_t)(BS) * i;                                                         \
+            int8x16_t c0, c1;                                                                                 \
+            CODES(bw, c0, c1);                                                                                \
+            int32x4_t s = IDOT(IDOT(vdupq_n_s32(0), c0, vld1q_s8(a[i].qs)), c1, vld1q_s8(a[i].qs + 16));      \
+            r += h2f(bw) * a[i].d * (float)vaddvq_s32(s);                                                     \
+        }                                                                                                     \
+        return r;                                                                                             \
+    }
+
+QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
+QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
+QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
+QDOT_NEON(dot_q4_0_dotprod, DP_ATTR, i8dot_dp, 18, Q4_CODES)
+#endif /* KILN_NEON */
+
 struct ijob {
     const struct qlinear *w;
     float *out;
@@ -1486,11 +1592,13 @@ struct ijob {
     qdot_fn dot;
     qdotx_fn dotx;
     qdot_fn dot1; /* one activation row (decode), or NULL */
+#if defined(KILN_X86)
     qdot1v_fn dot1v; /* VNNI decode: with corr / xd below */
     __m256i *corr; /* per block: lane 0 = -8 or -128 x the activation sum */
     float *xd;     /* per block: the activation scale */
     __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (dot1z_q4_0) */
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (dot1q_q4_0) */
+#endif
     /* GEMM */
     int R, NT, mode, ntile;
     void **scr;
@@ -1505,8 +1613,10 @@ static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
         int stride = j->NT ? j->NT : 1;
         if (t >= j->n) {
             for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+#if defined(KILN_X86)
         } else if (j->isa >= CPU_ISA_AVX2) {
             quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
+#endif
         } else if (stride == 1) {
             quantize_act(j->x + (size_t)t * j->K, d, j->K);
         }
@@ -1517,6 +1627,7 @@ static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
 static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct ijob *j = arg;
     const uint8_t *W = j->w->w.data;
+#if defined(KILN_X86)
     if (j->n == 1 && j->dot1v) {
         const size_t rb = j->rb;
         const int nblk = j->nblk;
@@ -1537,6 +1648,7 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         for (int64_t r = r0; r < r1; r++) out[r] = j->dot1v(W + (size_t)r * rb, j->corr, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
         return;
     }
+#endif
     for (int64_t r = r0; r < r1; r++) {
         float b = j->bias ? j->bias[r] : 0.0f;
         const uint8_t *row = W + (size_t)r * j->rb;
@@ -1555,6 +1667,7 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)tid;
 }
 
+#if defined(KILN_X86)
 static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct ijob *j = arg;
     uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
@@ -1573,6 +1686,8 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     }
 }
 
+#endif
+
 /* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
 
@@ -1584,6 +1699,28 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
+#if !defined(KILN_X86)
+    /* row dots at every n (no int8 GEMM here yet); NEON Q8_0 / Q4_0 dots
+     * (sdot with dotprod), the scalar ones for the other formats */
+    switch (w->w.dtype) {
+    case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
+    case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
+    case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar; break;
+    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.nblk = K / 256; break;
+    default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
+    }
+#if defined(KILN_NEON)
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
+#endif
+    j.dot1 = j.dot;
+    const size_t sz = sizeof *j.xa * (size_t)n * nb;
+    qbuf_get(be, &sz, (void **)&j.xa, 1);
+    cpu_parallel_for(be, n, (16384 + K - 1) / K, i_quant, &j);
+    *jp = j;
+    return 0;
+#else
     switch (w->w.dtype) {
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = dot_q8_0_avx2; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = dot_q4_0_avx2; break;
@@ -1661,6 +1798,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     }
     *jp = j;
     return gemm;
+#endif
 }
 
 /* rows per chunk of the decode's split runs: ~64 KiB of weights */
@@ -1668,13 +1806,18 @@ static int64_t int8_chunk(const struct ijob *j) { return (int64_t)(64 << 10) / (
 
 static void matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     struct ijob j;
+#if defined(KILN_X86)
     if (int8_setup(be, &j, out, x, w, n)) {
         const int nthr = cpu_n_threads(be);
         j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
         j.scr_bytes = (size_t)j.nb * 36 * j.R;
         cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
         free_scratch(j.scr, nthr);
-    } else {
+    } else
+#else
+    int8_setup(be, &j, out, x, w, n);
+#endif
+    {
         /* one contiguous run of rows per thread (cpu_parallel_for_split),
          * stolen from in chunks of ~64 KiB of weights */
         cpu_parallel_for_split(be, j.N, int8_chunk(&j), i_rows, &j);
@@ -1737,8 +1880,10 @@ struct gjob {
     const float *bias;
     struct q8a *xa;   /* row-major [n][nb], or the GEMM's tiles [tile][nb][NT] */
     float *sx;        /* SX_g per token: [n][G] (rows), [tile][G][NT] (GEMM); VNNI decode: [G] pairs {0, SX_g} */
+#if defined(KILN_X86)
     __m512i *act4;    /* VNNI decode: per 4 blocks {lo, hi} codes */
     __m512 *dx4;      /* ... and dx per lane (0 past the last block) */
+#endif
     const float *x;
     int n, K, N, nb, G, gs, isa, vnni;
     int NT, ntile;
@@ -1767,6 +1912,7 @@ static float gdot_scalar(const struct qgrp *g, int r, const struct q8a *a, const
     return acc;
 }
 
+#if defined(KILN_X86)
 /* AVX2: the same per block (maddubs of [lo | hi] codes with the 32 codes) */
 AVX2 static float gdot_avx2(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {
     const uint8_t *q = g->q + (size_t)r * g->row_bytes;
@@ -1869,9 +2015,12 @@ VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, con
     }
 }
 
+#endif /* KILN_X86 */
+
 static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct gjob *j = arg;
     const struct qgrp *g = j->g;
+#if defined(KILN_X86)
     if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {
         grows128_vnni(g, r0, r1, j->act4, j->dx4, j->sx, j->bias, j->out);
         return;
@@ -1882,18 +2031,24 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
                         (j->bias ? j->bias[r] : 0.0f);
         return;
     }
+#endif
     for (int64_t r = r0; r < r1; r++) {
         const float b = j->bias ? j->bias[r] : 0.0f;
         for (int t = 0; t < j->n; t++) {
             const struct q8a *a = j->xa + (size_t)t * j->nb;
             const float *sx = j->sx + (size_t)t * j->G;
+#if defined(KILN_X86)
             float v = j->isa >= CPU_ISA_AVX2 ? gdot_avx2(g, (int)r, a, sx, j->gs) : gdot_scalar(g, (int)r, a, sx, j->gs);
+#else
+            float v = gdot_scalar(g, (int)r, a, sx, j->gs);
+#endif
             j->out[(size_t)t * j->N + r] = v + b;
         }
     }
     (void)tid;
 }
 
+#if defined(KILN_X86)
 /* rows r0 .. r0+nr-1 into the panel: per block 8 quads x 16 rows x 4 code
  * bytes (512 B), then per group 16 s and 16 b (missing rows: codes of the
  * last row, s = b = 0) */
@@ -1978,6 +2133,8 @@ static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     }
 }
 
+#endif /* KILN_X86 */
+
 static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
     const struct gjob *j = arg;
     const int stride = j->NT ? j->NT : 1;
@@ -1985,8 +2142,10 @@ static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
         struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
         if (t >= j->n) {
             for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+#if defined(KILN_X86)
         } else if (j->isa >= CPU_ISA_AVX2) {
             quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
+#endif
         } else {
             quantize_act(j->x + (size_t)t * j->K, d, j->K);
         }
@@ -2020,8 +2179,13 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
                           dec ? 64 * (size_t)nu : 0};
     void *ptr[4];
     qbuf_get(be, sz, ptr, 4);
+#if defined(KILN_X86)
     j.xa = ptr[0], j.sx = ptr[1], j.act4 = ptr[2], j.dx4 = ptr[3];
+#else
+    j.xa = ptr[0], j.sx = ptr[1];
+#endif
     cpu_parallel_for(be, nrow, (16384 + j.K - 1) / j.K, g_quant, &j);
+#if defined(KILN_X86)
     if (dec) {
         /* act4[2u] = [x_b 0..15 for b = 4u .. 4u+3], act4[2u+1] the 16..31
          * halves; dx4[u] lanes 4k..4k+3 = dx of block 4u + k (0 past nb);
@@ -2039,6 +2203,7 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
         }
         for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0; /* in place, from the back */
     }
+#endif
     *jp = j;
     return gemm;
 }
@@ -2054,13 +2219,18 @@ static void matmul_gact(struct kiln_backend *be, float *out, const float *x, con
         x = xperm;
     }
     struct gjob j;
+#if defined(KILN_X86)
     if (gact_setup(be, &j, out, x, w, n)) {
         const int nthr = cpu_n_threads(be);
         j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
         j.scr_bytes = (size_t)j.nb * 512 + sizeof(float) * 32 * (size_t)j.G;
         cpu_parallel_for(be, (j.N + 15) / 16, 1, g_gemm_panels, &j);
         free_scratch(j.scr, nthr);
-    } else {
+    } else
+#else
+    gact_setup(be, &j, out, x, w, n); /* never the GEMM here (no VNNI) */
+#endif
+    {
         cpu_parallel_for_split(be, j.N, (int64_t)(64 << 10) / (int64_t)j.g->row_bytes + 1, g_rows, &j);
     }
     free(xperm);
@@ -2110,6 +2280,9 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
         cpu_parallel_for_split_tasks(be, t, count, (int64_t)(64 << 10) / (int64_t)g[0].g->row_bytes + 1);
         return 1;
     }
+#if !defined(KILN_X86)
+    return 0; /* the exact decode has only row dots here: one by one */
+#else
     /* the exact decode: x reordered once for the lookup kernels */
     struct xjob j[MULTI_MAX];
     const int K = ws[0]->n_in;
@@ -2135,6 +2308,7 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
     }
     cpu_parallel_for_split_tasks(be, t, count, ((64 << 10) / ((int64_t)K * 4) + 1) * 4);
     return 1;
+#endif
 }
 
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {

@@ -13,10 +13,24 @@
 #ifndef KILN_CPU_SIMD_H
 #define KILN_CPU_SIMD_H
 
-#include <immintrin.h>
+#include "backend/cpu/cpu.h"
 
+#if defined(KILN_X86)
+#include <immintrin.h>
+#else
+/* the shared kernels' prefetches, spelled as on x86 */
+#define _MM_HINT_T0 3
+#define _MM_HINT_T1 2
+#define _mm_prefetch(p, hint) __builtin_prefetch((const void *)(p), 0, (hint))
+#endif
+#if defined(KILN_NEON)
+#include <arm_neon.h>
+#endif
+
+#if defined(KILN_X86)
 #define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KILN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#endif
 
 #define KILN_EXP_HI 88.3762626647949f
 #define KILN_EXP_LO -87.3365447505531f
@@ -29,6 +43,8 @@
 #define KILN_EXP_P3 4.1665795894E-2f
 #define KILN_EXP_P4 1.6666665459E-1f
 #define KILN_EXP_P5 5.0000001201E-1f
+
+#if defined(KILN_X86)
 
 KILN_AVX2 static inline __m256 kiln_exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(KILN_EXP_LO)), _mm256_set1_ps(KILN_EXP_HI));
@@ -85,5 +101,34 @@ KILN_AVX2 static inline void kiln_transpose8(__m256 r[8]) {
     r[4] = _mm256_permute2f128_ps(u0, u4, 0x31), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
+
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* NEON (AArch64's Advanced SIMD: always present, no target attribute).
+ * kiln_exp4 is kiln_exp8's arithmetic lane for lane (the same clamp,
+ * round-to-nearest-even, fused multiply-adds in the same order, exponent
+ * bits): its results are bit-identical to the AVX2 / AVX-512 ones. */
+static inline float32x4_t kiln_exp4(float32x4_t x) {
+    /* maxnm / minnm: a NaN input becomes KILN_EXP_LO, as x86's max_ps(x, lo) gives */
+    x = vminnmq_f32(vmaxnmq_f32(x, vdupq_n_f32(KILN_EXP_LO)), vdupq_n_f32(KILN_EXP_HI));
+    float32x4_t fx = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(KILN_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, fx, vdupq_n_f32(KILN_EXP_C1));
+    r = vfmsq_f32(r, fx, vdupq_n_f32(KILN_EXP_C2));
+    float32x4_t y = vdupq_n_f32(KILN_EXP_P0);
+    y = vfmaq_f32(vdupq_n_f32(KILN_EXP_P1), y, r);
+    y = vfmaq_f32(vdupq_n_f32(KILN_EXP_P2), y, r);
+    y = vfmaq_f32(vdupq_n_f32(KILN_EXP_P3), y, r);
+    y = vfmaq_f32(vdupq_n_f32(KILN_EXP_P4), y, r);
+    y = vfmaq_f32(vdupq_n_f32(KILN_EXP_P5), y, r);
+    y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(fx), vdupq_n_s32(127)), 23);
+    return vmulq_f32(y, vreinterpretq_f32_s32(e));
+}
+
+/* 4 bf16 / f16 weights widened to f32 (exact) */
+static inline float32x4_t kiln_bf16x4(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+static inline float32x4_t kiln_f16x4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+#endif /* KILN_NEON */
 
 #endif
