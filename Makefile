@@ -36,8 +36,11 @@ cpu:
 
 # AArch64 (NEON) cross build, run under qemu-user: Debian's gcc-aarch64-linux-gnu,
 # qemu-user and the arm64 -dev packages of the libraries (dpkg --add-architecture
-# arm64; scripts/setup.sh --arm64 installs them)
+# arm64; .ci/arm64 installs them and runs the tests)
 ARM64_CC   ?= aarch64-linux-gnu-gcc
+# the cross package's ld.so with its own libc (the multiarch libc6:arm64 the -dev
+# packages pull in is another build: its libc.so.6 under the cross ld.so hangs
+# in the second pthread_create)
 ARM64_RUN  ?= qemu-aarch64 -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH=/usr/aarch64-linux-gnu/lib
 arm64:                          ## cross-build kiln and the test runner for aarch64 in build-arm64/
 	$(MAKE) NVCC= CC=$(ARM64_CC) BUILD=build-arm64 all
