@@ -72,6 +72,8 @@ enum { SPIN_PAUSES = 2000, SPIN_YIELDS = 50 };
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
 #endif
 }
 
