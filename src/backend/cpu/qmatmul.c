@@ -514,6 +514,8 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
     for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
+    const int k512 = j->xl || (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4);
+    cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
     if (j->lut128) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
@@ -698,6 +700,7 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
         }
         cpu_parallel_for_split(be, N, chunk * 4, x_fused_rows, &j);
     } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
+        cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
         j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
         j.ntile = (n + j.MR - 1) / j.MR;
         j.xp = amalloc(sizeof(float) * (size_t)j.ntile * j.MR * K);
@@ -1608,6 +1611,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && have_vbmi();
     const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
+    /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, (vnni && (gemm || n == 1) ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
     {
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec ? sizeof(__m256i) * (size_t)nb : 0, dec ? sizeof(float) * (size_t)nb : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
@@ -2016,6 +2021,7 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     const int gemm = j.vnni && n >= GGEMM_MIN;
     if (gemm) j.NT = 8, j.ntile = (n + 7) / 8;
     const int nrow = gemm ? j.ntile * 8 : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, gemm || dec ? CPU_USED_VNNI : 0);
     const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G, dec ? 128 * (size_t)nu : 0,
                           dec ? 64 * (size_t)nu : 0};
     void *ptr[4];
