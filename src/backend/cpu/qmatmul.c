@@ -1714,14 +1714,17 @@ static void matmul_int8(struct kiln_backend *be, float *out, const float *x, con
  *     Q4_0 panel) plus [group][s x 16 | b x 16]; per block 8 vpdpbusd per
  *     token into a zeroed int accumulator, cvt, FMA with dx into a group
  *     accumulator; per group C += T * s + b * SX.
- *   otherwise (AVX2, scalar, 2..7 tokens): row dots, one block at a time.
+ *   prefill (n >= 8), AVX2: the same sums, 8 rows x 4 tokens, maddubs of
+ *     the u8 codes with broadcast s8 activations added in i16 over a block,
+ *     one madd to i32 per block (gemm_g4_avx2, Q4_0's AVX2 GEMM shape).
+ *   otherwise (scalar, 2..7 tokens, AVX2 decode): row dots, one block at
+ *     a time.
  *
- * Prefill (n >= 8) on a CPU without AVX-512 VNNI keeps the exact f32 GEMM:
- * the int8 row dots lose to it there (0.6B pp512 with KILN_CPU_ISA=avx2,
- * which on a VNNI CPU still takes the row dots: 251 -> 139 tok/s), while
- * decode gains (tg 59 -> 71). The choice follows
- * the CPU, not KILN_CPU_ISA, so every ISA forced on one machine computes
- * the same numerics (test_qgemm holds them to the scalar path).
+ * Every CPU and every forced ISA takes this path for these weights (the
+ * numerics are the int8 ones everywhere; KILN_QACT=f32 gives the exact
+ * kernels). The AVX2 GEMM beats the exact f32 GEMM it replaced on CPUs
+ * without VNNI: 0.6B pp512 (KILN_CPU_ISA=avx2) 240-246 -> 304-357 tok/s;
+ * before it, the int8 row dots there ran at 139.
  */
 
 /* the group size if w can take the int8 path, else 0 */
@@ -1899,12 +1902,12 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     (void)tid;
 }
 
-/* rows r0 .. r0+nr-1 into the panel: per block 8 quads x 16 rows x 4 code
- * bytes (512 B), then per group 16 s and 16 b (missing rows: codes of the
- * last row, s = b = 0) */
-AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int nb) {
+/* rows r0 .. r0+nr-1 (nr <= R, R = 16 or 8) into the panel: per block 8
+ * quads x R rows x 4 code bytes (32 R bytes), then per group R s and R b
+ * (missing rows: codes of the last row, s = b = 0) */
+AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int nb, int R) {
     const __m128i m4 = _mm_set1_epi8(15);
-    for (int i0 = 0; i0 < 16; i0 += 8) {
+    for (int i0 = 0; i0 < R; i0 += 8) {
         const uint8_t *rp[8];
         for (int i = 0; i < 8; i++) rp[i] = g->q + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * g->row_bytes;
         for (int b = 0; b < nb; b++) {
@@ -1914,16 +1917,16 @@ AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int n
                 v[i] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4)));
             }
             kiln_transpose8(v);
-            uint8_t *d = P + (size_t)b * 512;
-            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 64 + 4 * i0), v[qd]);
+            uint8_t *d = P + (size_t)b * 32 * R;
+            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
         }
     }
-    float *S = (float *)(P + (size_t)nb * 512);
+    float *S = (float *)(P + (size_t)nb * 32 * R);
     for (int gi = 0; gi < g->n_group; gi++)
-        for (int i = 0; i < 16; i++) {
-            const float *sb = g->sb + ((size_t)(r0 + i) * g->n_group + gi) * 2;
-            S[32 * gi + i] = i < nr ? sb[0] : 0.0f;
-            S[32 * gi + 16 + i] = i < nr ? sb[1] : 0.0f;
+        for (int i = 0; i < R; i++) {
+            const float *sb = g->sb + ((size_t)(i < nr ? r0 + i : r0) * g->n_group + gi) * 2;
+            S[2 * R * gi + i] = i < nr ? sb[0] : 0.0f;
+            S[2 * R * gi + R + i] = i < nr ? sb[1] : 0.0f;
         }
 }
 
@@ -1969,16 +1972,66 @@ VNNI static void gemm_g4_vnni(const uint8_t *P, const struct q8a *xt, const floa
         if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(C[t], bb));
 }
 
+/* AVX2: 8 rows x 4 tokens, the same sums as gemm_g4_vnni: per block and
+ * quad one maddubs of the 8 rows' u8 codes with 4 broadcast activation
+ * codes per token, added in i16 over the block (2 x 15 x 127 per maddubs
+ * lane, 8 quads: < 2^15), one madd to i32 per block; sx: [G][4] */
+AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const float *sx, int nb, int G, int bpg, float *out, size_t ldo, int nr,
+                              int nt, const float *bias) {
+    const float *S = (const float *)(P + (size_t)nb * 256);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    __m256 C[4];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) C[t] = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        __m256 T[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) T[t] = _mm256_setzero_ps();
+        const int b1 = (gi + 1) * bpg < nb ? (gi + 1) * bpg : nb;
+        for (int b = gi * bpg; b < b1; b++) {
+            const uint8_t *pb = P + (size_t)b * 256;
+            const struct q8a *xb = xt + (size_t)b * 4;
+            __m256i s[4];
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 16
+            for (int q = 0; q < 8; q++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * q));
+                #pragma GCC unroll 16
+                for (int t = 0; t < 4; t++) {
+                    int32_t a;
+                    memcpy(&a, xb[t].qs + 4 * q, 4);
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+                }
+            }
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) T[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], one16)), _mm256_set1_ps(xb[t].d), T[t]);
+        }
+        const __m256 sv = _mm256_loadu_ps(S + 16 * gi), bv = _mm256_loadu_ps(S + 16 * gi + 8);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) C[t] = _mm256_fmadd_ps(bv, _mm256_set1_ps(sx[4 * gi + t]), _mm256_fmadd_ps(T[t], sv, C[t]));
+    }
+    __m256i m = mask8(nr);
+    __m256 bb = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(C[t], bb));
+}
+
 static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct gjob *j = arg;
     uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    const int R = j->vnni ? 16 : 8, NT = j->NT;
     for (int64_t pi = p0; pi < p1; pi++) {
-        const int r0 = (int)pi * 16, nr = j->N - r0 < 16 ? j->N - r0 : 16;
-        pack_g4(P, j->g, r0, nr, j->nb);
+        const int r0 = (int)pi * R, nr = j->N - r0 < R ? j->N - r0 : R;
+        pack_g4(P, j->g, r0, nr, j->nb, R);
         for (int tile = 0; tile < j->ntile; tile++) {
-            const int t0 = tile * 8, nt = j->n - t0 < 8 ? j->n - t0 : 8;
-            gemm_g4_vnni(P, j->xa + (size_t)tile * j->nb * 8, j->sx + (size_t)tile * j->G * 8, j->nb, j->G, j->gs / 32,
-                         j->out + (size_t)t0 * j->N + r0, j->N, nr, nt, j->bias ? j->bias + r0 : NULL);
+            const int t0 = tile * NT, nt = j->n - t0 < NT ? j->n - t0 : NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * NT;
+            const float *sx = j->sx + (size_t)tile * j->G * NT, *bias = j->bias ? j->bias + r0 : NULL;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            if (j->vnni) gemm_g4_vnni(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
+            else gemm_g4_avx2(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
         }
     }
 }
@@ -2018,10 +2071,10 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     struct gjob j = {.g = &p->grp, .out = out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .x = x, .n = n, .K = w->n_in,
                      .N = w->n_out, .nb = w->n_in / 32, .G = p->grp.n_group, .gs = p->gact, .isa = cpu_isa()};
     j.vnni = j.isa >= CPU_ISA_AVX512 && have_vnni();
-    const int gemm = j.vnni && n >= GGEMM_MIN;
-    if (gemm) j.NT = 8, j.ntile = (n + 7) / 8;
-    const int nrow = gemm ? j.ntile * 8 : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
-    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, gemm || dec ? CPU_USED_VNNI : 0);
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
+    if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
+    const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
     const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G, dec ? 128 * (size_t)nu : 0,
                           dec ? 64 * (size_t)nu : 0};
     void *ptr[4];
@@ -2063,8 +2116,9 @@ static void matmul_gact(struct kiln_backend *be, float *out, const float *x, con
     if (gact_setup(be, &j, out, x, w, n)) {
         const int nthr = cpu_n_threads(be);
         j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
-        j.scr_bytes = (size_t)j.nb * 512 + sizeof(float) * 32 * (size_t)j.G;
-        cpu_parallel_for(be, (j.N + 15) / 16, 1, g_gemm_panels, &j);
+        const int R = j.vnni ? 16 : 8;
+        j.scr_bytes = (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G;
+        cpu_parallel_for(be, (j.N + R - 1) / R, 1, g_gemm_panels, &j);
         free_scratch(j.scr, nthr);
     } else {
         cpu_parallel_for_split(be, j.N, (int64_t)(64 << 10) / (int64_t)j.g->row_bytes + 1, g_rows, &j);
@@ -2146,6 +2200,6 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     if (p->int8_act) matmul_int8(be, out, x, w, n);
-    else if (p->gact && (n < GGEMM_MIN || have_vnni())) matmul_gact(be, out, x, w, n);
+    else if (p->gact) matmul_gact(be, out, x, w, n);
     else matmul_exact(be, out, x, w, n);
 }
