@@ -1310,6 +1310,78 @@ VNNI static float dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float 
 VNNI static float dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(Q8U_CODES, 128) }
 #undef BS
 
+/* Decode without VNNI (AVX2), 8 blocks per step. Per step the 8 f16 weight
+ * scales are gathered into one vector, converted and multiplied by the 8
+ * activation scales (xd) at once; a block's scale reaches its lanes by a
+ * vpermps instead of a scalar convert, multiply and broadcast per block.
+ * Q8_0: one block per ymm, the sign trick (maddubs(|w|, sign(x, w))) and a
+ * madd. Q4_0: two blocks per ymm, [block i low 16 | i+1 low 16] and the
+ * high halves against the activations laid out the same way once per call
+ * (act2, as the AVX-512 kernel's), two maddubs added in i16 (|sum| <= 2 x 2
+ * x 15 x 128), one madd: lanes 0-3 belong to block i, 4-7 to i+1. Q4_0's
+ * -8 offset leaves the integer sums: sum_b d_b (-8 sum_b x) is one FMA of
+ * the 8 scales with the per-call vector cs = -8 x sum per block. Tails
+ * (nb % 8 blocks) as dot1_*_avx2. The same f32 products as those, summed
+ * in another order. */
+#define PF8(bytes) \
+    for (int o_ = 0; o_ < (bytes); o_ += 64) KILN_PF(w + (size_t)BS * i + o_)
+#define BS 34
+AVX2 static float dot1a_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i one16 = _mm256_set1_epi16(1);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i *)(w + (size_t)BS * (i + u) + 2));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(XQS(a + i + u), qw)), one16);
+            acc[u & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u)), acc[u & 3]);
+        }
+    }
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), acc[0]);
+    }
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+#undef BS
+#define BS 18
+AVX2 static float dot1a_q4_0(const uint8_t *w, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb) {
+    const __m256i *x2 = act2;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 off = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        off = _mm256_fmadd_ps(dd, _mm256_loadu_ps(cs + i), off);
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * u);
+            const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b0 + BS + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
+            const __m256i *xq = x2 + (i + 2 * u); /* pair (i + 2u) / 2: 2 ymm */
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(xq)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(xq + 1)));
+            const __m256i ix = _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1, 2 * u + 1, 2 * u + 1, 2 * u + 1);
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_permutevar8x32_ps(dd, ix), acc[u]);
+        }
+    }
+    float t = kiln_hsum8(_mm256_add_ps(off, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))));
+    __m256 r = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), r);
+    }
+    return t + kiln_hsum8(r);
+}
+#undef BS
+#undef PF8
+
 
 /* Q4_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 16 code bytes
  * are unpacked into [block i low 16 | block i+1 low 16 | i high | i+1 high]
@@ -1494,6 +1566,8 @@ struct ijob {
     float *xd;     /* per block: the activation scale */
     __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (dot1z_q4_0) */
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (dot1q_q4_0) */
+    int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
+    float *cs;     /* per block: -8 x the activation sum (Q4_0) */
     /* GEMM */
     int R, NT, mode, ntile;
     void **scr;
@@ -1520,6 +1594,14 @@ static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
 static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct ijob *j = arg;
     const uint8_t *W = j->w->w.data;
+    if (j->n == 1 && j->dec2) {
+        const size_t rb = j->rb;
+        if (j->w->w.dtype == KILN_DTYPE_Q4_0)
+            for (int64_t r = r0; r < r1; r++) j->out[r] = dot1a_q4_0(W + (size_t)r * rb, j->act2, j->xd, j->cs, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        else
+            for (int64_t r = r0; r < r1; r++) j->out[r] = dot1a_q8_0(W + (size_t)r * rb, j->xd, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
     if (j->n == 1 && j->dot1v) {
         const size_t rb = j->rb;
         const int nblk = j->nblk;
@@ -1613,14 +1695,29 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
     /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
     cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, (vnni && (gemm || n == 1) ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
+    /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
+    j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
     {
-        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec ? sizeof(__m256i) * (size_t)nb : 0, dec ? sizeof(float) * (size_t)nb : 0,
-                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
+        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec || j.dec2 ? sizeof(__m256i) * (size_t)nb : 0,
+                              dec || j.dec2 ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         qbuf_get(be, sz, ptr, 5);
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (j.dec2) {
+        j.cs = (float *)j.corr, j.corr = NULL;
+        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.cs[b] = (float)(-8 * j.xa[b].sum);
+        if (d2q4)
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            }
+        else j.act2 = NULL;
+    }
     if (dec) {
         const int c = dec4 ? 8 : 128;
         j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
