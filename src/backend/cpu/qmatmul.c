@@ -1844,6 +1844,9 @@ struct gjob {
     float *sx;        /* SX_g per token: [n][G] (rows), [tile][G][NT] (GEMM); VNNI decode: [G] pairs {0, SX_g} */
     __m512i *act4;    /* VNNI decode: per 4 blocks {lo, hi} codes */
     __m512 *dx4;      /* ... and dx per lane (0 past the last block) */
+    __m256i *act2;    /* AVX2 decode: per block pair {lo, hi} codes (gdot1_avx2) */
+    float *dx2;       /* ... and [dx_b x 4 | dx_b+1 x 4] per pair */
+    int dec2;
     const float *x;
     int n, K, N, nb, G, gs, isa, vnni;
     int NT, ntile;
@@ -1974,9 +1977,48 @@ VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, con
     }
 }
 
+/* AVX2 decode (no VNNI), groups of an even number of blocks: two blocks per
+ * ymm. A pair's 32 code bytes are one load ([block b | b+1], 16 each); low
+ * nibbles [b 0..15 | b+1 0..15] and high nibbles [b 16..31 | ...] meet the
+ * activations laid out the same way once per call (act2), two maddubs added
+ * in i16, one madd: lanes 0-3 hold block b's partial dots, 4-7 block b+1's;
+ * convert, FMA with [dx_b x 4 | dx_b+1 x 4] (dx2) into the group's sum,
+ * which is scaled by s_g as a vector (no horizontal sum per group). The b_g
+ * SX_g terms: one f32 dot of the row's [s, b] pairs with [0, SX] pairs. */
+AVX2 static float gdot1_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
+                             int np) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        const int p0 = gi * ppg, p1 = p0 + ppg < np ? p0 + ppg : np;
+        __m256 T = _mm256_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            if (!(p & 1)) _mm_prefetch((const char *)q + 32 * (size_t)p + QPFD_G, _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * (size_t)p));
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(act2 + 2 * p)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(act2 + 2 * p + 1)));
+            T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_loadu_ps(dx2 + 8 * (size_t)p), T);
+        }
+        if (gi & 1) acc1 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc1);
+        else acc0 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc0);
+    }
+    int k = 0;
+    for (; k + 8 <= 2 * G; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp + k), acc0);
+    float r = kiln_hsum8(_mm256_add_ps(acc0, acc1));
+    for (; k < 2 * G; k++) r += sb[k] * sxp[k];
+    return r;
+}
+
 static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct gjob *j = arg;
     const struct qgrp *g = j->g;
+    if (j->n == 1 && j->dec2) {
+        for (int64_t r = r0; r < r1; r++)
+            j->out[r] = gdot1_avx2(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act2, j->dx2, j->sx, j->G, j->gs / 64,
+                                   j->nb / 2) +
+                        (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
     if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {
         grows128_vnni(g, r0, r1, j->act4, j->dx4, j->sx, j->bias, j->out);
         return;
@@ -2171,13 +2213,28 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
     if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
     const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
+    /* AVX2 decode by block pairs: groups of an even number of blocks */
+    j.dec2 = !gemm && n == 1 && !j.vnni && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
     cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
-    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G, dec ? 128 * (size_t)nu : 0,
-                          dec ? 64 * (size_t)nu : 0};
+    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
+                          dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb : 0};
     void *ptr[4];
     qbuf_get(be, sz, ptr, 4);
-    j.xa = ptr[0], j.sx = ptr[1], j.act4 = ptr[2], j.dx4 = ptr[3];
+    j.xa = ptr[0], j.sx = ptr[1];
+    if (dec) j.act4 = ptr[2], j.dx4 = ptr[3];
+    if (j.dec2) j.act2 = ptr[2], j.dx2 = ptr[3];
     cpu_parallel_for(be, nrow, (16384 + j.K - 1) / j.K, g_quant, &j);
+    if (j.dec2) {
+        /* act2[2p] = [x_2p 0..15 | x_2p+1 0..15], act2[2p+1] the 16..31
+         * halves; dx2 per pair; sx becomes the [0, SX_g] pairs */
+        for (int p = 0; p < j.nb / 2; p++) {
+            const struct q8a *x0 = &j.xa[2 * p], *x1 = x0 + 1;
+            int8_t *d = (int8_t *)&j.act2[2 * p];
+            memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            for (int i = 0; i < 4; i++) j.dx2[8 * p + i] = x0->d, j.dx2[8 * p + 4 + i] = x1->d;
+        }
+        for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0;
+    }
     if (dec) {
         /* act4[2u] = [x_b 0..15 for b = 4u .. 4u+3], act4[2u+1] the 16..31
          * halves; dx4[u] lanes 4k..4k+3 = dx of block 4u + k (0 past nb);
