@@ -76,6 +76,19 @@ int cpu_set_isa(int isa) {
 
 const char *cpu_isa_name(int isa) { return isa == CPU_ISA_AVX512 ? "avx512" : isa == CPU_ISA_AVX2 ? "avx2" : "scalar"; }
 
+static int isa_used;
+
+void cpu_isa_note(int isa, int extra) {
+    int m = (isa == CPU_ISA_AVX512 ? CPU_USED_AVX512 : isa == CPU_ISA_AVX2 ? CPU_USED_AVX2 : 0) | extra;
+    if (extra & (CPU_USED_VNNI | CPU_USED_VBMI)) m |= CPU_USED_AVX512; /* both are AVX-512 extensions here */
+    /* callers are the threads that dispatch a whole op, once per call */
+    if ((__atomic_load_n(&isa_used, __ATOMIC_RELAXED) & m) != m) __atomic_fetch_or(&isa_used, m, __ATOMIC_RELAXED);
+}
+
+int cpu_isa_used(void) { return __atomic_load_n(&isa_used, __ATOMIC_RELAXED); }
+
+void cpu_isa_used_reset(void) { __atomic_store_n(&isa_used, 0, __ATOMIC_RELAXED); }
+
 /* ==== scalar dot products (portable, and the reference for tests) ==== */
 
 static void dot_f32_scalar(const void *row, const float *const *x, int nx, int n_in, float *out) {
@@ -271,6 +284,7 @@ GEMV1_AVX2(gemv1_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
 
 static gemv1_fn gemv1_for(enum kiln_dtype t) {
     int v = cpu_isa();
+    cpu_isa_note(v, 0);
     if (v == CPU_ISA_AVX512)
         return t == KILN_DTYPE_BF16 ? gemv1_bf16_avx512 : t == KILN_DTYPE_F16 ? gemv1_f16_avx512 : t == KILN_DTYPE_F32 ? gemv1_f32_avx512 : NULL;
     if (v == CPU_ISA_AVX2)
@@ -280,6 +294,7 @@ static gemv1_fn gemv1_for(enum kiln_dtype t) {
 
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t) {
     int v = cpu_isa();
+    cpu_isa_note(v, 0);
     switch (t) {
     case KILN_DTYPE_F32: return v == CPU_ISA_AVX512 ? dot_f32_avx512 : v ? dot_f32_avx2 : dot_f32_scalar;
     case KILN_DTYPE_BF16: return v == CPU_ISA_AVX512 ? dot_bf16_avx512 : v ? dot_bf16_avx2 : dot_bf16_scalar;
@@ -494,6 +509,7 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
 static void gemm(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, int isa) {
     struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
                        .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL};
+    cpu_isa_note(isa, 0);
     j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
     j.rb = (size_t)j.n_in * dtype_size(j.dt);
     const int n_tb = (n + j.MR - 1) / j.MR, n_ob = (j.n_out + j.NR - 1) / j.NR;

@@ -111,6 +111,7 @@ KILN_AVX512 static void norm_row_avx512(float *out, const float *x, const float 
 
 static norm_fn norm_for(void) {
     int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
     return isa == CPU_ISA_AVX512 ? norm_row_avx512 : isa == CPU_ISA_AVX2 ? norm_row_avx2 : norm_row_scalar;
 }
 
@@ -248,6 +249,7 @@ static void cpu_qk_norm_rope(struct kiln_backend *be, void *q_, void *k_, const 
                         .cs = rope_table(be, rope, b, head_dim), .n_head = n_head, .n_head_kv = n_head_kv, .hd = head_dim,
                         .eps = eps, .norm = norm_for()};
     const int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
     j.rope = isa == CPU_ISA_AVX512 ? rope_avx512 : isa == CPU_ISA_AVX2 ? rope_avx2 : rope_scalar;
     cpu_parallel_for(be, b->n_tokens, rows_chunk((int64_t)(n_head + n_head_kv) * head_dim), qk_norm_rope_rows, &j);
 }
@@ -293,6 +295,7 @@ static void swiglu_range(void *arg, int64_t b, int64_t e, int tid) {
 
 static void cpu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn) {
     int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
     struct swiglu_job j = {.out = out, .g = gate, .u = up, .total = (size_t)n * ffn};
     j.fn = isa == CPU_ISA_AVX512 ? swiglu_avx512 : isa == CPU_ISA_AVX2 ? swiglu_avx2 : swiglu_scalar;
     cpu_parallel_for(be, (int64_t)((j.total + 15) / 16), PAR_MIN / 16, swiglu_range, &j);
