@@ -15,7 +15,9 @@
  *   - kernels on random blocks vs the reference dequantization, quantize
  *     round trips, config errors for unsupported combinations, the GGUF
  *     parser on truncated and corrupted files, the tokenizer synthesized
- *     from GGUF metadata, dummy weights in every format.
+ *     from GGUF metadata, dummy weights in every format;
+ *   - a forced instruction set (KILN_CPU_ISA, cpu_set_isa) bounds every
+ *     kernel dispatch of a whole forward, per format.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -622,6 +624,73 @@ static void test_dummy(void) {
     }
 }
 
+/* ==== a forced instruction set is honoured by every kernel ====
+ *
+ * Per ISA the CPU has (forced with cpu_set_isa, as KILN_CPU_ISA does), a
+ * micro model in each weight format runs a 12-token prefill (the GEMMs) and
+ * two decode steps (the row kernels, the multi-linear jobs, attention,
+ * norms, RoPE, SwiGLU); every kernel dispatch reports its choice
+ * (cpu_isa_note) and the union must be exactly the forced level: nothing
+ * from AVX-512 (VNNI, VBMI included) under avx2, no SIMD at all under
+ * scalar. Under avx512 the int8 formats must reach their VNNI kernels
+ * when the CPU has them. */
+static void test_isa_dispatch(void) {
+    static const struct {
+        const char *quant, *dtype, *qact;
+    } fmts[] = {{NULL, "bf16", NULL}, {NULL, "f16", NULL}, {NULL, "f32", NULL}, {"q8_0", NULL, NULL}, {"q4_0", NULL, NULL},
+                {"gptq-int4", NULL, NULL}, {"gptq-int4", NULL, "f32"}, {"awq", NULL, NULL}, {"gptq-int8", NULL, NULL},
+                {"fp8", NULL, NULL}, {"q4_k", NULL, NULL}};
+    const int saved = cpu_isa();
+    char err[512];
+#if defined(KILN_X86)
+    __builtin_cpu_init();
+    const int vnni = __builtin_cpu_supports("avx512vnni");
+#else
+    const int vnni = 0;
+#endif
+    for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
+        CHECK(cpu_set_isa(isa) == isa);
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            if (fmts[f].qact) setenv("KILN_QACT", fmts[f].qact, 1);
+            struct kiln_engine_opts o = {.dummy = QDIR "/micro/config.json", .dummy_dtype = fmts[f].dtype, .backend = "cpu",
+                                         .quant = fmts[f].quant, .quant_group = 32, .max_total_tokens = 64, .n_threads = 2};
+            if (fmts[f].quant && strstr(fmts[f].quant, "_k")) o.dummy = QDIR "/gguf/kmix-ref/config.json";
+            kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+            if (fmts[f].qact) unsetenv("KILN_QACT");
+            const char *name = fmts[f].quant ? fmts[f].quant : fmts[f].dtype;
+            CHECK(e != NULL, "%s: %s", name, err);
+            if (!e) continue;
+            kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+            cpu_isa_used_reset();
+            int rc = kiln_seq_eval(s, prompt, 12, NULL, 0, err, sizeof err);
+            rc |= kiln_seq_eval(s, prompt + 12, 1, NULL, 0, err, sizeof err);
+            rc |= kiln_seq_eval(s, prompt + 13, 1, NULL, 0, err, sizeof err);
+            CHECK(rc == 0, "%s: %s", name, err);
+            const int used = cpu_isa_used();
+            if (isa == CPU_ISA_SCALAR) CHECK(used == 0, "forced scalar, %s%s: dispatch used 0x%x", name, fmts[f].qact ? " (f32)" : "", used);
+            if (isa == CPU_ISA_AVX2)
+                CHECK(used == CPU_USED_AVX2, "forced avx2, %s%s: dispatch used 0x%x (AVX-512 kernels: 0x%x)", name,
+                      fmts[f].qact ? " (f32)" : "", used, used & ~CPU_USED_AVX2);
+            if (isa == CPU_ISA_NEON)
+                CHECK(used == CPU_USED_NEON, "forced neon, %s%s: dispatch used 0x%x", name, fmts[f].qact ? " (f32)" : "", used);
+            if (isa == CPU_ISA_DOTPROD) {
+                CHECK(used & CPU_USED_NEON, "dotprod, %s: dispatch used 0x%x", name, used);
+                if (fmts[f].quant && (!strcmp(fmts[f].quant, "q8_0") || !strcmp(fmts[f].quant, "q4_0")))
+                    CHECK(used & CPU_USED_DOTPROD, "dotprod, %s: sdot kernels not used (0x%x)", name, used);
+            }
+            if (isa == CPU_ISA_AVX512) {
+                CHECK(used & CPU_USED_AVX512, "avx512, %s: dispatch used 0x%x", name, used);
+                const int int8 = fmts[f].quant && !fmts[f].qact &&
+                                 (!strcmp(fmts[f].quant, "q8_0") || !strcmp(fmts[f].quant, "q4_0") || !strcmp(fmts[f].quant, "gptq-int4"));
+                if (vnni && int8) CHECK(used & CPU_USED_VNNI, "avx512 with VNNI, %s: VNNI kernels not used (0x%x)", name, used);
+            }
+            kiln_seq_free(s);
+            kiln_engine_close(e);
+        }
+    }
+    cpu_set_isa(saved);
+}
+
 /* ==== quality: KL(P_bf16 || P_quant) and top-1 agreement ====
  *
  * Not a check: with KILN_QUANT_QUALITY=DIR[,DIR...] set, every model DIR is
@@ -781,4 +850,5 @@ void test_quant(void) {
     test_gguf_tokenizer();
     test_gguf_qwen3_tokenizer();
     test_dummy();
+    test_isa_dispatch();
 }

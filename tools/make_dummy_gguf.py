@@ -8,7 +8,14 @@ tokenizer (tokenizer.ggml.model = "none" with the vocabulary size), which is
 all llama-bench needs: it feeds random token ids itself.
 
   python3 tools/make_dummy_gguf.py configs/qwen3-0.6b.json bf16 /tmp/qwen3-0.6b-bf16.gguf
+  python3 tools/make_dummy_gguf.py configs/qwen3-0.6b.json q4_0 /tmp/q-0.6b-q4_0-bf16head.gguf --head bf16
   formats: bf16, f16, f32, q8_0, q4_0 (quantized by gguf.quants, as llama.cpp does)
+
+--head F writes the token embedding and the output matrix (token_embd.weight,
+output.weight when untied) in F instead, and the layers' matrices in the
+main format: the layout `llama-quantize --token-embedding-type F
+--output-tensor-type F` gives, and the one of a GPTQ checkpoint, whose
+embedding / lm_head stay 16-bit. Without it every matrix is in the main format.
 
 Only the Qwen3 dense architecture is written (qwen3 in llama.cpp's names).
 """
@@ -53,10 +60,18 @@ def encode(fmt, a):
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[2] not in FORMATS:
+    args = sys.argv[1:]
+    head = None
+    if "--head" in args:
+        i = args.index("--head")
+        head = args[i + 1] if i + 1 < len(args) else None
+        del args[i:i + 2]
+        if head not in FORMATS:
+            sys.exit(__doc__)
+    if len(args) != 3 or args[1] not in FORMATS:
         sys.exit(__doc__)
-    cfg = json.load(open(sys.argv[1]))
-    fmt, out = sys.argv[2], sys.argv[3]
+    cfg = json.load(open(args[0]))
+    fmt, out = args[1], args[2]
     if cfg.get("model_type") != "qwen3":
         sys.exit("only model_type qwen3 (dense) is supported")
     dim, ffn, nl = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
@@ -67,7 +82,7 @@ def main():
     rng = np.random.default_rng(0)
 
     w = gguf.GGUFWriter(out, "qwen3")
-    w.add_name("kiln dummy " + sys.argv[1])
+    w.add_name("kiln dummy " + args[0] + (" head " + head if head else ""))
     w.add_context_length(cfg.get("max_position_embeddings", 40960))
     w.add_embedding_length(dim)
     w.add_block_count(nl)
@@ -85,8 +100,9 @@ def main():
              "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[fmt]
     w.add_file_type(ftype)
 
-    # (name, rows, cols, kind): kind "mat" in fmt, "norm" in f32
-    tensors = [("token_embd.weight", vocab, dim, "mat")]
+    # (name, rows, cols, kind): kind "mat" in fmt, "head" in head (or fmt),
+    # "norm" in f32
+    tensors = [("token_embd.weight", vocab, dim, "head")]
     for i in range(nl):
         p = f"blk.{i}."
         tensors += [
@@ -104,18 +120,18 @@ def main():
         ]
     tensors.append(("output_norm.weight", 1, dim, "norm"))
     if not tied:
-        tensors.append(("output.weight", vocab, dim, "mat"))
+        tensors.append(("output.weight", vocab, dim, "head"))
 
     # header first, then the data tensor by tensor (never all in memory)
     for name, rows, cols, kind in tensors:
         if kind == "norm":
             w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
         else:
-            raw = FORMATS[fmt]
-            nb = tensor_bytes(fmt, rows, cols)
-            dt = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}.get(fmt, np.uint8)
-            shape = (rows, cols) if fmt in ("bf16", "f16", "f32") else (rows, nb // rows)
-            w.add_tensor_info(name, shape, np.dtype(dt), nb, raw_dtype=raw)
+            f = head if kind == "head" and head else fmt
+            nb = tensor_bytes(f, rows, cols)
+            dt = {"bf16": np.uint16, "f16": np.float16, "f32": np.float32}.get(f, np.uint8)
+            shape = (rows, cols) if f in ("bf16", "f16", "f32") else (rows, nb // rows)
+            w.add_tensor_info(name, shape, np.dtype(dt), nb, raw_dtype=FORMATS[f])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -128,7 +144,7 @@ def main():
             parts = []
             for r0 in range(0, rows, step):
                 a = rng.standard_normal((min(step, rows - r0), cols), dtype=np.float32) * 0.02
-                parts.append(encode(fmt, a))
+                parts.append(encode(head if kind == "head" and head else fmt, a))
             w.write_tensor_data(np.concatenate(parts, axis=0))
     w.close()
     sys.stderr.write(f"wrote {out}\n")

@@ -755,6 +755,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
     const int G = n_head / kv->n_head_kv, nkv = kv->n_head_kv, hd = kv->head_dim, nth = cpu_n_threads(be);
     struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .layer = layer, .n_head = n_head, .group = G, .scale = scale};
+    if (isa >= 0) cpu_isa_note(isa, 0);
 #if defined(KILN_X86)
     j.qk = isa == CPU_ISA_AVX512 ? qk_avx512 : isa == CPU_ISA_AVX2 ? qk_avx2 : qk_scalar;
     j.expsum = isa == CPU_ISA_AVX512 ? expsum_avx512 : isa == CPU_ISA_AVX2 ? expsum_avx2 : expsum_scalar;

@@ -54,6 +54,17 @@ int cpu_isa_max(void);            /* best the CPU has */
 int cpu_set_isa(int isa);         /* capped at cpu_isa_max(); returns what was set */
 const char *cpu_isa_name(int isa);
 
+/* What the kernel dispatch picked: every place that chooses a kernel family
+ * by instruction set reports its choice (cpu_isa_note: the level of the
+ * family, plus CPU_USED_VNNI / CPU_USED_VBMI for the int8 kernels that need
+ * those extensions), and cpu_isa_used() returns the union since the last
+ * cpu_isa_used_reset(). Tests hold a forced KILN_CPU_ISA / cpu_set_isa()
+ * to it: forced to avx2, nothing AVX-512 may show up. */
+enum { CPU_USED_AVX2 = 1, CPU_USED_AVX512 = 2, CPU_USED_VNNI = 4, CPU_USED_VBMI = 8, CPU_USED_NEON = 16, CPU_USED_DOTPROD = 32 };
+void cpu_isa_note(int isa, int extra);
+int cpu_isa_used(void);
+void cpu_isa_used_reset(void);
+
 /*
  * The kernels' threads (cpu.c): n_threads - 1 persistent workers plus the
  * caller. A waiting thread spins briefly, then yields its core, then sleeps

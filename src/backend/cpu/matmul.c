@@ -103,6 +103,20 @@ const char *cpu_isa_name(int isa) {
     return isa == CPU_ISA_AVX512 ? "avx512" : isa == CPU_ISA_AVX2 ? "avx2" : isa == CPU_ISA_DOTPROD ? "dotprod" : isa == CPU_ISA_NEON ? "neon" : "scalar";
 }
 
+static int isa_used;
+
+void cpu_isa_note(int isa, int extra) {
+    int m = (isa == CPU_ISA_AVX512 ? CPU_USED_AVX512 : isa == CPU_ISA_AVX2 ? CPU_USED_AVX2 : 0) | extra;
+    if (extra & (CPU_USED_VNNI | CPU_USED_VBMI)) m |= CPU_USED_AVX512; /* both are AVX-512 extensions here */
+    m |= isa == CPU_ISA_DOTPROD ? CPU_USED_NEON | CPU_USED_DOTPROD : isa == CPU_ISA_NEON ? CPU_USED_NEON : 0;
+    /* callers are the threads that dispatch a whole op, once per call */
+    if ((__atomic_load_n(&isa_used, __ATOMIC_RELAXED) & m) != m) __atomic_fetch_or(&isa_used, m, __ATOMIC_RELAXED);
+}
+
+int cpu_isa_used(void) { return __atomic_load_n(&isa_used, __ATOMIC_RELAXED); }
+
+void cpu_isa_used_reset(void) { __atomic_store_n(&isa_used, 0, __ATOMIC_RELAXED); }
+
 /* ==== scalar dot products (portable, and the reference for tests) ==== */
 
 static void dot_f32_scalar(const void *row, const float *const *x, int nx, int n_in, float *out) {
@@ -371,6 +385,7 @@ GEMV1_NEON(gemv1_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
 
 static gemv1_fn gemv1_for(enum kiln_dtype t) {
     int v = cpu_isa();
+    cpu_isa_note(v, 0);
 #if defined(KILN_NEON)
     if (v >= CPU_ISA_NEON)
         return t == KILN_DTYPE_BF16 ? gemv1_bf16_neon : t == KILN_DTYPE_F16 ? gemv1_f16_neon : t == KILN_DTYPE_F32 ? gemv1_f32_neon : NULL;
@@ -388,6 +403,7 @@ static gemv1_fn gemv1_for(enum kiln_dtype t) {
 
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t) {
     int v = cpu_isa();
+    cpu_isa_note(v, 0);
 #if defined(KILN_NEON)
     switch (t) {
     case KILN_DTYPE_F32: return v ? dot_f32_neon : dot_f32_scalar;
@@ -690,6 +706,7 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
 static void gemm(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, int isa) {
     struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
                        .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL};
+    cpu_isa_note(isa, 0);
     j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
 #if defined(KILN_NEON)
     j.MR = MRNEON, j.NR = NRNEON;

@@ -134,6 +134,7 @@ static void norm_row_neon(float *out, const float *x, const float *w, int dim, f
 
 static norm_fn norm_for(void) {
     int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
 #if defined(KILN_X86)
     return isa == CPU_ISA_AVX512 ? norm_row_avx512 : isa == CPU_ISA_AVX2 ? norm_row_avx2 : norm_row_scalar;
 #elif defined(KILN_NEON)
@@ -298,6 +299,7 @@ static void cpu_qk_norm_rope(struct kiln_backend *be, void *q_, void *k_, const 
                         .cs = rope_table(be, rope, b, head_dim), .n_head = n_head, .n_head_kv = n_head_kv, .hd = head_dim,
                         .eps = eps, .norm = norm_for()};
     const int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
 #if defined(KILN_X86)
     j.rope = isa == CPU_ISA_AVX512 ? rope_avx512 : isa == CPU_ISA_AVX2 ? rope_avx2 : rope_scalar;
 #elif defined(KILN_NEON)
@@ -365,6 +367,7 @@ static void swiglu_range(void *arg, int64_t b, int64_t e, int tid) {
 
 static void cpu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn) {
     int isa = cpu_isa();
+    cpu_isa_note(isa, 0);
     struct swiglu_job j = {.out = out, .g = gate, .u = up, .total = (size_t)n * ffn};
 #if defined(KILN_X86)
     j.fn = isa == CPU_ISA_AVX512 ? swiglu_avx512 : isa == CPU_ISA_AVX2 ? swiglu_avx2 : swiglu_scalar;

@@ -527,6 +527,8 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
     for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
+    const int k512 = j->xl || (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4);
+    cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
     if (j->lut128) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
@@ -720,6 +722,7 @@ static void matmul_exact(struct kiln_backend *be, float *out, const float *x, co
         }
         cpu_parallel_for_split(be, N, chunk * 4, x_fused_rows, &j);
     } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
+        cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
         j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
         j.ntile = (n + j.MR - 1) / j.MR;
         j.xp = amalloc(sizeof(float) * (size_t)j.ntile * j.MR * K);
@@ -1343,6 +1346,78 @@ VNNI static float dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float 
 VNNI static float dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(Q8U_CODES, 128) }
 #undef BS
 
+/* Decode without VNNI (AVX2), 8 blocks per step. Per step the 8 f16 weight
+ * scales are gathered into one vector, converted and multiplied by the 8
+ * activation scales (xd) at once; a block's scale reaches its lanes by a
+ * vpermps instead of a scalar convert, multiply and broadcast per block.
+ * Q8_0: one block per ymm, the sign trick (maddubs(|w|, sign(x, w))) and a
+ * madd. Q4_0: two blocks per ymm, [block i low 16 | i+1 low 16] and the
+ * high halves against the activations laid out the same way once per call
+ * (act2, as the AVX-512 kernel's), two maddubs added in i16 (|sum| <= 2 x 2
+ * x 15 x 128), one madd: lanes 0-3 belong to block i, 4-7 to i+1. Q4_0's
+ * -8 offset leaves the integer sums: sum_b d_b (-8 sum_b x) is one FMA of
+ * the 8 scales with the per-call vector cs = -8 x sum per block. Tails
+ * (nb % 8 blocks) as dot1_*_avx2. The same f32 products as those, summed
+ * in another order. */
+#define PF8(bytes) \
+    for (int o_ = 0; o_ < (bytes); o_ += 64) KILN_PF(w + (size_t)BS * i + o_)
+#define BS 34
+AVX2 static float dot1a_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i one16 = _mm256_set1_epi16(1);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i *)(w + (size_t)BS * (i + u) + 2));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(XQS(a + i + u), qw)), one16);
+            acc[u & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u)), acc[u & 3]);
+        }
+    }
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), acc[0]);
+    }
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+#undef BS
+#define BS 18
+AVX2 static float dot1a_q4_0(const uint8_t *w, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb) {
+    const __m256i *x2 = act2;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 off = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        off = _mm256_fmadd_ps(dd, _mm256_loadu_ps(cs + i), off);
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * u);
+            const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b0 + BS + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
+            const __m256i *xq = x2 + (i + 2 * u); /* pair (i + 2u) / 2: 2 ymm */
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(xq)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(xq + 1)));
+            const __m256i ix = _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1, 2 * u + 1, 2 * u + 1, 2 * u + 1);
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_permutevar8x32_ps(dd, ix), acc[u]);
+        }
+    }
+    float t = kiln_hsum8(_mm256_add_ps(off, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))));
+    __m256 r = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), r);
+    }
+    return t + kiln_hsum8(r);
+}
+#undef BS
+#undef PF8
+
 
 /* Q4_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 16 code bytes
  * are unpacked into [block i low 16 | block i+1 low 16 | i high | i+1 high]
@@ -1598,6 +1673,8 @@ struct ijob {
     float *xd;     /* per block: the activation scale */
     __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (dot1z_q4_0) */
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (dot1q_q4_0) */
+    int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
+    float *cs;     /* per block: -8 x the activation sum (Q4_0) */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -1628,6 +1705,14 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct ijob *j = arg;
     const uint8_t *W = j->w->w.data;
 #if defined(KILN_X86)
+    if (j->n == 1 && j->dec2) {
+        const size_t rb = j->rb;
+        if (j->w->w.dtype == KILN_DTYPE_Q4_0)
+            for (int64_t r = r0; r < r1; r++) j->out[r] = dot1a_q4_0(W + (size_t)r * rb, j->act2, j->xd, j->cs, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        else
+            for (int64_t r = r0; r < r1; r++) j->out[r] = dot1a_q8_0(W + (size_t)r * rb, j->xd, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
     if (j->n == 1 && j->dot1v) {
         const size_t rb = j->rb;
         const int nblk = j->nblk;
@@ -1713,6 +1798,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #if defined(KILN_NEON)
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
+    cpu_isa_note(w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 ? j.isa : CPU_ISA_SCALAR, 0);
 #endif
     j.dot1 = j.dot;
     const size_t sz = sizeof *j.xa * (size_t)n * nb;
@@ -1745,14 +1831,31 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && have_vbmi();
     const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
+    /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, (vnni && (gemm || n == 1) ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
+    /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
+    j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
     {
-        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec ? sizeof(__m256i) * (size_t)nb : 0, dec ? sizeof(float) * (size_t)nb : 0,
-                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0, dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
+        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec || j.dec2 ? sizeof(__m256i) * (size_t)nb : 0,
+                              dec || j.dec2 ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         qbuf_get(be, sz, ptr, 5);
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (j.dec2) {
+        j.cs = (float *)j.corr, j.corr = NULL;
+        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.cs[b] = (float)(-8 * j.xa[b].sum);
+        if (d2q4)
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            }
+        else j.act2 = NULL;
+    }
     if (dec) {
         const int c = dec4 ? 8 : 128;
         j.dot1v = c == 8 ? dot1v_q4_0 : dot1v_q8_0;
@@ -1852,14 +1955,17 @@ static void matmul_int8(struct kiln_backend *be, float *out, const float *x, con
  *     Q4_0 panel) plus [group][s x 16 | b x 16]; per block 8 vpdpbusd per
  *     token into a zeroed int accumulator, cvt, FMA with dx into a group
  *     accumulator; per group C += T * s + b * SX.
- *   otherwise (AVX2, scalar, 2..7 tokens): row dots, one block at a time.
+ *   prefill (n >= 8), AVX2: the same sums, 8 rows x 4 tokens, maddubs of
+ *     the u8 codes with broadcast s8 activations added in i16 over a block,
+ *     one madd to i32 per block (gemm_g4_avx2, Q4_0's AVX2 GEMM shape).
+ *   otherwise (scalar, 2..7 tokens, AVX2 decode): row dots, one block at
+ *     a time.
  *
- * Prefill (n >= 8) on a CPU without AVX-512 VNNI keeps the exact f32 GEMM:
- * the int8 row dots lose to it there (0.6B pp512 with KILN_CPU_ISA=avx2,
- * which on a VNNI CPU still takes the row dots: 251 -> 139 tok/s), while
- * decode gains (tg 59 -> 71). The choice follows
- * the CPU, not KILN_CPU_ISA, so every ISA forced on one machine computes
- * the same numerics (test_qgemm holds them to the scalar path).
+ * Every CPU and every forced ISA takes this path for these weights (the
+ * numerics are the int8 ones everywhere; KILN_QACT=f32 gives the exact
+ * kernels). The AVX2 GEMM beats the exact f32 GEMM it replaced on CPUs
+ * without VNNI: 0.6B pp512 (KILN_CPU_ISA=avx2) 240-246 -> 304-357 tok/s;
+ * before it, the int8 row dots there ran at 139.
  */
 
 /* the group size if w can take the int8 path, else 0 */
@@ -1880,9 +1986,12 @@ struct gjob {
     const float *bias;
     struct q8a *xa;   /* row-major [n][nb], or the GEMM's tiles [tile][nb][NT] */
     float *sx;        /* SX_g per token: [n][G] (rows), [tile][G][NT] (GEMM); VNNI decode: [G] pairs {0, SX_g} */
+    int dec2;         /* AVX2 decode by block pairs (act2, dx2) */
 #if defined(KILN_X86)
     __m512i *act4;    /* VNNI decode: per 4 blocks {lo, hi} codes */
     __m512 *dx4;      /* ... and dx per lane (0 past the last block) */
+    __m256i *act2;    /* AVX2 decode: per block pair {lo, hi} codes (gdot1_avx2) */
+    float *dx2;       /* ... and [dx_b x 4 | dx_b+1 x 4] per pair */
 #endif
     const float *x;
     int n, K, N, nb, G, gs, isa, vnni;
@@ -2015,12 +2124,50 @@ VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, con
     }
 }
 
+/* AVX2 decode (no VNNI), groups of an even number of blocks: two blocks per
+ * ymm. A pair's 32 code bytes are one load ([block b | b+1], 16 each); low
+ * nibbles [b 0..15 | b+1 0..15] and high nibbles [b 16..31 | ...] meet the
+ * activations laid out the same way once per call (act2), two maddubs added
+ * in i16, one madd: lanes 0-3 hold block b's partial dots, 4-7 block b+1's;
+ * convert, FMA with [dx_b x 4 | dx_b+1 x 4] (dx2) into the group's sum,
+ * which is scaled by s_g as a vector (no horizontal sum per group). The b_g
+ * SX_g terms: one f32 dot of the row's [s, b] pairs with [0, SX] pairs. */
+AVX2 static float gdot1_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
+                             int np) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        const int p0 = gi * ppg, p1 = p0 + ppg < np ? p0 + ppg : np;
+        __m256 T = _mm256_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            if (!(p & 1)) _mm_prefetch((const char *)q + 32 * (size_t)p + QPFD_G, _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * (size_t)p));
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(act2 + 2 * p)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(act2 + 2 * p + 1)));
+            T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_loadu_ps(dx2 + 8 * (size_t)p), T);
+        }
+        if (gi & 1) acc1 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc1);
+        else acc0 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc0);
+    }
+    int k = 0;
+    for (; k + 8 <= 2 * G; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp + k), acc0);
+    float r = kiln_hsum8(_mm256_add_ps(acc0, acc1));
+    for (; k < 2 * G; k++) r += sb[k] * sxp[k];
+    return r;
+}
 #endif /* KILN_X86 */
 
 static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct gjob *j = arg;
     const struct qgrp *g = j->g;
 #if defined(KILN_X86)
+    if (j->n == 1 && j->dec2) {
+        for (int64_t r = r0; r < r1; r++)
+            j->out[r] = gdot1_avx2(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act2, j->dx2, j->sx, j->G, j->gs / 64,
+                                   j->nb / 2) +
+                        (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
     if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {
         grows128_vnni(g, r0, r1, j->act4, j->dx4, j->sx, j->bias, j->out);
         return;
@@ -2049,12 +2196,12 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 }
 
 #if defined(KILN_X86)
-/* rows r0 .. r0+nr-1 into the panel: per block 8 quads x 16 rows x 4 code
- * bytes (512 B), then per group 16 s and 16 b (missing rows: codes of the
- * last row, s = b = 0) */
-AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int nb) {
+/* rows r0 .. r0+nr-1 (nr <= R, R = 16 or 8) into the panel: per block 8
+ * quads x R rows x 4 code bytes (32 R bytes), then per group R s and R b
+ * (missing rows: codes of the last row, s = b = 0) */
+AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int nb, int R) {
     const __m128i m4 = _mm_set1_epi8(15);
-    for (int i0 = 0; i0 < 16; i0 += 8) {
+    for (int i0 = 0; i0 < R; i0 += 8) {
         const uint8_t *rp[8];
         for (int i = 0; i < 8; i++) rp[i] = g->q + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * g->row_bytes;
         for (int b = 0; b < nb; b++) {
@@ -2064,16 +2211,16 @@ AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int n
                 v[i] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4)));
             }
             kiln_transpose8(v);
-            uint8_t *d = P + (size_t)b * 512;
-            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 64 + 4 * i0), v[qd]);
+            uint8_t *d = P + (size_t)b * 32 * R;
+            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
         }
     }
-    float *S = (float *)(P + (size_t)nb * 512);
+    float *S = (float *)(P + (size_t)nb * 32 * R);
     for (int gi = 0; gi < g->n_group; gi++)
-        for (int i = 0; i < 16; i++) {
-            const float *sb = g->sb + ((size_t)(r0 + i) * g->n_group + gi) * 2;
-            S[32 * gi + i] = i < nr ? sb[0] : 0.0f;
-            S[32 * gi + 16 + i] = i < nr ? sb[1] : 0.0f;
+        for (int i = 0; i < R; i++) {
+            const float *sb = g->sb + ((size_t)(i < nr ? r0 + i : r0) * g->n_group + gi) * 2;
+            S[2 * R * gi + i] = i < nr ? sb[0] : 0.0f;
+            S[2 * R * gi + R + i] = i < nr ? sb[1] : 0.0f;
         }
 }
 
@@ -2119,16 +2266,66 @@ VNNI static void gemm_g4_vnni(const uint8_t *P, const struct q8a *xt, const floa
         if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(C[t], bb));
 }
 
+/* AVX2: 8 rows x 4 tokens, the same sums as gemm_g4_vnni: per block and
+ * quad one maddubs of the 8 rows' u8 codes with 4 broadcast activation
+ * codes per token, added in i16 over the block (2 x 15 x 127 per maddubs
+ * lane, 8 quads: < 2^15), one madd to i32 per block; sx: [G][4] */
+AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const float *sx, int nb, int G, int bpg, float *out, size_t ldo, int nr,
+                              int nt, const float *bias) {
+    const float *S = (const float *)(P + (size_t)nb * 256);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    __m256 C[4];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) C[t] = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        __m256 T[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) T[t] = _mm256_setzero_ps();
+        const int b1 = (gi + 1) * bpg < nb ? (gi + 1) * bpg : nb;
+        for (int b = gi * bpg; b < b1; b++) {
+            const uint8_t *pb = P + (size_t)b * 256;
+            const struct q8a *xb = xt + (size_t)b * 4;
+            __m256i s[4];
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 16
+            for (int q = 0; q < 8; q++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * q));
+                #pragma GCC unroll 16
+                for (int t = 0; t < 4; t++) {
+                    int32_t a;
+                    memcpy(&a, xb[t].qs + 4 * q, 4);
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+                }
+            }
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) T[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], one16)), _mm256_set1_ps(xb[t].d), T[t]);
+        }
+        const __m256 sv = _mm256_loadu_ps(S + 16 * gi), bv = _mm256_loadu_ps(S + 16 * gi + 8);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) C[t] = _mm256_fmadd_ps(bv, _mm256_set1_ps(sx[4 * gi + t]), _mm256_fmadd_ps(T[t], sv, C[t]));
+    }
+    __m256i m = mask8(nr);
+    __m256 bb = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(C[t], bb));
+}
+
 static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct gjob *j = arg;
     uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    const int R = j->vnni ? 16 : 8, NT = j->NT;
     for (int64_t pi = p0; pi < p1; pi++) {
-        const int r0 = (int)pi * 16, nr = j->N - r0 < 16 ? j->N - r0 : 16;
-        pack_g4(P, j->g, r0, nr, j->nb);
+        const int r0 = (int)pi * R, nr = j->N - r0 < R ? j->N - r0 : R;
+        pack_g4(P, j->g, r0, nr, j->nb, R);
         for (int tile = 0; tile < j->ntile; tile++) {
-            const int t0 = tile * 8, nt = j->n - t0 < 8 ? j->n - t0 : 8;
-            gemm_g4_vnni(P, j->xa + (size_t)tile * j->nb * 8, j->sx + (size_t)tile * j->G * 8, j->nb, j->G, j->gs / 32,
-                         j->out + (size_t)t0 * j->N + r0, j->N, nr, nt, j->bias ? j->bias + r0 : NULL);
+            const int t0 = tile * NT, nt = j->n - t0 < NT ? j->n - t0 : NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * NT;
+            const float *sx = j->sx + (size_t)tile * j->G * NT, *bias = j->bias ? j->bias + r0 : NULL;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            if (j->vnni) gemm_g4_vnni(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
+            else gemm_g4_avx2(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
         }
     }
 }
@@ -2172,20 +2369,34 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     struct gjob j = {.g = &p->grp, .out = out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .x = x, .n = n, .K = w->n_in,
                      .N = w->n_out, .nb = w->n_in / 32, .G = p->grp.n_group, .gs = p->gact, .isa = cpu_isa()};
     j.vnni = j.isa >= CPU_ISA_AVX512 && have_vnni();
-    const int gemm = j.vnni && n >= GGEMM_MIN;
-    if (gemm) j.NT = 8, j.ntile = (n + 7) / 8;
-    const int nrow = gemm ? j.ntile * 8 : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
-    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G, dec ? 128 * (size_t)nu : 0,
-                          dec ? 64 * (size_t)nu : 0};
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
+    if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
+    const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
+    /* AVX2 decode by block pairs: groups of an even number of blocks */
+    j.dec2 = !gemm && n == 1 && !j.vnni && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
+    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
+                          dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb : 0};
     void *ptr[4];
     qbuf_get(be, sz, ptr, 4);
-#if defined(KILN_X86)
-    j.xa = ptr[0], j.sx = ptr[1], j.act4 = ptr[2], j.dx4 = ptr[3];
-#else
     j.xa = ptr[0], j.sx = ptr[1];
+#if defined(KILN_X86)
+    if (dec) j.act4 = ptr[2], j.dx4 = ptr[3];
+    if (j.dec2) j.act2 = ptr[2], j.dx2 = ptr[3];
 #endif
     cpu_parallel_for(be, nrow, (16384 + j.K - 1) / j.K, g_quant, &j);
 #if defined(KILN_X86)
+    if (j.dec2) {
+        /* act2[2p] = [x_2p 0..15 | x_2p+1 0..15], act2[2p+1] the 16..31
+         * halves; dx2 per pair; sx becomes the [0, SX_g] pairs */
+        for (int p = 0; p < j.nb / 2; p++) {
+            const struct q8a *x0 = &j.xa[2 * p], *x1 = x0 + 1;
+            int8_t *d = (int8_t *)&j.act2[2 * p];
+            memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            for (int i = 0; i < 4; i++) j.dx2[8 * p + i] = x0->d, j.dx2[8 * p + 4 + i] = x1->d;
+        }
+        for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0;
+    }
     if (dec) {
         /* act4[2u] = [x_b 0..15 for b = 4u .. 4u+3], act4[2u+1] the 16..31
          * halves; dx4[u] lanes 4k..4k+3 = dx of block 4u + k (0 past nb);
@@ -2223,8 +2434,9 @@ static void matmul_gact(struct kiln_backend *be, float *out, const float *x, con
     if (gact_setup(be, &j, out, x, w, n)) {
         const int nthr = cpu_n_threads(be);
         j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
-        j.scr_bytes = (size_t)j.nb * 512 + sizeof(float) * 32 * (size_t)j.G;
-        cpu_parallel_for(be, (j.N + 15) / 16, 1, g_gemm_panels, &j);
+        const int R = j.vnni ? 16 : 8;
+        j.scr_bytes = (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G;
+        cpu_parallel_for(be, (j.N + R - 1) / R, 1, g_gemm_panels, &j);
         free_scratch(j.scr, nthr);
     } else
 #else
@@ -2314,6 +2526,6 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     if (p->int8_act) matmul_int8(be, out, x, w, n);
-    else if (p->gact && (n < GGEMM_MIN || have_vnni())) matmul_gact(be, out, x, w, n);
+    else if (p->gact) matmul_gact(be, out, x, w, n);
     else matmul_exact(be, out, x, w, n);
 }
