@@ -2021,6 +2021,35 @@ static float gdot_scalar(const struct qgrp *g, int r, const struct q8a *a, const
     return acc;
 }
 
+#if defined(KILN_NEON)
+/* NEON: gdot_scalar with each block's integer dot in vector lanes (nibbles
+ * 0..15 as s8 times the s8 codes: smull + sadalp, or sdot); the same
+ * integers and the same f32 operations in the same order, so bit-identical
+ * to gdot_scalar */
+#define GDOT_NEON(NAME, ATTR, IDOT)                                                                                  \
+    ATTR static float NAME(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {              \
+        const uint8_t *q = g->q + (size_t)r * g->row_bytes;                                                          \
+        const float *sb = g->sb + (size_t)r * g->n_group * 2;                                                        \
+        const int bpg = gs / 32, nb = g->n_in / 32;                                                                  \
+        float acc = 0;                                                                                               \
+        for (int gi = 0; gi < g->n_group; gi++) {                                                                    \
+            float t = 0;                                                                                             \
+            for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) {                                              \
+                const uint8x16_t c = vld1q_u8(q + 16 * (size_t)b);                                                   \
+                const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(15)));                               \
+                const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(c, 4));                                          \
+                const int32x4_t d = IDOT(IDOT(vdupq_n_s32(0), lo, vld1q_s8(a[b].qs)), hi, vld1q_s8(a[b].qs + 16));  \
+                t += a[b].d * (float)vaddvq_s32(d);                                                                  \
+            }                                                                                                        \
+            acc += sb[2 * gi] * t + sb[2 * gi + 1] * sx[gi];                                                         \
+        }                                                                                                            \
+        return acc;                                                                                                  \
+    }
+
+GDOT_NEON(gdot_neon, , i8dot_neon)
+GDOT_NEON(gdot_dotprod, DP_ATTR, i8dot_dp)
+#endif /* KILN_NEON */
+
 #if defined(KILN_X86)
 /* AVX2: the same per block (maddubs of [lo | hi] codes with the 32 codes) */
 AVX2 static float gdot_avx2(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {
@@ -2186,6 +2215,10 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             const float *sx = j->sx + (size_t)t * j->G;
 #if defined(KILN_X86)
             float v = j->isa >= CPU_ISA_AVX2 ? gdot_avx2(g, (int)r, a, sx, j->gs) : gdot_scalar(g, (int)r, a, sx, j->gs);
+#elif defined(KILN_NEON)
+            float v = j->isa >= CPU_ISA_DOTPROD ? gdot_dotprod(g, (int)r, a, sx, j->gs)
+                      : j->isa >= CPU_ISA_NEON  ? gdot_neon(g, (int)r, a, sx, j->gs)
+                                                : gdot_scalar(g, (int)r, a, sx, j->gs);
 #else
             float v = gdot_scalar(g, (int)r, a, sx, j->gs);
 #endif
@@ -2380,6 +2413,9 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     void *ptr[4];
     qbuf_get(be, sz, ptr, 4);
     j.xa = ptr[0], j.sx = ptr[1];
+#if defined(KILN_NEON)
+    cpu_isa_note(j.isa, 0); /* gdot_neon / gdot_dotprod */
+#endif
 #if defined(KILN_X86)
     if (dec) j.act4 = ptr[2], j.dx4 = ptr[3];
     if (j.dec2) j.act2 = ptr[2], j.dx2 = ptr[3];
