@@ -47,6 +47,8 @@ int kiln_engine_is_eos(const kiln_engine *e, int32_t id);
 /* Prints architecture, shapes, dtypes, parameter count and bytes. */
 void kiln_engine_describe(const kiln_engine *e, FILE *f);
 int64_t kiln_engine_param_bytes(const kiln_engine *e);
+/* the format of most of the weight bytes ("BF16", "Q4_0", "GPTQ-int4-g128", ...) */
+void kiln_engine_weight_format(const kiln_engine *e, char *buf, size_t len);
 int64_t kiln_engine_n_params(const kiln_engine *e);
 
 /* One sequence with its own KV pages: for run, logits and in-process bench. */

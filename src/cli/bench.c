@@ -545,8 +545,9 @@ int cli_bench(int argc, char **argv) {
     }
     double np = (double)kiln_engine_n_params(e), nb = (double)kiln_engine_param_bytes(e);
     snprintf(lab->size, sizeof lab->size, "%.2fB", np / 1e9);
-    upper(lab->precision, sizeof lab->precision,
-          quant_label ? quant_label : eo.dummy ? (eo.dummy_dtype ? eo.dummy_dtype : "bf16") : dtype_name(cfg->dtype));
+    char wfmt[64];
+    kiln_engine_weight_format(e, wfmt, sizeof wfmt); /* a checkpoint: what its weights are, not the config's dtype */
+    upper(lab->precision, sizeof lab->precision, quant_label ? quant_label : eo.dummy ? (eo.dummy_dtype ? eo.dummy_dtype : "bf16") : wfmt);
     upper(lab->backend, sizeof lab->backend, kiln_engine_backend(e));
     lab->threads = eo.n_threads > 0 ? eo.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     lab->nchip = 1;

@@ -103,6 +103,7 @@ const char *kiln_engine_backend(const kiln_engine *e) { return e->be->name; }
 int kiln_engine_max_tokens(const kiln_engine *e) { return e->max_tokens; }
 const char *kiln_engine_model_dir(const kiln_engine *e) { return strncmp(e->model.path, "dummy:", 6) ? e->model.path : NULL; }
 int64_t kiln_engine_param_bytes(const kiln_engine *e) { return model_n_bytes(&e->model); }
+void kiln_engine_weight_format(const kiln_engine *e, char *buf, size_t len) { model_main_format(&e->model, buf, len); }
 int64_t kiln_engine_n_params(const kiln_engine *e) { return model_n_params(&e->model); }
 
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id) {

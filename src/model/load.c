@@ -385,6 +385,15 @@ static int count_fmt(struct kiln_model *m, struct qlinear *w, void *ctx) {
     return 0;
 }
 
+void model_main_format(const struct kiln_model *m, char *buf, size_t len) {
+    struct fmt_count c = {0};
+    each_linear((struct kiln_model *)m, count_fmt, &c);
+    int best = -1;
+    for (int i = 0; i < c.k; i++)
+        if (best < 0 || c.bytes[i] > c.bytes[best]) best = i;
+    snprintf(buf, len, "%s", best < 0 ? "?" : c.label[best]);
+}
+
 void model_describe_formats(const struct kiln_model *m, FILE *f) {
     struct fmt_count c = {0};
     each_linear((struct kiln_model *)m, count_fmt, &c);

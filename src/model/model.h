@@ -81,6 +81,8 @@ int64_t model_n_params(const struct kiln_model *m);
 int64_t model_n_bytes(const struct kiln_model *m);
 /* Prints one line per weight format: "  GPTQ-int4-g128   196 linears  1.23 GiB"
  * (stored bytes, plus what the backend repacked at load). */
+/* the weight format holding most of the linears' bytes, e.g. "Q4_0", "BF16", "GPTQ-int4-g128" */
+void model_main_format(const struct kiln_model *m, char *buf, size_t len);
 void model_describe_formats(const struct kiln_model *m, FILE *f);
 
 /* Names of the built-in configs, NULL-terminated table; and lookup. */

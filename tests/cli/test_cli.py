@@ -106,3 +106,15 @@ def test_bad_input_is_a_clear_error(args, needle):
     r = kiln(*args)
     assert r.returncode != 0
     assert needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("file,precision", [("micro-q4_0.gguf", "Q4_0"), ("micro-q8_0.gguf", "Q8_0"), ("micro-f16.gguf", "F16")])
+def test_bench_names_the_checkpoint_weight_format(file, precision):
+    """kiln bench labels a checkpoint by its weights' format, not by the
+    config's dtype (a GGUF has none, which read as F32)."""
+    path = os.path.join(FIX, "quant", "gguf", file)
+    r = kiln("bench", "--profile", "pp-tg", "-m", path, "-t", "1", "-p", "8", "-n", "2", "-r", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert out["meta"]["precision"] == precision
+    assert out["pp8"] > 0 and out["tg2"] > 0
