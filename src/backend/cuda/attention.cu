@@ -286,10 +286,9 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
     bf16 *smem = (bf16 *)smem_u4;
     /* stage st: K at smem + st * 2 * FA_BN * LD, V right after it; HG = 2:
      * Q of head i at smem + 4 * FA_BN * LD + i * FA_BM * LD */
-    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * HG;
-    const int s = ent[0], m0 = ent[1];
-    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
-    const int kh = h0 / (n_head / nkv);
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * HG, kh = h0 / (n_head / nkv);
+    const struct flash_ent F = flash_entry<SPLIT>(tiles, seq);
+    const int m0 = F.m0, start = F.start, n = F.n, n_past = F.n_past, poff = F.poff;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int mat = lane >> 3, r8 = lane & 7;
     const int qr0 = m0 + warp * 16 + g, qr1 = qr0 + 8;
@@ -320,8 +319,7 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
     float mr[HG][2], lr[HG][2];
 #pragma unroll
     for (int hi = 0; hi < HG; hi++) mr[hi][0] = mr[hi][1] = -INFINITY, lr[hi][0] = lr[hi][1] = 0.f;
-    const int kv_end = n_past + min(m0 + FA_BM, n);
-    const int kb0 = SPLIT ? ent[2] : 0, n_kb = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
+    const int kv_end = F.kv_end, kb0 = F.kb0, n_kb = F.kb1;
     const int p0 = n_past + qr0, p1 = n_past + qr1;
 
     auto load = [&](int kb, int st) {

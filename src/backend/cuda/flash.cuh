@@ -18,6 +18,28 @@
 
 #include "backend/cuda/cuda.cuh"
 
+/* A flash block's entry (blockIdx.x; cuda.cuh, fa[] in the batch meta): its
+ * sequence's rows start .. start + n of the batch come after n_past cached
+ * keys, page table at poff; the tile's first row m0 (within the sequence);
+ * the key blocks [kb0, kb1) it walks (its split's with SPLIT, else every
+ * block up to the tile's last key, kv_end); keys at or past k_end belong to
+ * another split or to nobody. */
+struct flash_ent {
+    int m0, start, n, n_past, poff, kv_end, kb0, kb1, k_end;
+};
+
+template <bool SPLIT>
+__device__ __forceinline__ struct flash_ent flash_entry(const int *tiles, const int *seq) {
+    const int *ent = tiles + FA_ENT * blockIdx.x;
+    const int s = ent[0];
+    struct flash_ent f;
+    f.m0 = ent[1], f.start = seq[4 * s], f.n = seq[4 * s + 1], f.n_past = seq[4 * s + 2], f.poff = seq[4 * s + 3];
+    f.kv_end = f.n_past + min(f.m0 + FA_BM, f.n);
+    f.kb0 = SPLIT ? ent[2] : 0, f.kb1 = SPLIT ? ent[3] : (f.kv_end + FA_BN - 1) / FA_BN;
+    f.k_end = min(f.kv_end, f.kb1 * FA_BN);
+    return f;
+}
+
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     unsigned a = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));

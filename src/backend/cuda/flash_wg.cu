@@ -225,15 +225,12 @@ __global__ void __launch_bounds__(256, 1) k_flash_wg(bf16 *__restrict__ out, flo
     extern __shared__ uint4 smem_u4[];
     char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
     const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
-    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
-    const int s = ent[0], m0 = ent[1];
-    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
-    const int kh = h0 / (n_head / nkv);
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2, kh = h0 / (n_head / nkv);
+    const struct flash_ent F = flash_entry<SPLIT>(tiles, seq);
+    const int m0 = F.m0, start = F.start, n = F.n, n_past = F.n_past, poff = F.poff;
+    const int kb0 = F.kb0, kb1 = F.kb1, k_end = F.k_end;
     const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
     const int qr0 = m0 + warp * 16 + g;
-    const int kv_end = n_past + min(m0 + FA_BM, n);
-    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
-    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
     const int p0 = n_past + qr0, p1 = p0 + 8, p_lo = n_past + m0;
 
     /* Q of both heads (rows past n repeat row n - 1); it rides in the first
@@ -397,15 +394,12 @@ __global__ void __launch_bounds__(OVL ? 384 : 288, 1) k_flash_wg2(bf16 *__restri
     char *sm = (char *)(((uintptr_t)smem_u4 + 1023) & ~(uintptr_t)1023);
     const unsigned sm_a = (unsigned)__cvta_generic_to_shared(sm);
     const unsigned bar_full = sm_a + WG_Q_BYTES + WG2_NS * 2 * WG_T_BYTES, bar_empty = bar_full + 8 * WG2_NS;
-    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2;
-    const int s = ent[0], m0 = ent[1];
-    const int start = seq[4 * s], n = seq[4 * s + 1], n_past = seq[4 * s + 2], poff = seq[4 * s + 3];
-    const int kh = h0 / (n_head / nkv);
+    const int *ent = tiles + FA_ENT * blockIdx.x, h0 = blockIdx.y * 2, kh = h0 / (n_head / nkv);
+    const struct flash_ent F = flash_entry<SPLIT>(tiles, seq);
+    const int m0 = F.m0, start = F.start, n = F.n, n_past = F.n_past, poff = F.poff;
+    const int kb0 = F.kb0, kb1 = F.kb1, k_end = F.k_end;
     const int tid = threadIdx.x, wg = tid >> 7, x = tid & 127, warp = x >> 5, lane = x & 31, g = lane >> 2, t4 = lane & 3;
     const int qr0 = m0 + warp * 16 + g;
-    const int kv_end = n_past + min(m0 + FA_BM, n);
-    const int kb0 = SPLIT ? ent[2] : 0, kb1 = SPLIT ? ent[3] : (kv_end + FA_BN - 1) / FA_BN;
-    const int k_end = min(kv_end, kb1 * FA_BN); /* keys at or past it are another entry's (or nobody's) */
     const int n_step = (kb1 - kb0 + 1) / 2;
     if (tid == 0) {
         for (int i = 0; i < WG2_NS; i++) mbar_init(bar_full + 8 * i, 1), mbar_init(bar_empty + 8 * i, 256);
