@@ -177,15 +177,17 @@ static void cpu_add_rmsnorm(struct kiln_backend *be, void *x, void *out, const v
 /* RoPE of one head vector: rotate pairs (i, i + half) by the angles' cos
  * cs[i] and sin cs[half + i]; the vector path does the same f32 products
  * and sums (a c - b s, b c + a s; no FMA), so it is bit-identical */
-static void rope_scalar(float *h, const float *cs, int hd) {
-    int half = hd / 2;
-    const float *cv = cs, *sv = cs + half;
-    for (int i = 0; i < half; i++) {
+/* rotates the pairs (i, i + half) for i in [i0, half): the scalar kernel,
+ * and the tail the vector kernels leave */
+static void rope_pairs(float *h, const float *cv, const float *sv, int half, int i0) {
+    for (int i = i0; i < half; i++) {
         float a = h[i], bb = h[i + half];
         h[i] = a * cv[i] - bb * sv[i];
         h[i + half] = bb * cv[i] + a * sv[i];
     }
 }
+
+static void rope_scalar(float *h, const float *cs, int hd) { rope_pairs(h, cs, cs + hd / 2, hd / 2, 0); }
 
 #if defined(KILN_X86)
 KILN_AVX512 static void rope_avx512(float *h, const float *cs, int hd) {
@@ -209,11 +211,7 @@ KILN_AVX2 static void rope_avx2(float *h, const float *cs, int hd) {
         _mm256_storeu_ps(h + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, sn)));
         _mm256_storeu_ps(h + half + i, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, sn)));
     }
-    for (; i < half; i++) {
-        float a = h[i], bb = h[i + half];
-        h[i] = a * cv[i] - bb * sv[i];
-        h[i + half] = bb * cv[i] + a * sv[i];
-    }
+    rope_pairs(h, cv, sv, half, i);
 }
 
 #endif
@@ -228,11 +226,7 @@ static void rope_neon(float *h, const float *cs, int hd) {
         vst1q_f32(h + i, vsubq_f32(vmulq_f32(a, c), vmulq_f32(b, sn)));
         vst1q_f32(h + half + i, vaddq_f32(vmulq_f32(b, c), vmulq_f32(a, sn)));
     }
-    for (; i < half; i++) {
-        float a = h[i], bb = h[i + half];
-        h[i] = a * cv[i] - bb * sv[i];
-        h[i + half] = bb * cv[i] + a * sv[i];
-    }
+    rope_pairs(h, cv, sv, half, i);
 }
 #endif
 
