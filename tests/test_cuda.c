@@ -783,6 +783,82 @@ static int collect_into(int32_t id, void *ctx) {
     return 0;
 }
 
+/*
+ * (d) the persistent decode step kernel (step.cu, opt-in: KILN_CUDA_STEPK=1)
+ * against the op-by-op path it replaces (CUDA graphs of the kernels above),
+ * on the same tokens: a 37-token prompt, then 40 one-token steps through
+ * two sequences per engine, one reading logits (compared row by row with
+ * the tolerance of (b)) and one asking for the argmax only (the ids must
+ * match wherever the logits' top-1/top-2 margin exceeds that tolerance).
+ * Shapes: the tiny dummy above (head_dim 128, 31 lm_head rows per block)
+ * and a dummy Qwen3-0.6B (lm_head of 151,936 rows, argmax across blocks).
+ * The step counter checks that the kernel really ran.
+ */
+long kiln_cuda_step_count(void) __attribute__((weak));
+
+static void check_step_kernel(const char *dummy) {
+    char err[512] = "";
+    struct kiln_engine_opts o = {.dummy = dummy, .seed = 11, .backend = "cuda", .page_size = 16, .max_total_tokens = 1024};
+    char *saved = getenv("KILN_CUDA_STEPK") ? strdup(getenv("KILN_CUDA_STEPK")) : NULL;
+    setenv("KILN_CUDA_STEPK", "0", 1);
+    kiln_engine *e0 = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e0 != NULL, "%s (graphs): %s", dummy, err);
+    setenv("KILN_CUDA_STEPK", "1", 1);
+    kiln_engine *e1 = e0 ? kiln_engine_open(&o, err, sizeof err) : NULL;
+    CHECK(e1 != NULL, "%s (step kernel): %s", dummy, err);
+    if (saved) setenv("KILN_CUDA_STEPK", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_STEPK");
+    if (!e0 || !e1 || !kiln_cuda_step_count) goto done;
+    {
+        const int V = kiln_engine_config(e0)->vocab, NP = 37, NS = 40;
+        kiln_seq *a0 = kiln_seq_new(e0, err, sizeof err), *b0 = kiln_seq_new(e0, err, sizeof err);
+        kiln_seq *a1 = kiln_seq_new(e1, err, sizeof err), *b1 = kiln_seq_new(e1, err, sizeof err);
+        int32_t prompt[NP];
+        for (int i = 0; i < NP; i++) prompt[i] = next_tok() % V;
+        int rc = 0;
+        kiln_seq *all[4] = {a0, b0, a1, b1};
+        for (int i = 0; i < 4; i++) rc |= kiln_seq_eval(all[i], prompt, NP, NULL, 0, err, sizeof err);
+        CHECK(rc == 0, "%s prompt: %s", dummy, err);
+        float *l0 = kiln_malloc(sizeof(float) * (size_t)V), *l1 = kiln_malloc(sizeof(float) * (size_t)V);
+        float worst = 0;
+        int id_bad = -1, n_ids = 0;
+        const long runs0 = kiln_cuda_step_count();
+        for (int t = 0; t < NS && rc == 0; t++) {
+            const int32_t tok = next_tok() % V;
+            const int32_t *ids[1] = {&tok};
+            const int one = 1;
+            int32_t n0 = -1, n1 = -1;
+            rc |= kiln_seq_eval(a0, &tok, 1, l0, 0, err, sizeof err);
+            rc |= kiln_seq_eval(a1, &tok, 1, l1, 0, err, sizeof err);
+            rc |= kiln_seqs_eval_argmax(&b0, 1, ids, &one, &n0, err, sizeof err);
+            rc |= kiln_seqs_eval_argmax(&b1, 1, ids, &one, &n1, err, sizeof err);
+            CHECK(rc == 0, "%s step %d: %s", dummy, t, err);
+            worst = fmaxf(worst, compare_rows("step kernel vs graphs", t, l1, l0, 1, V));
+            float lo = l0[0], hi = l0[0];
+            for (int i = 0; i < V; i++) lo = fminf(lo, l0[i]), hi = fmaxf(hi, l0[i]);
+            CHECK(n0 == argmax(l0, V), "%s step %d: the graph path's device argmax %d is not the argmax %d of its logits", dummy, t,
+                  n0, argmax(l0, V));
+            if (margin(l0, V) > TOL_LOGIT * (hi - lo)) {
+                n_ids++;
+                if (n1 != n0) id_bad = t;
+            }
+        }
+        const long runs = kiln_cuda_step_count() - runs0;
+        CHECK(id_bad < 0, "%s: the step kernel's argmax differs at step %d although the margin is clear", dummy, id_bad);
+        /* per shape (logits or ids) and attention split count, the first step
+         * is recorded on the op path; the rest run k_step */
+        CHECK(runs >= 2 * NS - 8, "%s: the step kernel ran %ld of %d steps", dummy, runs, 2 * NS);
+        if (verbose())
+            fprintf(stderr, "  step kernel %-12s: %ld of %d steps, worst |delta| %.2f%% of the range, %d clear argmaxes equal\n",
+                    dummy, runs, 2 * NS, 100 * worst, n_ids);
+        for (int i = 0; i < 4; i++) kiln_seq_free(all[i]);
+        free(l0), free(l1);
+    }
+done:
+    kiln_engine_close(e0);
+    kiln_engine_close(e1);
+}
+
 /* n greedy requests at once through kiln_serving on CUDA against each alone
  * on the same engine. Batch shapes change the kernels' summation order, so
  * a request may leave its solo run at a near-tie: wherever they differ, the
@@ -889,4 +965,6 @@ void test_cuda(void) {
     check_mixed_batches();
     check_long_prefix();
     check_serving();
+    check_step_kernel(LONG_CFG);
+    check_step_kernel("qwen3-0.6b");
 }

@@ -80,6 +80,7 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
                  const struct kiln_batch *b) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_KVW, kv, k, v, NULL, NULL, NULL, b->n_tokens, 0, layer, 0, 0.f);
     if (kv->dtype != KILN_DTYPE_BF16) {
         fprintf(stderr, "kiln: cuda: the KV cache must be BF16 (got %s)\n", dtype_name(kv->dtype));
         abort();
@@ -564,6 +565,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
                   const struct kiln_batch *b, int n_head, float scale) {
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_ATT, out_, q_, NULL, kv, NULL, NULL, b->n_tokens, 0, layer, n_head, scale);
     bf16 *out = (bf16 *)out_;
     const bf16 *q = (const bf16 *)q_;
     const float sl2 = scale * 1.4426950408889634f;

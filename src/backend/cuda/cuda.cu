@@ -66,9 +66,12 @@ static std::unordered_map<void *, size_t> buf_sizes;
 /* ==== memory ==== */
 
 static void graphs_drop(struct cuda_ctx *c) {
-    for (int i = 0; i < c->n_graphs; i++)
+    for (int i = 0; i < c->n_graphs; i++) {
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+        cu_sk_free(c->graphs[i].sk);
+    }
     c->n_graphs = 0;
+    c->tape_on = 0; /* a step being recorded may hold freed pointers */
 }
 
 static void *cu_alloc(struct kiln_backend *be, size_t bytes) {
@@ -120,6 +123,7 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
 }
 
 static void cu_memzero(struct kiln_backend *be, void *p, size_t bytes) {
+    CU_TAPE(cu_ctx(be), SKT_OTHER, p, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0.f);
     cu_flush(cu_ctx(be));
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cu_ctx(be)->stream));
 }
@@ -189,6 +193,8 @@ static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
  * graph (just captured or replayed) is launched; the stream is eager after */
 static void cu_finish(struct cuda_ctx *c) {
     if (c->mode != CU_REPLAY) cu_flush(c);
+    if (c->tape_on) /* the first run of a decode shape was recorded: compile it for k_step (step.cu) */
+        cu_sk_compile(c, &c->graphs[c->cur_graph]);
     if (c->mode == CU_CAPTURE) {
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamEndCapture(c->stream, &g));
@@ -199,7 +205,8 @@ static void cu_finish(struct cuda_ctx *c) {
         c->mode = CU_REPLAY;
     }
     if (c->mode == CU_REPLAY) {
-        CUDA_CHECK(cudaGraphLaunch(c->graphs[c->cur_graph].exec, c->stream));
+        if (c->graphs[c->cur_graph].sk) cu_sk_launch(c, c->graphs[c->cur_graph].sk);
+        else CUDA_CHECK(cudaGraphLaunch(c->graphs[c->cur_graph].exec, c->stream));
         c->mode = CU_EAGER;
     }
 }
@@ -275,6 +282,7 @@ static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int 
     if (n <= 0) return;
     int *d = (int *)cu_scratch(c, (void **)&c->ids_dev, &c->ids_dev_cap, (size_t)n * 4);
     if (c->mode != CU_REPLAY) {
+        CU_TAPE(c, SKT_ARGMAX, d, x, NULL, NULL, NULL, NULL, n, width, 0, 0, 0.f);
         cu_flush(c);
         cu_launch(c->stream, k_argmax, (unsigned)n, 256, 0, d, (const bf16 *)x, width);
         CU_LAUNCHED();
@@ -298,6 +306,7 @@ static void cu_mem_info(struct kiln_backend *be, size_t *free_bytes, size_t *tot
 }
 
 static void cu_write(struct kiln_backend *be, void *dst, const float *src, size_t n) {
+    CU_TAPE(cu_ctx(be), SKT_OTHER, dst, NULL, NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0.f);
     cu_flush(cu_ctx(be));
     struct cuda_ctx *c = cu_ctx(be);
     uint16_t *h = (uint16_t *)kiln_malloc(n * 2 + 2);
@@ -507,6 +516,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         c->graphs[c->cur_graph].seen = 0;
     }
     c->mode = CU_EAGER;
+    c->tape_on = 0;
     const int n = b->n_tokens, S = b->n_seqs, no = b->n_out;
     size_t tot_pages = 0;
     int max_n = 0, max_len = 0, n_tiles = 0;
@@ -618,13 +628,16 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     if (gi < 0) {
         c->graphs = (struct cu_graph *)kiln_realloc(c->graphs, sizeof *c->graphs * (size_t)(c->n_graphs + 1));
         gi = c->n_graphs++;
-        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, b->out_ids != NULL, 0, NULL, NULL};
+        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, b->out_ids != NULL, 0, NULL, NULL, NULL};
     }
     struct cu_graph *g = &c->graphs[gi];
     c->cur_graph = gi;
-    if (g->exec) {
+    if (g->exec || g->sk) {
         c->mode = CU_REPLAY;
-    } else if (g->seen++ >= 1) {
+    } else if (g->seen++ == 0 && n == 1 && S == 1 && no == 1 && cu_sk_enabled(c)) {
+        /* the first run of a one-token step: record its ops for k_step (step.cu) */
+        c->tape_on = 1, c->n_tape = 0;
+    } else if (g->seen >= 2) {
         CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
         c->mode = CU_CAPTURE;
     }
@@ -668,11 +681,18 @@ static void cu_destroy(struct kiln_backend *be) {
     if (c->gs_cnt) cudaFree(c->gs_cnt);
     if (c->moe_host) cudaFreeHost(c->moe_host);
     if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
+    if (c->sk_part) cudaFree(c->sk_part);
+    if (c->sk_bar) cudaFree(c->sk_bar);
+    free(c->tape);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
 }
+
+/* decode steps run by the persistent step kernel so far (step.cu; tests) */
+extern "C" long kiln_cuda_step_count(void);
+extern "C" long kiln_cuda_step_count(void) { return cu_sk_count; }
 
 extern "C" int cuda_available(void);
 extern "C" int cuda_available(void) {
@@ -710,6 +730,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
     const char *g = getenv("KILN_CUDA_GRAPHS");
     c->no_graphs = g && !strcmp(g, "0");
+    const char *sk = getenv("KILN_CUDA_STEPK");
+    c->no_sk = !(sk && !strcmp(sk, "1")); /* opt-in: not faster yet (step.cu, docs/cuda.md) */
     const char *df = getenv("KILN_CUDA_DEFER");
     c->no_defer = df && !strcmp(df, "0");
     const char *fu = getenv("KILN_CUDA_FUSE");

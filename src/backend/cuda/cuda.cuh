@@ -116,10 +116,23 @@ struct cu_moe_tab {
 #define FA_SPLIT_MIN_KB 8
 #define FA_SPLIT_MAX 64
 
+struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
+
 struct cu_graph {
     int n_tokens, n_seqs, n_out, att_split, ids, seen; /* ids: the step ends with argmax (kiln_batch.out_ids) */
     const void *kv; /* the k[] array of the cache it attends to */
     cudaGraphExec_t exec;
+    struct sk_prog *sk; /* set: the step runs as k_step (step.cu) instead of a graph */
+};
+
+/* One op call of a recorded decode step (step.cu compiles the tape): the
+ * op's pointers and sizes as it was called; fields by op in cu_sk_rec's callers. */
+enum { SKT_EMBED = 1, SKT_NORM, SKT_ADDNORM, SKT_MATMUL, SKT_ROPE, SKT_KVW, SKT_ATT, SKT_SWIGLU, SKT_ADD, SKT_GATHER, SKT_ARGMAX, SKT_OTHER };
+struct sk_op {
+    int op, n, dim, i0, i1;
+    void *a;
+    const void *b, *y, *t, *t2, *t3;
+    float f;
 };
 
 enum { CU_EAGER = 0, CU_CAPTURE, CU_REPLAY };
@@ -205,6 +218,13 @@ struct cuda_ctx {
     /* argmax of the out rows: device ids (scratch) and their pinned host copy */
     int *ids_dev, *ids_host;
     size_t ids_dev_cap, ids_host_cap;
+
+    /* the decode step kernel (step.cu): the op tape of a step being recorded, its scratch */
+    struct sk_op *tape;
+    int n_tape, tape_cap, tape_on, no_sk;
+    float *sk_part;
+    size_t sk_part_cap;
+    unsigned *sk_bar; /* barrier counters, per-head split counters, argmax candidates */
 
     /* memory accounting (bytes) */
     size_t bytes_weights, bytes_buffers, bytes_ws, bytes_kv; /* kv: set at the first kv_write */
@@ -308,6 +328,20 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
 void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
 /* the queued gate and up matmuls fused with out = silu(gate) * up; 0 if they do not match */
 int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn);
+
+/* step.cu: the persistent decode step kernel */
+int cu_sk_enabled(struct cuda_ctx *c);
+void cu_sk_rec(struct cuda_ctx *c, int op, void *a, const void *b, const void *y, const void *t, const void *t2, const void *t3,
+               int n, int dim, int i0, int i1, float f);
+void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g);
+void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p);
+void cu_sk_free(struct sk_prog *p);
+extern long cu_sk_count;
+/* records an op into the tape while a step is being recorded */
+#define CU_TAPE(c, ...)                                  \
+    do {                                                 \
+        if ((c)->tape_on) cu_sk_rec((c), __VA_ARGS__);   \
+    } while (0)
 
 /* skip the op when a captured graph will replay it */
 #define CU_SKIP_IF_REPLAY(be)                          \

@@ -40,6 +40,7 @@
 
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/flash.cuh"
+#include "backend/cuda/sm90.cuh"
 
 #include <cudaTypedefs.h>
 
@@ -107,24 +108,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16][4], const unsigned *a, u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
-__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT;\n}\n" ::"r"(a),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
-}
-/* arrive, and expect `bytes` more from the copy engine before the phase ends */
-__device__ __forceinline__ void mbar_arrive_tx(unsigned a, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
-}
 /* a box of a 2-d tensor map to shared memory, completing on mbarrier bar */
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map, int c0, int c1, unsigned bar) {
     asm volatile(
@@ -132,8 +115,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

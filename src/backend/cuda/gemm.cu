@@ -625,6 +625,7 @@ __global__ void k_bias(bf16 *out, const float *bias, int n_out, size_t total) {
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_MATMUL, out, x, NULL, w, NULL, NULL, n, 0, 0, 0, 0.f);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
     if (n <= cu_gemv_rows && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
         /* a pending norm stays pending only if this matmul reads its output

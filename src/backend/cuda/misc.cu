@@ -23,6 +23,7 @@ __global__ void k_copy_rows(bf16 *__restrict__ out, const bf16 *__restrict__ src
 void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b) {
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_EMBED, x, NULL, NULL, table, NULL, NULL, b->n_tokens, (int)table->cols, 0, 0, 0.f);
     cu_launch(c->stream, k_copy_rows, b->n_tokens, 128, 0, (bf16 *)x, (const bf16 *)table->be, c->d_tokens, (int)table->cols);
     CU_LAUNCHED();
 }
@@ -33,6 +34,7 @@ void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, con
 void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int32_t *rows, int n_rows, int dim) {
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_GATHER, out, x, NULL, rows, NULL, NULL, n_rows, dim, 0, 0, 0.f);
     const int *d_rows = c->d_out_rows;
     if (rows != c->out_rows_host || n_rows != c->n_out) { /* not the batch's rows: upload (never in a graph) */
         int *tmp = (int *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, (size_t)n_rows * 4);
@@ -84,6 +86,7 @@ void cu_swiglu_raw(struct cuda_ctx *c, bf16 *out, const bf16 *g, const bf16 *u, 
 
 void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn) {
     CU_SKIP_IF_REPLAY(be);
+    CU_TAPE(cu_ctx(be), SKT_SWIGLU, out, gate, up, NULL, NULL, NULL, n, ffn, 0, 0, 0.f);
     if (cu_swiglu_fused(cu_ctx(be), out, gate, up, n, ffn)) return;
     cu_flush(cu_ctx(be));
     cu_swiglu_raw(cu_ctx(be), (bf16 *)out, (const bf16 *)gate, (const bf16 *)up, (size_t)n * ffn);
@@ -121,6 +124,7 @@ void cu_add_launch(struct cuda_ctx *c, bf16 *x, const bf16 *y, size_t n) {
 void cu_add(struct kiln_backend *be, void *x, const void *y, size_t n) {
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_ADD, x, NULL, y, NULL, NULL, NULL, (int)n, 0, 0, 0, 0.f);
     if (!c->no_fuse && !c->no_fuse_norm && !c->no_defer && c->n_tokens <= 8 && n % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)y & 15)) {
         c->padd.on = 1, c->padd.x = (bf16 *)x, c->padd.y = (const bf16 *)y, c->padd.n = n;
         return;

@@ -240,6 +240,7 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
 void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe_ffn *m, int n, int dim) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_OTHER, out, x_, NULL, m, NULL, NULL, n, dim, 0, 0, 0.f);
     /* a pending norm that produced x is folded into the router GEMV */
     if (!(c->pnorm.on && c->pnorm.out == x_ && !c->n_pend)) cu_flush(c);
     const int E = m->n_expert, K = m->n_used, F = m->ffn;

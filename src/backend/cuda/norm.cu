@@ -71,6 +71,7 @@ static void norm_op(struct cuda_ctx *c, bf16 *x, bf16 *out, const bf16 *y, const
 void cu_rmsnorm(struct kiln_backend *be, void *out, const void *x, const struct ktensor *w, int n, int dim, float eps) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_NORM, out, x, NULL, w, NULL, NULL, n, dim, 0, 0, eps);
     /* a residual add just before, into this norm's input: x += y, out = norm(x) in one */
     const bf16 *y = NULL;
     if (c->padd.on && c->padd.x == x && c->padd.n == (size_t)n * dim && out != c->padd.x) {
@@ -84,5 +85,6 @@ void cu_rmsnorm(struct kiln_backend *be, void *out, const void *x, const struct 
 void cu_add_rmsnorm(struct kiln_backend *be, void *x, void *out, const void *y, const struct ktensor *w, int n, int dim,
                     float eps) {
     CU_OP_ENTER(be);
+    CU_TAPE(cu_ctx(be), SKT_ADDNORM, x, out, y, w, NULL, NULL, n, dim, 0, 0, eps);
     norm_op(cu_ctx(be), (bf16 *)x, (bf16 *)out, (const bf16 *)y, (const float *)w->be, n, dim, eps);
 }

@@ -90,6 +90,7 @@ void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct kte
                      float eps) {
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    CU_TAPE(c, SKT_ROPE, q, k, NULL, qn, kn, rope, b->n_tokens, head_dim, n_head, n_head_kv, eps);
     if (head_dim / 2 > 32 * ROPE_MAX_PAIRS) {
         fprintf(stderr, "kiln: cuda: head_dim %d > %d is not supported\n", head_dim, 64 * ROPE_MAX_PAIRS);
         abort();
