@@ -111,7 +111,7 @@ void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x,
 typedef void (*cpu_dot_fn)(const void *row, const float *const *x, int nx, int n_in, float *out);
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t);
 
-/* quantized linears (qmatmul.c): prepare once at load (repack GPTQ/AWQ,
+/* quantized linears (qmatmul.c; the paths in qmatmul_*.c): prepare once at load (repack GPTQ/AWQ,
  * f32 copies of FP8 scales), release, and the matmul */
 int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen);
 void cpu_qrelease_linear(struct qlinear *w);

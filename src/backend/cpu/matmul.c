@@ -25,7 +25,7 @@
  * picked at run time from what the CPU reports; KILN_CPU_ISA=scalar|avx2|
  * avx512 caps the choice (KILN_NO_SIMD=1 means scalar), and tests force each
  * path with cpu_set_isa(). On AArch64: NEON (GEMM 8 x 12, GEMV), and the
- * dotprod level (Q8_0 / Q4_0 with sdot, qmatmul.c) when the CPU has it.
+ * dotprod level (Q8_0 / Q4_0 with sdot, qmatmul_int8.c) when the CPU has it.
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

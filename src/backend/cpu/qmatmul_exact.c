@@ -1,0 +1,624 @@
+/*
+ * qmatmul_exact.c: the exact path of the quantized matmul (qmatmul.c's
+ * header comment, "exact"): FP8 blocks, GPTQ / AWQ groups the int8 path does
+ * not take, GGUF blocks without an int8 kernel (Q5_0, Q5_1), and everything
+ * under KILN_QACT=f32. f32 activations times the weights dequantized to f32
+ * as stored: decode (n <= 4) fuses the dequantization into the FMAs (AVX2;
+ * AVX-512 one-row and lookup kernels for 4-bit groups), prefill (n >= 8) is
+ * a GEMM over dequantized f32 panels (AVX2, AVX-512), and the rest (scalar,
+ * NEON, n 5..7) dequantizes a row to scratch for matmul.c's f32 dot.
+ */
+#include "backend/cpu/qmatmul_internal.h"
+
+float qm_fp8_lut[256];
+
+/* ==== exact path: one row dequantized to scratch ==== */
+
+static void row_fp8(const struct qlinear *w, const struct qprep *p, int r, float *y) {
+    const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
+    const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
+    for (int k0 = 0, b = 0; k0 < w->n_in; k0 += w->block_k, b++) {
+        int k1 = k0 + w->block_k < w->n_in ? k0 + w->block_k : w->n_in;
+        float sc = s[b];
+        for (int k = k0; k < k1; k++) y[k] = qm_fp8_lut[q[k]] * sc;
+    }
+}
+
+static void row_grp(const struct qgrp *g, int r, float *y) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int a = g->gstart[gi], e = g->gstart[gi + 1];
+        float s = sb[2 * gi], b = sb[2 * gi + 1];
+        int k = a;
+        if (g->bits == 8) {
+            for (; k < e; k++) y[k] = s * q[k] + b;
+            continue;
+        }
+        for (; k < e && (k & 31); k++) y[k] = s * qgrp_code(g, r, k) + b;
+        for (; k + 32 <= e; k += 32) {
+            const uint8_t *c = q + (k >> 5) * 16;
+            for (int i = 0; i < 16; i++) {
+                y[k + i] = s * (c[i] & 15) + b;
+                y[k + 16 + i] = s * (c[i] >> 4) + b;
+            }
+        }
+        for (; k < e; k++) y[k] = s * qgrp_code(g, r, k) + b;
+    }
+}
+
+#if defined(KILN_X86)
+/* AVX2 row dequantization. FP8: e4m3 bits moved into an f16 (sign, then
+ * exponent+mantissa shifted left by 7) equal the value times 2^-8 for
+ * normals and subnormals alike, so F16C converts 8 at a time and the 2^8
+ * goes into the block scale. */
+AVX2 static void row_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, float *y) {
+    const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
+    const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
+    const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+    for (int k0 = 0, b = 0; k0 < w->n_in; k0 += w->block_k, b++) {
+        int k1 = k0 + w->block_k < w->n_in ? k0 + w->block_k : w->n_in, k = k0;
+        __m256 sc = _mm256_set1_ps(s[b] * 256.0f);
+        for (; k + 8 <= k1; k += 8) {
+            __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + k)));
+            __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
+            _mm256_storeu_ps(y + k, _mm256_mul_ps(_mm256_cvtph_ps(h), sc));
+        }
+        for (; k < k1; k++) y[k] = qm_fp8_lut[q[k]] * s[b];
+    }
+}
+
+AVX2 static void row_grp_avx2(const struct qgrp *g, int r, float *y) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int a = g->gstart[gi], e = g->gstart[gi + 1], k = a;
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+#define CVT8(bytes) _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), vs, vb)
+        if (g->bits == 8) {
+            for (; k + 16 <= e; k += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + k));
+                _mm256_storeu_ps(y + k, CVT8(v));
+                _mm256_storeu_ps(y + k + 8, CVT8(_mm_srli_si128(v, 8)));
+            }
+            for (; k < e; k++) y[k] = s * q[k] + b;
+            continue;
+        }
+        for (; k < e && (k & 31); k++) y[k] = s * qgrp_code(g, r, k) + b;
+        for (; k + 32 <= e; k += 32) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16));
+            __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+            _mm256_storeu_ps(y + k, CVT8(lo));
+            _mm256_storeu_ps(y + k + 8, CVT8(_mm_srli_si128(lo, 8)));
+            _mm256_storeu_ps(y + k + 16, CVT8(hi));
+            _mm256_storeu_ps(y + k + 24, CVT8(_mm_srli_si128(hi, 8)));
+        }
+#undef CVT8
+        for (; k < e; k++) y[k] = s * qgrp_code(g, r, k) + b;
+    }
+}
+
+/* Decode (n <= 4): the same arithmetic fused, without the scratch row: each
+ * 8 dequantized weights go from registers straight into the FMAs of up to 4
+ * activation rows. */
+AVX2 static inline __attribute__((always_inline)) void fused_grp_avx2_(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m128i m4 = _mm_set1_epi8(15);
+    /* NA independent accumulators per activation row (4 at nx = 1): one
+     * FMA chain per row would wait on the FMA latency at every step */
+    enum { NA = 4 };
+    const int na = nx == 1 ? 4 : nx == 2 ? 2 : 1;
+    __m256 acc[4][NA];
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < NA; i++) acc[j][i] = _mm256_setzero_ps();
+    float tail[4] = {0, 0, 0, 0};
+#define STEP(bytes, off)                                                                                   \
+    do {                                                                                                   \
+        __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), vs, vb);             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) acc[j][((off) / 8) % na] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + k + (off)), acc[j][((off) / 8) % na]); \
+    } while (0)
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int a = g->gstart[gi], e = g->gstart[gi + 1], k = a;
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+        if (g->bits == 8) {
+            for (; k + 16 <= e; k += 16) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + k));
+                STEP(v, 0);
+                STEP(_mm_srli_si128(v, 8), 8);
+            }
+        } else {
+            for (; k < e && (k & 31); k++)
+                #pragma GCC unroll 4
+                for (int j = 0; j < nx; j++) tail[j] += (s * qgrp_code(g, r, k) + b) * x[j][k];
+            for (; k + 32 <= e; k += 32) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16));
+                __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+                STEP(lo, 0);
+                STEP(_mm_srli_si128(lo, 8), 8);
+                STEP(hi, 16);
+                STEP(_mm_srli_si128(hi, 8), 24);
+            }
+        }
+        for (; k < e; k++)
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) tail[j] += (s * qgrp_code(g, r, k) + b) * x[j][k];
+    }
+#undef STEP
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) {
+        __m256 t = acc[j][0];
+        for (int i = 1; i < na; i++) t = _mm256_add_ps(t, acc[j][i]);
+        out[j] = kiln_hsum8(t) + tail[j];
+    }
+}
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+    switch (nx) {
+    case 1: fused_grp_avx2_(g, r, x, 1, out); break;
+    case 2: fused_grp_avx2_(g, r, x, 2, out); break;
+    case 3: fused_grp_avx2_(g, r, x, 3, out); break;
+    default: fused_grp_avx2_(g, r, x, 4, out); break;
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void fused_fp8_avx2_(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+    const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
+    const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
+    const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float tail[4] = {0, 0, 0, 0};
+    for (int k0 = 0, b = 0; k0 < w->n_in; k0 += w->block_k, b++) {
+        int k1 = k0 + w->block_k < w->n_in ? k0 + w->block_k : w->n_in, k = k0;
+        __m256 sc = _mm256_set1_ps(s[b] * 256.0f);
+        for (; k + 8 <= k1; k += 8) {
+            __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + k)));
+            __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
+            __m256 wv = _mm256_mul_ps(_mm256_cvtph_ps(h), sc);
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[j] + k), acc[j]);
+        }
+        for (; k < k1; k++)
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) tail[j] += qm_fp8_lut[q[k]] * s[b] * x[j][k];
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + tail[j];
+}
+/* nx as a constant in each copy, so the accumulators stay in registers */
+AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+    switch (nx) {
+    case 1: fused_fp8_avx2_(w, p, r, x, 1, out); break;
+    case 2: fused_fp8_avx2_(w, p, r, x, 2, out); break;
+    case 3: fused_fp8_avx2_(w, p, r, x, 3, out); break;
+    default: fused_fp8_avx2_(w, p, r, x, 4, out); break;
+    }
+}
+
+/* Decode, one activation row, 4-bit codes, AVX-512: 16 weights per vector
+ * (the same w = s * q + b in f32, then the FMA with x), 4 accumulators. */
+AVX512 static float fused_grp1_q4_512(const struct qgrp *g, int r, const float *x) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m128i m4 = _mm_set1_epi8(15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+    float tail = 0;
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int a = g->gstart[gi], e = g->gstart[gi + 1], k = a;
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+        for (; k < e && (k & 31); k++) tail += (s * qgrp_code(g, r, k) + b) * x[k];
+        for (; k + 64 <= e; k += 64) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16)), v1 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16 + 16));
+            __m128i l0 = _mm_and_si128(v0, m4), h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4);
+            __m128i l1 = _mm_and_si128(v1, m4), h1 = _mm_and_si128(_mm_srli_epi16(v1, 4), m4);
+            acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l0)), vs, vb), _mm512_loadu_ps(x + k), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h0)), vs, vb), _mm512_loadu_ps(x + k + 16), acc1);
+            acc2 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l1)), vs, vb), _mm512_loadu_ps(x + k + 32), acc2);
+            acc3 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h1)), vs, vb), _mm512_loadu_ps(x + k + 48), acc3);
+        }
+        for (; k + 32 <= e; k += 32) {
+            __m128i v0 = _mm_loadu_si128((const __m128i *)(q + (k >> 5) * 16));
+            __m128i l0 = _mm_and_si128(v0, m4), h0 = _mm_and_si128(_mm_srli_epi16(v0, 4), m4);
+            acc0 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l0)), vs, vb), _mm512_loadu_ps(x + k), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h0)), vs, vb), _mm512_loadu_ps(x + k + 16), acc1);
+        }
+        for (; k < e; k++) tail += (s * qgrp_code(g, r, k) + b) * x[k];
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3))) + tail;
+}
+
+/* Decode, one activation row, 4-bit codes in groups that are whole runs of
+ * 128 (g128 and its multiples, no act-order gaps), AVX-512: the 16 values
+ * s * q + b of the group are computed once (the same f32 FMA as above, so
+ * the same weights bit for bit) and the codes index them with vpermps,
+ * which reads the low 4 bits of each dword: a 64-byte load holds 128 codes,
+ * and shifting it right by 4j puts the j-th nibble of every dword in place.
+ * x was reordered once per call to match (xl, see lut_order), so 16 weights
+ * cost a shift, a permute and an FMA. */
+
+/* 128 weights of one 64-byte code block: nibble j of dword l is weight
+ * 16 j + l; its value lut[code] times x[16 j + l], into four accumulators */
+AVX512 static inline __attribute__((always_inline)) void lut_block128(__m512 *a0, __m512 *a1, __m512 *a2, __m512 *a3, __m512i c,
+                                                                      __m512 lut, const float *x) {
+    *a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(c, lut), _mm512_loadu_ps(x), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), lut), _mm512_loadu_ps(x + 16), *a1);
+    *a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 8), lut), _mm512_loadu_ps(x + 32), *a2);
+    *a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 12), lut), _mm512_loadu_ps(x + 48), *a3);
+    *a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 16), lut), _mm512_loadu_ps(x + 64), *a0);
+    *a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 20), lut), _mm512_loadu_ps(x + 80), *a1);
+    *a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 24), lut), _mm512_loadu_ps(x + 96), *a2);
+    *a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 28), lut), _mm512_loadu_ps(x + 112), *a3);
+}
+
+AVX512 static float fused_grp1_lut_512(const struct qgrp *g, int r, const float *xl) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+    for (int gi = 0; gi < g->n_group; gi++) {
+        const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(sb[2 * gi]), _mm512_set1_ps(sb[2 * gi + 1]));
+        for (int k = g->gstart[gi]; k < g->gstart[gi + 1]; k += 128) {
+            const __m512i c = _mm512_loadu_si512((const void *)(q + (k >> 5) * 16));
+            const float *x = xl + k;
+            _mm_prefetch((const char *)(q + (k >> 5) * 16) + QPFD_G, _MM_HINT_T0);
+            lut_block128(&acc0, &acc1, &acc2, &acc3, c, lut, x);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+/* The same for groups of exactly 128 in order (g128 without act-order, the
+ * common GPTQ/AWQ layout: gstart[i] = 128 i), over a run of rows in one call:
+ * no group-start table, and a two-level prefetch, the codes 2 KiB ahead into
+ * L1 and 32 KiB ahead into L2 (the scale/bias stream with them). The kernel
+ * is compute bound in L2 (~1.9 ns per 128 weights per core: 7 shifts, 8
+ * vpermps, 8 FMAs), so what the prefetch buys is the DRAM latency it does
+ * not hide: decode sweep of Qwen3-0.6B's g128 layers (0.23 GB), 2 threads,
+ * 4 KiB into L1 only 5.68-5.70 ms, two levels 5.26-5.36 ms. */
+AVX512 static void lut128_rows_512(const struct qgrp *g, int64_t r0, int64_t r1, const float *xl, const float *bias, float *out) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int ng = g->n_group;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+        const float *sb = g->sb + (size_t)r * ng * 2;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        for (int gi = 0; gi < ng; gi++, q += 64) {
+            /* the scale/bias stream, a 64-byte line per 8 groups (once per row
+             * covered one line of a row's 2-6 at K = 2048-6144) */
+            if (!(gi & 7)) _mm_prefetch((const char *)(sb + 2 * gi) + L128_PF2 / 8, _MM_HINT_T1);
+            const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(sb[2 * gi]), _mm512_set1_ps(sb[2 * gi + 1]));
+            const __m512i c = _mm512_loadu_si512((const void *)q);
+            const float *x = xl + 128 * gi;
+            _mm_prefetch((const char *)q + L128_PF1, _MM_HINT_T0);
+            _mm_prefetch((const char *)q + L128_PF2, _MM_HINT_T1);
+            lut_block128(&acc0, &acc1, &acc2, &acc3, c, lut, x);
+        }
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3))) + (bias ? bias[r] : 0.0f);
+    }
+}
+
+static int lut128_ok(const struct qgrp *g) {
+    if (g->bits != 4 || g->n_in % 128 || g->n_group != g->n_in / 128 || g->row_bytes != (size_t)g->n_in / 2) return 0;
+    for (int i = 0; i <= g->n_group; i++)
+        if (g->gstart[i] != 128 * i) return 0;
+    return 1;
+}
+
+/* can fused_grp1_lut_512 run: 4-bit, every group a whole number of 128-runs */
+static int lut_ok(const struct qgrp *g) {
+    if (g->bits != 4 || g->n_in % 128) return 0;
+    for (int i = 0; i <= g->n_group; i++)
+        if (g->gstart[i] % 128) return 0;
+    return 1;
+}
+
+/* xl[128 S + 16 j + d] = x[128 S + 32 (d / 4) + 4 (d % 4) + j / 2 + 16 (j & 1)]:
+ * lane d of the dword-nibble j of a 64-byte code load (4 chunks of 32
+ * weights, byte i of a chunk = weights i and 16 + i). With two-source
+ * permutes (it runs on the caller before every decode matmul; K = 1024:
+ * 362 ns as a scalar loop, 82 ns): output j of a 128-block takes lanes
+ * 4t + j/2 of the vectors 2q + (j & 1), q = 0..3 -> lanes 4q + t. */
+AVX512 static void lut_order_512(float *xl, const float *x, int K) {
+    for (int s0 = 0; s0 < K; s0 += 128) {
+        __m512 X[8];
+        for (int m = 0; m < 8; m++) X[m] = _mm512_loadu_ps(x + s0 + 16 * m);
+        for (int j = 0; j < 8; j++) {
+            const int p = j & 1, h = j >> 1;
+            const __m512i idx = _mm512_setr_epi32(h, 4 + h, 8 + h, 12 + h, 16 + h, 20 + h, 24 + h, 28 + h, h, 4 + h, 8 + h, 12 + h, 16 + h,
+                                                  20 + h, 24 + h, 28 + h);
+            __m512 lo = _mm512_permutex2var_ps(X[p], idx, X[2 + p]), hi = _mm512_permutex2var_ps(X[4 + p], idx, X[6 + p]);
+            _mm512_storeu_ps(xl + s0 + 16 * j, _mm512_shuffle_f32x4(lo, hi, 0x44));
+        }
+    }
+}
+
+#endif /* KILN_X86 */
+
+/* ==== exact path on the worker pool ==== */
+
+struct xjob {
+    const struct qlinear *w;
+    const struct qprep *p;
+    float *out;
+    const float *x;
+    const float *bias;
+    int n, K, N, isa;
+    size_t rb;
+    const float *xl; /* decode, fused_grp1_lut_512: x reordered (lut_order) */
+    int lut128;      /* ... and lut128_rows_512 can run */
+    /* GEMM (prefill): */
+    float *xp;         /* activations packed in tiles of MR tokens, [tile][K][MR] */
+    int MR, NR, ntile;
+    void **scr;        /* per-thread scratch */
+    size_t scr_bytes;
+};
+
+/* dequantizes row r of any exact-path format into y[K] */
+static void dequant_row(const struct xjob *j, int r, float *y) {
+#if defined(KILN_X86)
+    const int v = j->isa >= CPU_ISA_AVX2;
+    switch (j->w->fmt) {
+    case KILN_WFMT_FP8: (v ? row_fp8_avx2 : row_fp8)(j->w, j->p, r, y); break;
+    case KILN_WFMT_GPTQ:
+    case KILN_WFMT_AWQ: (v ? row_grp_avx2 : row_grp)(&j->p->grp, r, y); break;
+#else
+    switch (j->w->fmt) {
+    case KILN_WFMT_FP8: row_fp8(j->w, j->p, r, y); break;
+    case KILN_WFMT_GPTQ:
+    case KILN_WFMT_AWQ: row_grp(&j->p->grp, r, y); break;
+#endif
+    default: quant_dequant_row(j->w->w.dtype, (const uint8_t *)j->w->w.data + (size_t)r * j->rb, y, j->K); break;
+    }
+}
+
+#if defined(KILN_X86)
+static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct xjob *j = arg;
+    const float *xs[4];
+    for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
+    const int k512 = j->xl || (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4);
+    cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
+    if (j->lut128) {
+        lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        float o[4];
+        if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
+        else if (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4) o[0] = fused_grp1_q4_512(&j->p->grp, (int)r, xs[0]);
+        else if (j->w->fmt == KILN_WFMT_FP8) fused_fp8_avx2(j->w, j->p, (int)r, xs, j->n, o);
+        else fused_grp_avx2(&j->p->grp, (int)r, xs, j->n, o);
+        for (int t = 0; t < j->n; t++) j->out[(size_t)t * j->N + r] = o[t] + (j->bias ? j->bias[r] : 0.0f);
+    }
+    (void)tid;
+}
+
+#endif /* KILN_X86 */
+
+static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct xjob *j = arg;
+    float *y = thread_scratch(j->scr, tid, j->scr_bytes);
+    cpu_dot_fn dot = cpu_dot_for(KILN_DTYPE_F32);
+    for (int64_t r = r0; r < r1; r++) {
+        dequant_row(j, (int)r, y);
+        float b = j->bias ? j->bias[r] : 0.0f;
+        for (int t = 0; t < j->n; t += 4) {
+            int nx = j->n - t < 4 ? j->n - t : 4;
+            const float *xs[4];
+            float o[4];
+            for (int i = 0; i < nx; i++) xs[i] = j->x + (size_t)(t + i) * j->K;
+            dot(y, xs, nx, j->K, o);
+            for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
+        }
+    }
+}
+
+#if defined(KILN_X86)
+/* GEMM: x packed once in tiles of MR tokens ([k][MR], zero padded); per NR
+ * output rows the weights are dequantized once into an f32 panel [k][NR]
+ * (per-thread scratch, L2), then an MR x NR register-tiled microkernel runs
+ * over every token tile (AVX-512 12 x 32, AVX2 6 x 16, as matmul.c's). */
+static void x_pack(void *arg, int64_t b, int64_t e, int tid) {
+    const struct xjob *j = arg;
+    const int K = j->K, MR = j->MR;
+    for (int64_t tile = b; tile < e; tile++) {
+        float *d = j->xp + (size_t)tile * K * MR;
+        for (int i = 0; i < MR; i++) {
+            int64_t t = tile * MR + i;
+            if (t < j->n) {
+                const float *s = j->x + (size_t)t * K;
+                for (int k = 0; k < K; k++) d[(size_t)k * MR + i] = s[k];
+            } else {
+                for (int k = 0; k < K; k++) d[(size_t)k * MR + i] = 0;
+            }
+        }
+    }
+    (void)tid;
+}
+
+AVX512 static void ukr_f32_512(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+    __m512 a0[12], a1[12];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 12; t++) a0[t] = _mm512_setzero_ps(), a1[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, xp += 12, wp += 32) {
+        __m512 w0 = _mm512_load_ps(wp), w1 = _mm512_load_ps(wp + 16);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 12; t++) {
+            __m512 xb = _mm512_set1_ps(xp[t]);
+            a0[t] = _mm512_fmadd_ps(xb, w0, a0[t]);
+            a1[t] = _mm512_fmadd_ps(xb, w1, a1[t]);
+        }
+    }
+    __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 12; t++)
+        if (t < mr) {
+            _mm512_mask_storeu_ps(c + t * ldc, m0, _mm512_add_ps(a0[t], b0));
+            _mm512_mask_storeu_ps(c + t * ldc + 16, m1, _mm512_add_ps(a1[t], b1));
+        }
+}
+
+AVX2 static void ukr_f32_avx2(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+    __m256 a0[6], a1[6];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 6; t++) a0[t] = _mm256_setzero_ps(), a1[t] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++, xp += 6, wp += 16) {
+        __m256 w0 = _mm256_load_ps(wp), w1 = _mm256_load_ps(wp + 8);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 6; t++) {
+            __m256 xb = _mm256_broadcast_ss(xp + t);
+            a0[t] = _mm256_fmadd_ps(xb, w0, a0[t]);
+            a1[t] = _mm256_fmadd_ps(xb, w1, a1[t]);
+        }
+    }
+    __m256i m0 = mask8(nr), m1 = mask8(nr - 8);
+    __m256 b0 = bias ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();
+    __m256 b1 = bias ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 6; t++)
+        if (t < mr) {
+            _mm256_maskstore_ps(c + t * ldc, m0, _mm256_add_ps(a0[t], b0));
+            _mm256_maskstore_ps(c + t * ldc + 8, m1, _mm256_add_ps(a1[t], b1));
+        }
+}
+
+/* d[k * ld + i] = y[i * K + k] for 8 rows i (y: 8 rows of K) */
+AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(y + (size_t)i * K + k);
+        kiln_transpose8(r);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(d + (size_t)(k + i) * ld, r[i]);
+    }
+    for (; k < K; k++)
+        for (int i = 0; i < 8; i++) d[(size_t)k * ld + i] = y[(size_t)i * K + k];
+}
+
+static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
+    const struct xjob *j = arg;
+    const int K = j->K, NR = j->NR, MR = j->MR;
+    float *wp = thread_scratch(j->scr, tid, j->scr_bytes), *y = wp + (size_t)K * NR;
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int r0 = (int)pi * NR, nr = j->N - r0 < NR ? j->N - r0 : NR;
+        for (int i0 = 0; i0 < NR; i0 += 8) {
+            /* 8 rows dequantized, then transposed 8 x 8 into the panel */
+            for (int i = 0; i < 8; i++) {
+                float *yi = y + (size_t)i * K;
+                if (i0 + i < nr) dequant_row(j, r0 + i0 + i, yi);
+                else memset(yi, 0, sizeof(float) * (size_t)K);
+            }
+            transpose_rows8(wp + i0, NR, y, K);
+        }
+        const float *bias = j->bias ? j->bias + r0 : NULL;
+        for (int tile = 0; tile < j->ntile; tile++) {
+            int t0 = tile * MR, mr = j->n - t0 < MR ? j->n - t0 : MR;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            const float *xp = j->xp + (size_t)tile * K * MR;
+            if (j->isa >= CPU_ISA_AVX512) ukr_f32_512(xp, wp, K, c, j->N, mr, nr, bias);
+            else ukr_f32_avx2(xp, wp, K, c, j->N, mr, nr, bias);
+        }
+    }
+}
+
+#endif /* KILN_X86 */
+
+/* n at or above which the exact path runs the GEMM (below: row dots) */
+#define XGEMM_MIN 8
+
+/* the decode paths of the exact numerics: fused dequantize + FMA per row
+ * (n <= 4), and with it the lookup kernels of 4-bit groups (n = 1) */
+#if defined(KILN_X86)
+static int exact_fused(const struct xjob *j) { return j->isa >= CPU_ISA_AVX2 && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
+static int exact_lut(const struct xjob *j) {
+    return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
+}
+
+#endif
+
+void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    const struct qprep *p = w->be;
+    const int K = w->n_in, N = w->n_out, nt = cpu_n_threads(be);
+    float *xperm = NULL;
+    if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && p->grp.perm) {
+        xperm = kiln_malloc(sizeof(float) * (size_t)n * K);
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++) xperm[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
+        x = xperm;
+    }
+    struct xjob j = {.w = w, .p = p, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
+                     .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
+    /* rows per chunk: ~64 KiB of dequantized weights */
+    int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
+#if defined(KILN_X86)
+    if (exact_fused(&j)) { /* decode: fused, no scratch */
+        if (exact_lut(&j)) {
+            float *xl;
+            const size_t sz = sizeof(float) * (size_t)K;
+            qm_buf_get(be, &sz, (void **)&xl, 1);
+            lut_order_512(xl, x, K);
+            j.xl = xl;
+            j.lut128 = lut128_ok(&p->grp);
+        }
+        cpu_parallel_for_split(be, N, chunk * 4, x_fused_rows, &j);
+    } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
+        cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
+        j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
+        j.ntile = (n + j.MR - 1) / j.MR;
+        j.xp = amalloc(sizeof(float) * (size_t)j.ntile * j.MR * K);
+        j.scr = kiln_calloc((size_t)nt, sizeof(void *));
+        cpu_parallel_for(be, j.ntile, 1, x_pack, &j);
+        j.scr_bytes = sizeof(float) * ((size_t)K * j.NR + 8 * (size_t)K);
+        cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
+        free(j.xp);
+        free_scratch(j.scr, nt);
+    } else
+#endif
+    { /* row dots on dequantized rows (NEON: matmul.c's dot) */
+        j.scr = kiln_calloc((size_t)nt, sizeof(void *));
+        j.scr_bytes = sizeof(float) * (size_t)K;
+        cpu_parallel_for(be, N, chunk, x_rows, &j);
+        free_scratch(j.scr, nt);
+    }
+    free(xperm);
+}
+
+int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n) {
+#if !defined(KILN_X86)
+    return 0; /* the exact decode has only row dots here: one by one */
+#else
+    /* the exact decode: x reordered once for the lookup kernels */
+    struct xjob j[MULTI_MAX];
+    struct cpu_task t[MULTI_MAX];
+    const int K = ws[0]->n_in;
+    float *xl = NULL;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = ws[i]->be;
+        if ((ws[i]->fmt == KILN_WFMT_GPTQ || ws[i]->fmt == KILN_WFMT_AWQ) && (p->grp.perm || p->gact)) return 0;
+        j[i] = (struct xjob){.w = ws[i], .p = p, .out = outs[i], .x = x, .bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL,
+                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa()};
+        if (!exact_fused(&j[i])) return 0;
+    }
+    for (int i = 0; i < count; i++) {
+        if (exact_lut(&j[i])) {
+            if (!xl) {
+                const size_t sz = sizeof(float) * (size_t)K;
+                qm_buf_get(be, &sz, (void **)&xl, 1);
+                lut_order_512(xl, x, K);
+            }
+            j[i].xl = xl;
+            j[i].lut128 = lut128_ok(&j[i].p->grp);
+        }
+        t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
+    }
+    cpu_parallel_for_split_tasks(be, t, count, ((64 << 10) / ((int64_t)K * 4) + 1) * 4);
+    return 1;
+#endif
+}

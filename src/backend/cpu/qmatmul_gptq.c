@@ -1,0 +1,581 @@
+/*
+ * qmatmul_gptq.c: GPTQ / AWQ 4-bit with int8 activations (qmatmul.c's
+ * header comment, "int8"), on every ISA.
+ *
+ * w = s * q + b per group (b = -s z; struct qgrp keeps s and b per group),
+ * x ~ dx * xq per block of 32 (qm_quantize_act's blocks). For one
+ * output, with groups of whole 32-blocks:
+ *
+ *   sum_k w_k x_k = sum_g [ s_g * sum_{blk in g} dx_blk * (sum_i q_i xq_i)
+ *                         + b_g * SX_g ],   SX_g = sum_{blk in g} dx_blk * sum_i xq_i
+ *
+ * The inner sum is an exact integer dot (u8 codes 0..15 x s8 activations:
+ * vpdpbusd / maddubs); SX_g depends on x only and is computed once per call.
+ * Runs when the groups are equal runs of 32, 64 or a multiple of 128 after
+ * qgrp_pack's act-order sort (x is permuted first), K a multiple of 32;
+ * else, and for 8-bit codes, the exact path. Codes as packed by qgrp_pack:
+ * per 32-block 16 bytes, byte i = element i (low nibble), 16 + i (high).
+ *
+ *   decode (n = 1), AVX-512 VNNI: one row at a time, 4 blocks (64 code
+ *     bytes, one load) per step: low nibbles [b0 0..15 | b1 | b2 | b3] and
+ *     high nibbles [b0 16..31 | ...] against x laid out the same (act4), two
+ *     vpdpbusd into one zmm whose lanes 4j..4j+3 hold block j's partial
+ *     dots; cvt, times dx per lane, times s per lane, FMA. The b_g SX_g
+ *     terms are one f32 dot of the row's [s, b] pairs with [0, SX] pairs.
+ *   prefill (n >= 8), AVX-512 VNNI: 16 rows x 8 tokens; per call and per 16
+ *     rows the codes are repacked [block][quad][16][4 bytes] (as qm_pack_i8's
+ *     Q4_0 panel) plus [group][s x 16 | b x 16]; per block 8 vpdpbusd per
+ *     token into a zeroed int accumulator, cvt, FMA with dx into a group
+ *     accumulator; per group C += T * s + b * SX.
+ *   prefill (n >= 8), AVX2: the same sums, 8 rows x 4 tokens, maddubs of
+ *     the u8 codes with broadcast s8 activations added in i16 over a block,
+ *     one madd to i32 per block (gemm_g4_avx2, Q4_0's AVX2 GEMM shape).
+ *   otherwise (scalar, 2..7 tokens, AVX2 decode): row dots, one block at
+ *     a time.
+ *
+ * Every CPU and every forced ISA takes this path for these weights (the
+ * numerics are the int8 ones everywhere; KILN_QACT=f32 gives the exact
+ * kernels). The AVX2 GEMM beats the exact f32 GEMM it replaced on CPUs
+ * without VNNI: 0.6B pp512 (KILN_CPU_ISA=avx2) 240-246 -> 304-357 tok/s;
+ * before it, the int8 row dots there ran at 139.
+ */
+#include "backend/cpu/qmatmul_internal.h"
+
+/* the group size if w can take the int8 path, else 0 */
+int qm_gact_group(const struct qgrp *g) {
+    if (g->bits != 4 || g->n_in % 32 || g->n_group < 1) return 0;
+    const int gs = g->gstart[1];
+    if (!(gs == 32 || gs == 64 || (gs % 128 == 0 && gs > 0))) return 0;
+    for (int i = 0; i <= g->n_group; i++) {
+        int e = i * gs < g->n_in ? i * gs : g->n_in;
+        if (g->gstart[i] != e) return 0;
+    }
+    return gs;
+}
+
+struct gjob {
+    const struct qgrp *g;
+    float *out;
+    const float *bias;
+    struct q8a *xa;   /* row-major [n][nb], or the GEMM's tiles [tile][nb][NT] */
+    float *sx;        /* SX_g per token: [n][G] (rows), [tile][G][NT] (GEMM); VNNI decode: [G] pairs {0, SX_g} */
+    int dec2;         /* AVX2 decode by block pairs (act2, dx2) */
+#if defined(KILN_X86)
+    __m512i *act4;    /* VNNI decode: per 4 blocks {lo, hi} codes */
+    __m512 *dx4;      /* ... and dx per lane (0 past the last block) */
+    __m256i *act2;    /* AVX2 decode: per block pair {lo, hi} codes (gdot1_avx2) */
+    float *dx2;       /* ... and [dx_b x 4 | dx_b+1 x 4] per pair */
+#endif
+    const float *x;
+    int n, K, N, nb, G, gs, isa, vnni;
+    int NT, ntile;
+    void **scr;
+    size_t scr_bytes;
+};
+
+/* integer dot of one 32-block of 4-bit codes with one activation block */
+static int gdot_blk(const uint8_t *c, const int8_t *xq) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += (c[i] & 15) * xq[i] + (c[i] >> 4) * xq[16 + i];
+    return s;
+}
+
+/* reference: row r against token row a (nb blocks), sx = that token's SX_g */
+static float gdot_scalar(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const int bpg = gs / 32, nb = g->n_in / 32;
+    float acc = 0;
+    for (int gi = 0; gi < g->n_group; gi++) {
+        float t = 0;
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) t += a[b].d * (float)gdot_blk(q + 16 * (size_t)b, a[b].qs);
+        acc += sb[2 * gi] * t + sb[2 * gi + 1] * sx[gi];
+    }
+    return acc;
+}
+
+#if defined(KILN_NEON)
+/* NEON: gdot_scalar with each block's integer dot in vector lanes (nibbles
+ * 0..15 as s8 times the s8 codes: smull + sadalp, or sdot); the same
+ * integers and the same f32 operations in the same order, so bit-identical
+ * to gdot_scalar */
+#define GDOT_NEON(NAME, ATTR, IDOT)                                                                                  \
+    ATTR static float NAME(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {              \
+        const uint8_t *q = g->q + (size_t)r * g->row_bytes;                                                          \
+        const float *sb = g->sb + (size_t)r * g->n_group * 2;                                                        \
+        const int bpg = gs / 32, nb = g->n_in / 32;                                                                  \
+        float acc = 0;                                                                                               \
+        for (int gi = 0; gi < g->n_group; gi++) {                                                                    \
+            float t = 0;                                                                                             \
+            for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) {                                              \
+                const uint8x16_t c = vld1q_u8(q + 16 * (size_t)b);                                                   \
+                const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(c, vdupq_n_u8(15)));                               \
+                const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(c, 4));                                          \
+                const int32x4_t d = IDOT(IDOT(vdupq_n_s32(0), lo, vld1q_s8(a[b].qs)), hi, vld1q_s8(a[b].qs + 16));  \
+                t += a[b].d * (float)vaddvq_s32(d);                                                                  \
+            }                                                                                                        \
+            acc += sb[2 * gi] * t + sb[2 * gi + 1] * sx[gi];                                                         \
+        }                                                                                                            \
+        return acc;                                                                                                  \
+    }
+
+GDOT_NEON(gdot_neon, , i8dot_neon)
+GDOT_NEON(gdot_dotprod, DP_ATTR, i8dot_dp)
+#endif /* KILN_NEON */
+
+#if defined(KILN_X86)
+/* AVX2: the same per block (maddubs of [lo | hi] codes with the 32 codes) */
+AVX2 static float gdot_avx2(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const int bpg = gs / 32, nb = g->n_in / 32;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    float acc = 0;
+    for (int gi = 0; gi < g->n_group; gi++) {
+        __m256 t = _mm256_setzero_ps();
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(q + 16 * (size_t)b));
+            __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(c, _mm256_loadu_si256((const __m256i *)a[b].qs)), one16);
+            t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a[b].d), t);
+        }
+        acc += sb[2 * gi] * kiln_hsum8(t) + sb[2 * gi + 1] * sx[gi];
+    }
+    return acc;
+}
+
+/* one step of gdot1_vnni: blocks 4u .. 4u+3 (fewer at the row's end) */
+VNNI static inline __m512 gstep_vnni(const uint8_t *q, int u, int nb, const __m512i *act4, const __m512 *dx4) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const uint8_t *c = q + 64 * (size_t)u;
+    _mm_prefetch((const char *)c + L128_PF1, _MM_HINT_T0);
+    _mm_prefetch((const char *)c + L128_PF2, _MM_HINT_T1);
+    __m512i v = nb - 4 * u >= 4 ? _mm512_loadu_si512((const void *)c) : _mm512_maskz_loadu_epi8((__mmask64)((1ull << (16 * (nb - 4 * u))) - 1), c);
+    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, m4), act4[2 * u]);
+    d = _mm512_dpbusd_epi32(d, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), act4[2 * u + 1]);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(d), dx4[u]);
+}
+
+/* VNNI decode, one row: 4 blocks per step (see the section comment) */
+VNNI static float gdot1_vnni(const uint8_t *q, const float *sb, const __m512i *act4, const __m512 *dx4, const float *sxv, int nb, int G, int gs) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const int nu = (nb + 3) / 4;
+    if (gs >= 128) {
+        /* a step lies in one group: its s broadcast */
+        const int upg = gs / 128;
+        for (int gi = 0, u = 0; gi < G; gi++) {
+            if (!(gi & 7)) _mm_prefetch((const char *)(sb + 2 * gi) + L128_PF2 / 8, _MM_HINT_T1);
+            const __m512 sv = _mm512_set1_ps(sb[2 * gi]);
+            for (const int ue = u + upg < nu ? u + upg : nu; u < ue; u++) {
+                if (u & 1) acc1 = _mm512_fmadd_ps(gstep_vnni(q, u, nb, act4, dx4), sv, acc1);
+                else acc0 = _mm512_fmadd_ps(gstep_vnni(q, u, nb, act4, dx4), sv, acc0);
+            }
+        }
+    } else {
+        /* 2 (g64) or 4 (g32) groups per step: lane l takes the s of group
+         * g0 + (32 (l / 4)) / gs, gathered from the [s, b] pairs */
+        const int ng = 128 / gs;
+        const __m512i sidx = gs == 32 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6)
+                                      : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+        for (int u = 0; u < nu; u++) {
+            const int g0 = u * ng, m = G - g0 < ng ? G - g0 : ng;
+            const __m512 sv = _mm512_permutexvar_ps(sidx, _mm512_maskz_loadu_ps((__mmask16)((1u << (2 * m)) - 1), sb + 2 * g0));
+            if (u & 1) acc1 = _mm512_fmadd_ps(gstep_vnni(q, u, nb, act4, dx4), sv, acc1);
+            else acc0 = _mm512_fmadd_ps(gstep_vnni(q, u, nb, act4, dx4), sv, acc0);
+        }
+    }
+    /* sum_g b_g SX_g: sb's [s, b] pairs against [0, SX] pairs */
+    for (int i = 0; i < 2 * G; i += 16) {
+        __mmask16 m = 2 * G - i >= 16 ? 0xffff : (__mmask16)((1u << (2 * G - i)) - 1);
+        acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, sb + i), _mm512_maskz_loadu_ps(m, sxv + i), acc1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* gdot1_vnni for g128 with K a multiple of 1024 (G a multiple of 8: the
+ * usual GPTQ layout), over a run of rows: no tails, two groups per
+ * iteration, the b_g SX_g dot folded in a zmm per 8 groups, one horizontal
+ * sum per row */
+VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, const __m512i *act4, const __m512 *dx4, const float *sxv,
+                               const float *bias, float *out) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const int G = g->n_group;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+        const float *sb = g->sb + (size_t)r * G * 2;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), accb = _mm512_setzero_ps();
+        for (int gi = 0; gi < G; gi += 2, q += 128) {
+            if (!(gi & 7)) {
+                _mm_prefetch((const char *)(sb + 2 * gi) + L128_PF2 / 8, _MM_HINT_T1);
+                accb = _mm512_fmadd_ps(_mm512_loadu_ps(sb + 2 * gi), _mm512_loadu_ps(sxv + 2 * gi), accb);
+            }
+            _mm_prefetch((const char *)q + L128_PF1, _MM_HINT_T0);
+            _mm_prefetch((const char *)q + 64 + L128_PF1, _MM_HINT_T0);
+            _mm_prefetch((const char *)q + L128_PF2, _MM_HINT_T1);
+            _mm_prefetch((const char *)q + 64 + L128_PF2, _MM_HINT_T1);
+            const __m512i v0 = _mm512_loadu_si512((const void *)q), v1 = _mm512_loadu_si512((const void *)(q + 64));
+            __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v0, m4), act4[2 * gi]);
+            __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v1, m4), act4[2 * gi + 2]);
+            d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4), act4[2 * gi + 1]);
+            d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4), act4[2 * gi + 3]);
+            acc0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d0), dx4[gi]), _mm512_set1_ps(sb[2 * gi]), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d1), dx4[gi + 1]), _mm512_set1_ps(sb[2 * gi + 2]), acc1);
+        }
+        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), accb)) + (bias ? bias[r] : 0.0f);
+    }
+}
+
+/* AVX2 decode (no VNNI), groups of an even number of blocks: two blocks per
+ * ymm. A pair's 32 code bytes are one load ([block b | b+1], 16 each); low
+ * nibbles [b 0..15 | b+1 0..15] and high nibbles [b 16..31 | ...] meet the
+ * activations laid out the same way once per call (act2), two maddubs added
+ * in i16, one madd: lanes 0-3 hold block b's partial dots, 4-7 block b+1's;
+ * convert, FMA with [dx_b x 4 | dx_b+1 x 4] (dx2) into the group's sum,
+ * which is scaled by s_g as a vector (no horizontal sum per group). The b_g
+ * SX_g terms: one f32 dot of the row's [s, b] pairs with [0, SX] pairs. */
+AVX2 static float gdot1_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
+                             int np) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        const int p0 = gi * ppg, p1 = p0 + ppg < np ? p0 + ppg : np;
+        __m256 T = _mm256_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            if (!(p & 1)) _mm_prefetch((const char *)q + 32 * (size_t)p + QPFD_G, _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * (size_t)p));
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(act2 + 2 * p)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(act2 + 2 * p + 1)));
+            T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_loadu_ps(dx2 + 8 * (size_t)p), T);
+        }
+        if (gi & 1) acc1 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc1);
+        else acc0 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc0);
+    }
+    int k = 0;
+    for (; k + 8 <= 2 * G; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp + k), acc0);
+    float r = kiln_hsum8(_mm256_add_ps(acc0, acc1));
+    for (; k < 2 * G; k++) r += sb[k] * sxp[k];
+    return r;
+}
+#endif /* KILN_X86 */
+
+static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct gjob *j = arg;
+    const struct qgrp *g = j->g;
+#if defined(KILN_X86)
+    if (j->n == 1 && j->dec2) {
+        for (int64_t r = r0; r < r1; r++)
+            j->out[r] = gdot1_avx2(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act2, j->dx2, j->sx, j->G, j->gs / 64,
+                                   j->nb / 2) +
+                        (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
+    if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {
+        grows128_vnni(g, r0, r1, j->act4, j->dx4, j->sx, j->bias, j->out);
+        return;
+    }
+    if (j->n == 1 && j->vnni) {
+        for (int64_t r = r0; r < r1; r++)
+            j->out[r] = gdot1_vnni(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act4, j->dx4, j->sx, j->nb, j->G, j->gs) +
+                        (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
+#endif
+    for (int64_t r = r0; r < r1; r++) {
+        const float b = j->bias ? j->bias[r] : 0.0f;
+        for (int t = 0; t < j->n; t++) {
+            const struct q8a *a = j->xa + (size_t)t * j->nb;
+            const float *sx = j->sx + (size_t)t * j->G;
+#if defined(KILN_X86)
+            float v = j->isa >= CPU_ISA_AVX2 ? gdot_avx2(g, (int)r, a, sx, j->gs) : gdot_scalar(g, (int)r, a, sx, j->gs);
+#elif defined(KILN_NEON)
+            float v = j->isa >= CPU_ISA_DOTPROD ? gdot_dotprod(g, (int)r, a, sx, j->gs)
+                      : j->isa >= CPU_ISA_NEON  ? gdot_neon(g, (int)r, a, sx, j->gs)
+                                                : gdot_scalar(g, (int)r, a, sx, j->gs);
+#else
+            float v = gdot_scalar(g, (int)r, a, sx, j->gs);
+#endif
+            j->out[(size_t)t * j->N + r] = v + b;
+        }
+    }
+    (void)tid;
+}
+
+#if defined(KILN_X86)
+/* rows r0 .. r0+nr-1 (nr <= R, R = 16 or 8) into the panel: per block 8
+ * quads x R rows x 4 code bytes (32 R bytes), then per group R s and R b
+ * (missing rows: codes of the last row, s = b = 0) */
+AVX2 static void pack_g4(uint8_t *P, const struct qgrp *g, int r0, int nr, int nb, int R) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int i0 = 0; i0 < R; i0 += 8) {
+        const uint8_t *rp[8];
+        for (int i = 0; i < 8; i++) rp[i] = g->q + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * g->row_bytes;
+        for (int b = 0; b < nb; b++) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++) {
+                __m128i h = _mm_loadu_si128((const __m128i *)(rp[i] + 16 * (size_t)b));
+                v[i] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4)));
+            }
+            kiln_transpose8(v);
+            uint8_t *d = P + (size_t)b * 32 * R;
+            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
+        }
+    }
+    float *S = (float *)(P + (size_t)nb * 32 * R);
+    for (int gi = 0; gi < g->n_group; gi++)
+        for (int i = 0; i < R; i++) {
+            const float *sb = g->sb + ((size_t)(i < nr ? r0 + i : r0) * g->n_group + gi) * 2;
+            S[2 * R * gi + i] = i < nr ? sb[0] : 0.0f;
+            S[2 * R * gi + R + i] = i < nr ? sb[1] : 0.0f;
+        }
+}
+
+/* 16 rows x 8 tokens; sx: the tile's [G][8] SX values */
+VNNI static void gemm_g4_vnni(const uint8_t *P, const struct q8a *xt, const float *sx, int nb, int G, int bpg, float *out, size_t ldo, int nr,
+                              int nt, const float *bias) {
+    const float *S = (const float *)(P + (size_t)nb * 512);
+    __m512 C[8];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++) C[t] = _mm512_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        __m512 T[8];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) T[t] = _mm512_setzero_ps();
+        const int b1 = (gi + 1) * bpg < nb ? (gi + 1) * bpg : nb;
+        for (int b = gi * bpg; b < b1; b++) {
+            const uint8_t *pb = P + (size_t)b * 512;
+            const struct q8a *xb = xt + (size_t)b * 8;
+            __m512i s[8];
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) s[t] = _mm512_setzero_si512();
+            #pragma GCC unroll 16
+            for (int q = 0; q < 8; q++) {
+                __m512i wv = _mm512_loadu_si512((const void *)(pb + 64 * q));
+                #pragma GCC unroll 16
+                for (int t = 0; t < 8; t++) {
+                    int32_t a;
+                    memcpy(&a, xb[t].qs + 4 * q, 4);
+                    s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
+                }
+            }
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) T[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(xb[t].d), T[t]);
+        }
+        const __m512 sv = _mm512_loadu_ps(S + 32 * gi), bv = _mm512_loadu_ps(S + 32 * gi + 16);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) C[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(sx[8 * gi + t]), _mm512_fmadd_ps(T[t], sv, C[t]));
+    }
+    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(C[t], bb));
+}
+
+/* AVX2: 8 rows x 4 tokens, the same sums as gemm_g4_vnni: per block and
+ * quad one maddubs of the 8 rows' u8 codes with 4 broadcast activation
+ * codes per token, added in i16 over the block (2 x 15 x 127 per maddubs
+ * lane, 8 quads: < 2^15), one madd to i32 per block; sx: [G][4] */
+AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const float *sx, int nb, int G, int bpg, float *out, size_t ldo, int nr,
+                              int nt, const float *bias) {
+    const float *S = (const float *)(P + (size_t)nb * 256);
+    const __m256i one16 = _mm256_set1_epi16(1);
+    __m256 C[4];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) C[t] = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        __m256 T[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) T[t] = _mm256_setzero_ps();
+        const int b1 = (gi + 1) * bpg < nb ? (gi + 1) * bpg : nb;
+        for (int b = gi * bpg; b < b1; b++) {
+            const uint8_t *pb = P + (size_t)b * 256;
+            const struct q8a *xb = xt + (size_t)b * 4;
+            __m256i s[4];
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 16
+            for (int q = 0; q < 8; q++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * q));
+                #pragma GCC unroll 16
+                for (int t = 0; t < 4; t++) {
+                    int32_t a;
+                    memcpy(&a, xb[t].qs + 4 * q, 4);
+                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+                }
+            }
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) T[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], one16)), _mm256_set1_ps(xb[t].d), T[t]);
+        }
+        const __m256 sv = _mm256_loadu_ps(S + 16 * gi), bv = _mm256_loadu_ps(S + 16 * gi + 8);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) C[t] = _mm256_fmadd_ps(bv, _mm256_set1_ps(sx[4 * gi + t]), _mm256_fmadd_ps(T[t], sv, C[t]));
+    }
+    __m256i m = mask8(nr);
+    __m256 bb = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(C[t], bb));
+}
+
+static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
+    const struct gjob *j = arg;
+    uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    const int R = j->vnni ? 16 : 8, NT = j->NT;
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int r0 = (int)pi * R, nr = j->N - r0 < R ? j->N - r0 : R;
+        pack_g4(P, j->g, r0, nr, j->nb, R);
+        for (int tile = 0; tile < j->ntile; tile++) {
+            const int t0 = tile * NT, nt = j->n - t0 < NT ? j->n - t0 : NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * NT;
+            const float *sx = j->sx + (size_t)tile * j->G * NT, *bias = j->bias ? j->bias + r0 : NULL;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            if (j->vnni) gemm_g4_vnni(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
+            else gemm_g4_avx2(P, xt, sx, j->nb, j->G, j->gs / 32, c, j->N, nr, nt, bias);
+        }
+    }
+}
+
+#endif /* KILN_X86 */
+
+static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
+    const struct gjob *j = arg;
+    const int stride = j->NT ? j->NT : 1;
+    for (int64_t t = t0; t < t1; t++) {
+        struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
+        if (t >= j->n) {
+            for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+#if defined(KILN_X86)
+        } else if (j->isa >= CPU_ISA_AVX2) {
+            qm_quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
+#endif
+        } else {
+            qm_quantize_act(j->x + (size_t)t * j->K, d, j->K);
+        }
+        /* SX_g of this token: [t][G] (rows), [tile][G][NT] (GEMM) */
+        for (int gi = 0; gi < j->G; gi++) {
+            float s = 0;
+            const int bpg = j->gs / 32, b1 = (gi + 1) * bpg < j->nb ? (gi + 1) * bpg : j->nb;
+            for (int b = gi * bpg; b < b1; b++) s += d[(size_t)b * stride].d * (float)d[(size_t)b * stride].sum;
+            if (j->NT) j->sx[((size_t)(t / j->NT) * j->G + gi) * j->NT + t % j->NT] = s;
+            else j->sx[(size_t)t * j->G + gi] = s;
+        }
+    }
+    (void)tid;
+}
+
+/* n at or above which the VNNI GEMM runs */
+#define GGEMM_MIN 8
+
+/* everything of a call before its parallel part (x quantized into the
+ * backend's buffer, SX, the VNNI decode vectors); returns whether it is
+ * the GEMM. x must already be in qgrp's (act-order) order. */
+static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, const float *x, const struct qlinear *w, int n) {
+    const struct qprep *p = w->be;
+    struct gjob j = {.g = &p->grp, .out = out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .x = x, .n = n, .K = w->n_in,
+                     .N = w->n_out, .nb = w->n_in / 32, .G = p->grp.n_group, .gs = p->gact, .isa = cpu_isa()};
+    j.vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
+    if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
+    const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
+    /* AVX2 decode by block pairs: groups of an even number of blocks */
+    j.dec2 = !gemm && n == 1 && !j.vnni && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
+    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
+                          dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb : 0};
+    void *ptr[4];
+    qm_buf_get(be, sz, ptr, 4);
+    j.xa = ptr[0], j.sx = ptr[1];
+#if defined(KILN_NEON)
+    cpu_isa_note(j.isa, 0); /* gdot_neon / gdot_dotprod */
+#endif
+#if defined(KILN_X86)
+    if (dec) j.act4 = ptr[2], j.dx4 = ptr[3];
+    if (j.dec2) j.act2 = ptr[2], j.dx2 = ptr[3];
+#endif
+    cpu_parallel_for(be, nrow, (16384 + j.K - 1) / j.K, g_quant, &j);
+#if defined(KILN_X86)
+    if (j.dec2) {
+        /* act2[2p] = [x_2p 0..15 | x_2p+1 0..15], act2[2p+1] the 16..31
+         * halves; dx2 per pair; sx becomes the [0, SX_g] pairs */
+        for (int p = 0; p < j.nb / 2; p++) {
+            const struct q8a *x0 = &j.xa[2 * p], *x1 = x0 + 1;
+            int8_t *d = (int8_t *)&j.act2[2 * p];
+            memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            for (int i = 0; i < 4; i++) j.dx2[8 * p + i] = x0->d, j.dx2[8 * p + 4 + i] = x1->d;
+        }
+        for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0;
+    }
+    if (dec) {
+        /* act4[2u] = [x_b 0..15 for b = 4u .. 4u+3], act4[2u+1] the 16..31
+         * halves; dx4[u] lanes 4k..4k+3 = dx of block 4u + k (0 past nb);
+         * sx becomes the [0, SX_g] pairs (the G SX values are read first) */
+        for (int u = 0; u < nu; u++) {
+            int8_t *lo = (int8_t *)&j.act4[2 * u], *hi = lo + 64;
+            float dv[16];
+            for (int k = 0; k < 4; k++) {
+                const int b = 4 * u + k;
+                if (b < j.nb) memcpy(lo + 16 * k, j.xa[b].qs, 16), memcpy(hi + 16 * k, j.xa[b].qs + 16, 16);
+                else memset(lo + 16 * k, 0, 16), memset(hi + 16 * k, 0, 16);
+                for (int i = 0; i < 4; i++) dv[4 * k + i] = b < j.nb ? j.xa[b].d : 0.0f;
+            }
+            memcpy(&j.dx4[u], dv, sizeof dv);
+        }
+        for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0; /* in place, from the back */
+    }
+#endif
+    *jp = j;
+    return gemm;
+}
+
+void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    const struct qprep *p = w->be;
+    float *xperm = NULL;
+    if (p->grp.perm) {
+        const int K = w->n_in;
+        xperm = kiln_malloc(sizeof(float) * (size_t)n * K);
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++) xperm[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
+        x = xperm;
+    }
+    struct gjob j;
+#if defined(KILN_X86)
+    if (gact_setup(be, &j, out, x, w, n)) {
+        const int nthr = cpu_n_threads(be);
+        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+        const int R = j.vnni ? 16 : 8;
+        j.scr_bytes = (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G;
+        cpu_parallel_for(be, (j.N + R - 1) / R, 1, g_gemm_panels, &j);
+        free_scratch(j.scr, nthr);
+    } else
+#else
+    gact_setup(be, &j, out, x, w, n); /* never the GEMM here (no VNNI) */
+#endif
+    {
+        cpu_parallel_for_split(be, j.N, (int64_t)(64 << 10) / (int64_t)j.g->row_bytes + 1, g_rows, &j);
+    }
+    free(xperm);
+}
+
+int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n) {
+    const struct qprep *p0 = ws[0]->be;
+    /* GPTQ / AWQ int8 rows: x quantized once (same K, same groups), all rows in one job */
+    struct gjob g[MULTI_MAX];
+    struct cpu_task t[MULTI_MAX];
+    if (n >= GGEMM_MIN) return 0;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = ws[i]->be;
+        if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in) return 0;
+    }
+    if (gact_setup(be, &g[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+    for (int i = 0; i < count; i++) {
+        if (i) {
+            g[i] = g[0];
+            g[i].g = &((const struct qprep *)ws[i]->be)->grp, g[i].out = outs[i], g[i].N = ws[i]->n_out;
+            g[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
+        }
+        t[i] = (struct cpu_task){g_rows, &g[i], ws[i]->n_out};
+    }
+    cpu_parallel_for_split_tasks(be, t, count, (int64_t)(64 << 10) / (int64_t)g[0].g->row_bytes + 1);
+    return 1;
+}

@@ -1,0 +1,510 @@
+/*
+ * qmatmul_int8.c: the int8 path of the quantized matmul for GGUF blocks
+ * (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; qmatmul.c's header comment, "int8"):
+ * the activations quantized once per call to int8 blocks of 32 (the GPTQ
+ * path, qmatmul_gptq.c, quantizes with the same functions), the scalar row
+ * dots every kernel is held to, the NEON ones (Q8_0 / Q4_0), and the driver:
+ * which kernel runs, the per-call activation vectors the decode kernels
+ * read, the row dots or the GEMM on the pool. The AVX2 / AVX-512 kernels
+ * are in qmatmul_int8_x86.c.
+ */
+#include <math.h>
+
+#include "backend/cpu/qmatmul_internal.h"
+
+/* ==== activations quantized to int8 blocks ==== */
+
+void qm_quantize_act(const float *x, struct q8a *b, int K) {
+    for (int o = 0; o < K; o += 32, b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[o + i]));
+        float d = amax / 127, id = d > 0 ? 1 / d : 0;
+        int s = 0;
+        for (int i = 0; i < 32; i++) {
+            int v = (int)lrintf(x[o + i] * id);
+            b->qs[i] = (int8_t)v;
+            s += v;
+        }
+        b->d = d, b->sum = s;
+    }
+}
+
+/* Activations quantized with AVX2: the same arithmetic as qm_quantize_act
+ * (amax, d = amax / 127, id = 1 / d, x * id rounded to nearest even by
+ * cvtps2dq as lrintf does), so the codes are bit-identical. Block b of the
+ * row goes to out[b * stride] (stride 1: row-major; NT: the GEMM's tiles). */
+#if defined(KILN_X86)
+AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride) {
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (int o = 0; o < K; o += 32, b += stride) {
+        __m256 v0 = _mm256_loadu_ps(x + o), v1 = _mm256_loadu_ps(x + o + 8), v2 = _mm256_loadu_ps(x + o + 16), v3 = _mm256_loadu_ps(x + o + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sgn, v0), _mm256_andnot_ps(sgn, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sgn, v2), _mm256_andnot_ps(sgn, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127, id = d > 0 ? 1 / d : 0;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)), perm);
+        _mm256_storeu_si256((__m256i *)b->qs, q);
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        b->d = d, b->sum = _mm_cvtsi128_si32(s4);
+    }
+}
+
+#endif
+
+/* ==== row dots, scalar: the reference ==== */
+
+static inline float h2f(const uint8_t *p) { return kiln_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+static float dot_q8_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 34) {
+        int s = 0;
+        for (int j = 0; j < 32; j++) s += (int8_t)w[2 + j] * a[i].qs[j];
+        acc += h2f(w) * a[i].d * (float)s;
+    }
+    return acc;
+}
+
+static float dot_q4_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 18) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += (w[2 + j] & 15) * a[i].qs[j] + (w[2 + j] >> 4) * a[i].qs[j + 16];
+        acc += h2f(w) * a[i].d * (float)(s - 8 * a[i].sum);
+    }
+    return acc;
+}
+
+static float dot_q4_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 20) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += (w[4 + j] & 15) * a[i].qs[j] + (w[4 + j] >> 4) * a[i].qs[j + 16];
+        acc += a[i].d * (h2f(w) * (float)s + h2f(w + 2) * (float)a[i].sum);
+    }
+    return acc;
+}
+
+static float dot_q5_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 176, a += 8) {
+        float d = h2f(w), dmin = h2f(w + 2);
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        for (int c = 0; c < 4; c++)
+            for (int h = 0; h < 2; h++) {
+                int sc, m, s = 0, j = 2 * c + h;
+                k4_scale_min(j, w + 4, &sc, &m);
+                for (int l = 0; l < 32; l++) s += ((((qs[32 * c + l] >> (4 * h)) & 15)) | (((qh[l] >> j) & 1) << 4)) * a[j].qs[l];
+                acc += a[j].d * (d * sc * (float)s - dmin * m * (float)a[j].sum);
+            }
+    }
+    return acc;
+}
+
+static float dot_q4_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 144, a += 8) {
+        float d = h2f(w), dmin = h2f(w + 2);
+        const uint8_t *qs = w + 16;
+        for (int c = 0; c < 4; c++)
+            for (int h = 0; h < 2; h++) {
+                int sc, m, s = 0, j = 2 * c + h;
+                k4_scale_min(j, w + 4, &sc, &m);
+                for (int l = 0; l < 32; l++) s += ((qs[32 * c + l] >> (4 * h)) & 15) * a[j].qs[l];
+                acc += a[j].d * (d * sc * (float)s - dmin * m * (float)a[j].sum);
+            }
+    }
+    return acc;
+}
+
+/* Q6_K: 32-weight group j = 4h + s of half h holds ql low/high nibbles and
+ * two bits of qh (see format/quant.c); q - 32 is signed, scales per 16. */
+static float dot_q6_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 210, a += 8) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        float d = h2f(w + 208);
+        for (int h = 0; h < 2; h++)
+            for (int s4 = 0; s4 < 4; s4++) {
+                const struct q8a *x = &a[4 * h + s4];
+                int sum[2] = {0, 0};
+                for (int l = 0; l < 32; l++) {
+                    int lo = s4 < 2 ? ql[64 * h + 32 * s4 + l] & 15 : ql[64 * h + 32 * (s4 - 2) + l] >> 4;
+                    int q = (lo | (((qh[32 * h + l] >> (2 * s4)) & 3) << 4)) - 32;
+                    sum[l >> 4] += q * x->qs[l];
+                }
+                acc += d * x->d * (float)(sc[8 * h + 2 * s4] * sum[0] + sc[8 * h + 2 * s4 + 1] * sum[1]);
+            }
+    }
+    return acc;
+}
+
+#if defined(KILN_NEON)
+/* ==== NEON int8 row dots (Q8_0 / Q4_0) ====
+ *
+ * Per block the integer dot of the 32 weight codes with the 32 activation
+ * codes is exact, as in every other path: Q8_0 codes as stored, Q4_0
+ * nibbles minus 8 (sum (q - 8) x = sum q x - 8 sum x, the scalar path's
+ * integer). Baseline NEON: smull / smull2 (|w x| <= 128 x 127 fits i16)
+ * and sadalp into 4 i32 lanes; with dotprod: sdot. Four blocks per step:
+ * their 4 x 4 lanes pairwise added to one i32 vector (lane u = block u),
+ * converted, times the 4 products of weight and activation scales, into
+ * one f32 accumulator (an FMA, so only the f32 order and rounding of the
+ * per-block terms differ from dot_*_scalar); a last partial step runs per
+ * block. */
+
+/* the 32 codes of a block as two s8 vectors: elements 0..15 and 16..31 */
+#define Q8_CODES(bw, c0, c1) (c0 = vld1q_s8((const int8_t *)(bw) + 2), c1 = vld1q_s8((const int8_t *)(bw) + 18))
+#define Q4_CODES(bw, c0, c1)                                                                                  \
+    do {                                                                                                      \
+        uint8x16_t b_ = vld1q_u8((bw) + 2);                                                                   \
+        c0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(b_, vdupq_n_u8(15))), vdupq_n_s8(8));                      \
+        c1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(b_, 4)), vdupq_n_s8(8));                                 \
+    } while (0)
+
+#define QDOT_NEON(NAME, ATTR, IDOT, BS, CODES)                                                                \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                   \
+        float32x4_t acc = vdupq_n_f32(0);                                                                     \
+        int i = 0;                                                                                            \
+        for (; i + 4 <= nb; i += 4) {                                                                         \
+            int32x4_t s[4];                                                                                   \
+            uint16_t hs[4];                                                                                   \
+            float xd[4];                                                                                      \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {                                             \
+                const uint8_t *bw = w + (size_t)(BS) * (i + u);                                               \
+                int8x16_t c0, c1;                                                                             \
+                CODES(bw, c0, c1);                                                                            \
+                s[u] = IDOT(IDOT(vdupq_n_s32(0), c0, vld1q_s8(a[i + u].qs)), c1, vld1q_s8(a[i + u].qs + 16)); \
+                hs[u] = (uint16_t)(bw[0] | bw[1] << 8), xd[u] = a[i + u].d;                                   \
+            }                                                                                                 \
+            int32x4_t t = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));                         \
+            float32x4_t sc = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(hs))), vld1q_f32(xd));      \
+            acc = vfmaq_f32(acc, vcvtq_f32_s32(t), sc);                                                       \
+        }                                                                                                     \
+        float r = vaddvq_f32(acc);                                                                            \
+        for (; i < nb; i++) {                                                                                 \
+            const uint8_t *bw = w + (size_t)(BS) * i;                                                         \
+            int8x16_t c0, c1;                                                                                 \
+            CODES(bw, c0, c1);                                                                                \
+            int32x4_t s = IDOT(IDOT(vdupq_n_s32(0), c0, vld1q_s8(a[i].qs)), c1, vld1q_s8(a[i].qs + 16));      \
+            r += h2f(bw) * a[i].d * (float)vaddvq_s32(s);                                                     \
+        }                                                                                                     \
+        return r;                                                                                             \
+    }
+
+QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
+QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
+QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
+QDOT_NEON(dot_q4_0_dotprod, DP_ATTR, i8dot_dp, 18, Q4_CODES)
+#endif /* KILN_NEON */
+
+/* ==== the driver ==== */
+
+typedef float (*qdot_fn)(const uint8_t *w, const struct q8a *a, int nb);
+typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+#if defined(KILN_X86)
+typedef float (*qdot1v_fn)(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
+#endif
+
+struct ijob {
+    const struct qlinear *w;
+    float *out;
+    const float *x;
+    struct q8a *xa;
+    const float *bias;
+    int n, K, N, nb, nblk, isa;
+    size_t rb;
+    qdot_fn dot;
+    qdotx_fn dotx;
+    qdot_fn dot1; /* one activation row (decode), or NULL */
+#if defined(KILN_X86)
+    qdot1v_fn dot1v; /* VNNI decode: with corr / xd below */
+    __m256i *corr; /* per block: lane 0 = -8 or -128 x the activation sum */
+    float *xd;     /* per block: the activation scale */
+    __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (qm_dot1z_q4_0) */
+    __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_dot1q_q4_0) */
+    int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
+    float *cs;     /* per block: -8 x the activation sum (Q4_0) */
+#endif
+    /* GEMM */
+    int R, NT, mode, ntile;
+    void **scr;
+    size_t scr_bytes;
+};
+
+static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
+    const struct ijob *j = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        /* row-major, or the GEMM's tiles: token t's block b at [(t / NT) * nb + b] * NT + t % NT */
+        struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
+        int stride = j->NT ? j->NT : 1;
+        if (t >= j->n) {
+            for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+#if defined(KILN_X86)
+        } else if (j->isa >= CPU_ISA_AVX2) {
+            qm_quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
+#endif
+        } else if (stride == 1) {
+            qm_quantize_act(j->x + (size_t)t * j->K, d, j->K);
+        }
+    }
+    (void)tid;
+}
+
+static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    const struct ijob *j = arg;
+    const uint8_t *W = j->w->w.data;
+#if defined(KILN_X86)
+    if (j->n == 1 && j->dec2) {
+        const size_t rb = j->rb;
+        if (j->w->w.dtype == KILN_DTYPE_Q4_0)
+            for (int64_t r = r0; r < r1; r++) j->out[r] = qm_dot1a_q4_0(W + (size_t)r * rb, j->act2, j->xd, j->cs, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        else
+            for (int64_t r = r0; r < r1; r++) j->out[r] = qm_dot1a_q8_0(W + (size_t)r * rb, j->xd, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        return;
+    }
+    if (j->n == 1 && j->dot1v) {
+        const size_t rb = j->rb;
+        const int nblk = j->nblk;
+        const float *bias = j->bias;
+        float *out = j->out;
+        if (j->act4) {
+            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1q_q4_0(W + (size_t)r * rb, j->corr4, j->act4, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
+        if (j->act2 && j->w->w.dtype == KILN_DTYPE_Q8_0) {
+            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1w_q8_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
+        if (j->act2) {
+            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            return;
+        }
+        for (int64_t r = r0; r < r1; r++) out[r] = j->dot1v(W + (size_t)r * rb, j->corr, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+        return;
+    }
+#endif
+    for (int64_t r = r0; r < r1; r++) {
+        float b = j->bias ? j->bias[r] : 0.0f;
+        const uint8_t *row = W + (size_t)r * j->rb;
+        for (int t = 0; t < j->n; t += NX) {
+            int nx = j->n - t < NX ? j->n - t : NX;
+            const struct q8a *as[NX];
+            float o[NX];
+            for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
+            if (nx == 1 && j->dot1) o[0] = j->dot1(row, as[0], j->nblk);
+            else if (j->isa >= CPU_ISA_AVX2) j->dotx(row, as, nx, j->nblk, o);
+            else
+                for (int i = 0; i < nx; i++) o[i] = j->dot(row, as[i], j->nblk);
+            for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
+        }
+    }
+    (void)tid;
+}
+
+#if defined(KILN_X86)
+static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
+    const struct ijob *j = arg;
+    uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int r0 = (int)pi * j->R, nr = j->N - r0 < j->R ? j->N - r0 : j->R;
+        qm_pack_i8(P, j->w->w.data, j->rb, r0, nr, j->nb, j->R, j->mode);
+        const float *bias = j->bias ? j->bias + r0 : NULL;
+        for (int tile = 0; tile < j->ntile; tile++) {
+            const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
+            float *c = j->out + (size_t)t0 * j->N + r0;
+            if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
+            else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
+            else qm_gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
+        }
+    }
+}
+
+#endif
+
+/* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
+#define IGEMM_MIN 8
+
+/* everything of an int8 matmul before its parallel part: the kernels for
+ * w's dtype, the activations quantized (once, into the backend's buffer)
+ * and, for the VNNI decode, the per-block vectors; returns whether it is
+ * the GEMM */
+static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
+    const int K = w->n_in, N = w->n_out, nb = K / 32;
+    struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
+                     .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
+#if !defined(KILN_X86)
+    /* row dots at every n (no int8 GEMM here yet); NEON Q8_0 / Q4_0 dots
+     * (sdot with dotprod), the scalar ones for the other formats */
+    switch (w->w.dtype) {
+    case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
+    case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
+    case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar; break;
+    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.nblk = K / 256; break;
+    default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
+    }
+#if defined(KILN_NEON)
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
+    cpu_isa_note(w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 ? j.isa : CPU_ISA_SCALAR, 0);
+#endif
+    j.dot1 = j.dot;
+    const size_t sz = sizeof *j.xa * (size_t)n * nb;
+    qm_buf_get(be, &sz, (void **)&j.xa, 1);
+    cpu_parallel_for(be, n, (16384 + K - 1) / K, i_quant, &j);
+    *jp = j;
+    return 0;
+#else
+    switch (w->w.dtype) {
+    case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = qm_dot_q8_0_avx2; break;
+    case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = qm_dot_q4_0_avx2; break;
+    case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar, j.dotx = qm_dot_q4_1_avx2; break;
+    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.dotx = qm_dot_q5_k_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = qm_dot_q6_k_avx2, j.nblk = K / 256; break;
+    default: j.dot = dot_q4_k_scalar, j.dotx = qm_dot_q4_k_avx2, j.nblk = K / 256; break;
+    }
+    const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
+    if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q8_0)
+        j.dot1 = vnni ? qm_dot1_q8_0_vnni : qm_dot1_q8_0_avx2;
+    if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
+        j.dot1 = vnni ? qm_dot1_q4_0_vnni : qm_dot1_q4_0_avx2;
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    if (gemm) {
+        j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
+        j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : vnni ? PK_Q8_U8 : PK_Q8_S8;
+        j.ntile = (n + j.NT - 1) / j.NT;
+    }
+    const int nrow = gemm ? j.ntile * j.NT : n;
+    /* VNNI decode (Q8_0 / Q4_0): per-block vectors built once per call */
+    const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && qm_have_vbmi();
+    const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
+    /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, (vnni && (gemm || n == 1) ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
+    /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
+    j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
+    {
+        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec || j.dec2 ? sizeof(__m256i) * (size_t)nb : 0,
+                              dec || j.dec2 ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+                              dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
+        void *ptr[5];
+        qm_buf_get(be, sz, ptr, 5);
+        j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
+    }
+    cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (j.dec2) {
+        j.cs = (float *)j.corr, j.corr = NULL;
+        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.cs[b] = (float)(-8 * j.xa[b].sum);
+        if (d2q4)
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            }
+        else j.act2 = NULL;
+    }
+    if (dec) {
+        const int c = dec4 ? 8 : 128;
+        j.dot1v = c == 8 ? qm_dot1v_q4_0 : qm_dot1v_q8_0;
+        for (int b = 0; b < nb; b++) {
+            int32_t v[8] = {-c * j.xa[b].sum, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(&j.corr[b], v, sizeof v);
+            j.xd[b] = j.xa[b].d;
+        }
+        if (dec8) {
+            /* block pairs: [x_b | x_b+1] codes, -128 x sum in lanes 0 and 8 */
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 32), memcpy(d + 32, x1->qs, 32);
+                int32_t v[16] = {0};
+                v[0] = -128 * x0->sum, v[8] = -128 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
+            }
+        } else if (dec4q) {
+            /* groups of 4 blocks: [lo: x_b[0..15] x 4 | hi: x_b[16..31] x 4]
+             * (act2's space: 2 zmm per 2 blocks), corr4 in corr2's space */
+            j.act4 = j.act2, j.corr4 = j.corr2, j.act2 = j.corr2 = NULL;
+            for (int g = 0; g < nb / 4; g++) {
+                int8_t *lo = (int8_t *)&j.act4[2 * g], *hi = lo + 64;
+                int32_t v[16] = {0};
+                for (int k = 0; k < 4; k++) {
+                    const struct q8a *xb = &j.xa[4 * g + k];
+                    memcpy(lo + 16 * k, xb->qs, 16), memcpy(hi + 16 * k, xb->qs + 16, 16);
+                    v[4 * k] = -8 * xb->sum;
+                }
+                memcpy(&j.corr4[g], v, sizeof v);
+            }
+        } else if (dec4) {
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[q];
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+                int32_t v[16] = {0};
+                v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
+                memcpy(&j.corr2[q], v, sizeof v);
+            }
+        }
+    }
+    *jp = j;
+    return gemm;
+#endif
+}
+
+/* rows per chunk of the decode's split runs: ~64 KiB of weights */
+static int64_t int8_chunk(const struct ijob *j) { return (int64_t)(64 << 10) / (int64_t)j->rb + 1; }
+
+void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
+    struct ijob j;
+#if defined(KILN_X86)
+    if (int8_setup(be, &j, out, x, w, n)) {
+        const int nthr = cpu_n_threads(be);
+        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+        j.scr_bytes = (size_t)j.nb * 36 * j.R;
+        cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        free_scratch(j.scr, nthr);
+    } else
+#else
+    int8_setup(be, &j, out, x, w, n);
+#endif
+    {
+        /* one contiguous run of rows per thread (cpu_parallel_for_split),
+         * stolen from in chunks of ~64 KiB of weights */
+        cpu_parallel_for_split(be, j.N, int8_chunk(&j), i_rows, &j);
+    }
+}
+
+int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n) {
+    /* the row-dot decode: x quantized once, the rows of all linears in one job */
+    struct ijob j[MULTI_MAX];
+    struct cpu_task t[MULTI_MAX];
+    const int isa = cpu_isa();
+    if (isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN) return 0;
+    for (int i = 1; i < count; i++)
+        if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
+    if (int8_setup(be, &j[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+    for (int i = 0; i < count; i++) {
+        if (i) {
+            j[i] = j[0];
+            j[i].w = ws[i], j[i].out = outs[i], j[i].N = ws[i]->n_out;
+            j[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
+        }
+        t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
+    }
+    cpu_parallel_for_split_tasks(be, t, count, int8_chunk(&j[0]));
+    return 1;
+}

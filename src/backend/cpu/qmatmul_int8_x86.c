@@ -1,0 +1,654 @@
+/*
+ * qmatmul_int8_x86.c: the x86 kernels of the int8 path for GGUF blocks
+ * (qmatmul_int8.c picks them and lays out what they read): AVX2 row dots
+ * over up to 4 activation rows for every format, the int8 GEMM of Q8_0 /
+ * Q4_0 prefill (AVX2, AVX-512 VNNI), and the Q8_0 / Q4_0 decode kernels
+ * (AVX2, VNNI, VNNI + VBMI). Every function carries its own target
+ * attribute; the file is empty off x86.
+ */
+#include "backend/cpu/qmatmul_internal.h"
+
+#if defined(KILN_X86)
+
+/* sum over 32 lanes of u8 a * s8 b, as 8 i32 lanes converted to f32 */
+AVX2 static inline __m256 dot_u8s8(__m256i a, __m256i b) {
+    __m256i p = _mm256_maddubs_epi16(a, b);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* f16 -> f32 with F16C, inline (kiln_f16_to_f32 is a call per block) */
+AVX2 static inline float h2f_c(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* qm_dot_<fmt>_avx2 over nx <= 4 activation rows: a switch onto copies of the
+ * kernel dot_<fmt>_avx2_ with nx a constant, so the accumulators stay in
+ * registers */
+#define QDOTX_BY_NX(name)                                                                               \
+    AVX2 void qm_##name(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {   \
+        switch (nx) {                                                                                   \
+        case 1: name##_(w, a, 1, nb, out); break;                                                       \
+        case 2: name##_(w, a, 2, nb, out); break;                                                       \
+        case 3: name##_(w, a, 3, nb, out); break;                                                       \
+        default: name##_(w, a, 4, nb, out); break;                                                      \
+        }                                                                                               \
+    }
+
+AVX2 static inline __attribute__((always_inline)) void dot_q8_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += 34) {
+        __m256i qw = _mm256_loadu_si256((const __m256i *)(w + 2)), aw = _mm256_sign_epi8(qw, qw);
+        float d = h2f_c(w);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            __m256 s = dot_u8s8(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[j][i].qs), qw));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+QDOTX_BY_NX(dot_q8_0_avx2)
+
+AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    float off[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int i = 0; i < nb; i++, w += 18) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(w + 2));
+        __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+        float d = h2f_c(w);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
+            float dd = d * a[j][i].d;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dd), s, acc[j]);
+            off[j] += dd * (float)a[j][i].sum;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 8 * off[j];
+}
+QDOTX_BY_NX(dot_q4_0_avx2)
+
+/* Q4_K / Q5_K: the sub-block pair (sb, sb + 1) of a superblock, its weights
+ * as unsigned bytes lo (sub-block sb) and hi (sb + 1), against activation
+ * blocks b and b + 1 of each of the nx rows; scales and mins from the
+ * superblock's packed 6-bit table sc, the mins' part summed apart */
+AVX2 static inline __attribute__((always_inline)) void kq_pair_avx2(__m256 *acc, float *mins, const struct q8a *const *a, int nx,
+                                                                     int b, float d, float dmin, int sb, const uint8_t *sc,
+                                                                     __m256i lo, __m256i hi) {
+    int s0, m0, s1, m1;
+    k4_scale_min(sb, sc, &s0, &m0);
+    k4_scale_min(sb + 1, sc, &s1, &m1);
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) {
+        const struct q8a *a0 = &a[j][b], *a1 = a0 + 1;
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * a1->d), dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)a1->qs)), acc[j]);
+        mins[j] += dmin * (m0 * a0->d * (float)a0->sum + m1 * a1->d * (float)a1->sum);
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    __m256 acc[NX];
+    float mins[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int i = 0; i < nsb; i++, w += 144) {
+        float d = h2f_c(w), dmin = h2f_c(w + 2);
+        const uint8_t *qs = w + 16;
+        for (int c = 0; c < 4; c++) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
+}
+QDOTX_BY_NX(dot_q4_k_avx2)
+
+AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    float off[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(15);
+    for (int i = 0; i < nb; i++, w += 20) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(w + 4));
+        __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+        float d = h2f_c(w), m = h2f_c(w + 2);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
+            off[j] += m * a[j][i].d * (float)a[j][i].sum;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
+}
+QDOTX_BY_NX(dot_q4_1_avx2)
+
+AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    __m256 acc[NX];
+    float mins[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m1 = _mm256_set1_epi8(1);
+    for (int i = 0; i < nsb; i++, w += 176) {
+        float d = h2f_c(w), dmin = h2f_c(w + 2);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 16));
+        const uint8_t *qs = w + 48;
+        for (int c = 0; c < 4; c++) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            /* bit 2c / 2c+1 of qh[l] is bit 4 of the low / high sub-block's weight l */
+            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4);
+            __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4), h0), hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), h1);
+            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
+}
+QDOTX_BY_NX(dot_q5_k_avx2)
+
+AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    for (int i = 0; i < nsb; i++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = h2f_c(w + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+            for (int s4 = 0; s4 < 4; s4++) {
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s4), m3);
+                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s4], _mm256_slli_epi16(hi, 4)), m32); /* -32..31 */
+                __m256i aq = _mm256_sign_epi8(q, q);
+                float s0 = d * sc[8 * h + 2 * s4], s1 = d * sc[8 * h + 2 * s4 + 1];
+                #pragma GCC unroll 4
+                for (int j = 0; j < nx; j++) {
+                    const struct q8a *x = &a[j][8 * i + 4 * h + s4];
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), q)),
+                                                  _mm256_set1_epi16(1));
+                    /* i32 lanes 0-3 sum weights 0-15 (scale 2s), lanes 4-7 weights 16-31 (scale 2s+1) */
+                    float t0 = s0 * x->d, t1 = s1 * x->d;
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_setr_ps(t0, t0, t0, t0, t1, t1, t1, t1), acc[j]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+QDOTX_BY_NX(dot_q6_k_avx2)
+
+/* ==== int8 GEMM (prefill) for Q8_0 / Q4_0 ====
+ *
+ * The weights of R output rows are repacked per call into a panel where one
+ * vector holds 4 consecutive k of each of the R rows ([block][quad][R][4]
+ * bytes, then the R block scales as f32); the activations are quantized into
+ * tiles of NT tokens ([block][NT] q8a). Per block, each weight vector meets
+ * the 4 codes of NT tokens (one broadcast each): NT integer dot products of
+ * R rows x 4 k per weight load, then one convert and one FMA per token with
+ * the R weight scales times the token's block scale. Every weight byte is
+ * read from the panel (L1/L2) once per NT tokens, every activation code once
+ * per R rows.
+ *
+ *   AVX-512 VNNI  R = 16 (zmm), NT = 8, vpdpbusd of u8 weights (Q4_0: the
+ *                 nibble; Q8_0: w + 128) with s8 activations; the offset
+ *                 comes back as -8 or -128 x the block's activation sum,
+ *                 the accumulator's start value.
+ *   AVX2          R = 8 (ymm), NT = 4. Q4_0: maddubs(nibbles, x) summed in
+ *                 i16 over the whole block (8 x 2 x 15 x 127 < 2^15), one
+ *                 madd per block. Q8_0: llama.cpp's sign trick
+ *                 (maddubs(|w|, sign(x, w))), madd per quad.
+ *
+ * Integer sums are exact, so each block's contribution equals the row dot's
+ * (dot_*_avx2, dot_*_scalar) up to the f32 summation order. */
+
+/* rows r0 .. r0+nr-1 (nr <= R; missing rows repeat the last one with scale
+ * 0) into the panel P: per block 32 * R code bytes, then R f32 scales */
+AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
+    const size_t bs = 36 * (size_t)R;
+    const int blk = mode == PK_Q4 ? 18 : 34;
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    for (int i0 = 0; i0 < R; i0 += 8) {
+        const uint8_t *rp[8];
+        for (int i = 0; i < 8; i++) rp[i] = W + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * rb;
+        for (int b = 0; b < nb; b++) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *q = rp[i] + (size_t)blk * b;
+                __m256i c;
+                if (mode == PK_Q4) {
+                    __m128i h = _mm_loadu_si128((const __m128i *)(q + 2));
+                    c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
+                } else {
+                    c = _mm256_loadu_si256((const __m256i *)(q + 2));
+                    if (mode == PK_Q8_U8) c = _mm256_xor_si256(c, x80);
+                }
+                v[i] = _mm256_castsi256_ps(c);
+            }
+            kiln_transpose8(v);
+            uint8_t *d = P + (size_t)b * bs;
+            for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
+            float *sc = (float *)(d + 32 * (size_t)R);
+            for (int i = 0; i < 8; i++) sc[i0 + i] = i0 + i < nr ? h2f_c(rp[i] + (size_t)blk * b) : 0.0f;
+        }
+    }
+}
+
+/* R = 16 rows x NT = 8 tokens; corr 128 (Q8_0 as u8) or 8 (Q4_0) */
+VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
+                              const float *bias) {
+    __m512 f[8];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++) f[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 576, xt += 8) {
+        __m512i s[8];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) s[t] = _mm512_set1_epi32(-corr * xt[t].sum);
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
+            }
+        }
+        __m512 sw = _mm512_loadu_ps((const float *)(P + 512));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(sw, _mm512_set1_ps(xt[t].d)), f[t]);
+    }
+    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+}
+
+/* R = 8 rows x NT = 4 tokens */
+AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 288, xt += 4) {
+        __m256i s[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+            }
+        }
+        __m256 sw = _mm256_loadu_ps((const float *)(P + 256));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            __m256i i = _mm256_add_epi32(_mm256_madd_epi16(s[t], one16), _mm256_set1_epi32(-8 * xt[t].sum));
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+        }
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 288, xt += 4) {
+        __m256i s[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q)), aw = _mm256_sign_epi8(wv, wv);
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv));
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, one16));
+            }
+        }
+        __m256 sw = _mm256_loadu_ps((const float *)(P + 256));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+/* Decode (one activation row): 4 blocks per step into 4 accumulators, so
+ * the FMA latency is hidden (one accumulator waits ~4 cycles per block);
+ * the -8 / -128 offset x the block's activation sum enters the integer
+ * lane 0 (no scalar float chain). VNNI: one vpdpbusd per block (Q8_0 as
+ * w + 128, Q4_0 nibbles); AVX2: maddubs + madd (Q8_0 with the sign trick). */
+/* software prefetch 8 KiB ahead of the weight stream (decode, 2 threads,
+ * 6144x2048 weights from DRAM: none -> 2 KiB -> 8 KiB, Q4_0 ~40 -> 64-69 ->
+ * 74-75 GMAC/s, Q8_0 ~30 -> 35-38 -> 40-42) */
+#define QPFD 8192
+#define KILN_PF(p) _mm_prefetch((const char *)(p) + QPFD, _MM_HINT_T0)
+#define DOT1_BODY(DOTI)                                                                                   \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    int i = 0;                                                                                            \
+    for (; i + 4 <= nb; i += 4) {                                                                         \
+        KILN_PF(w + (size_t)BS * i);                                                                      \
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {                                             \
+            const uint8_t *bw = w + (size_t)BS * (i + u);                                                 \
+            const struct q8a *x = a + i + u;                                                              \
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI(bw, x)), _mm256_set1_ps(h2f_c(bw) * x->d), acc[u]); \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (; i < nb; i++) {                                                                                 \
+        const uint8_t *bw = w + (size_t)BS * i;                                                           \
+        const struct q8a *x = a + i;                                                                      \
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI(bw, x)), _mm256_set1_ps(h2f_c(bw) * x->d), acc[0]); \
+    }                                                                                                     \
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+
+AVX2 static inline __m256i q4_codes(const uint8_t *bw) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(bw + 2)), m4 = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+}
+AVX2 static inline __m256i lane0(int v) { return _mm256_zextsi128_si256(_mm_cvtsi32_si128(v)); }
+#define XQS(x) _mm256_loadu_si256((const __m256i *)(x)->qs)
+
+#define DOTI_Q4_AVX2(bw, x) \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(q4_codes(bw), XQS(x)), _mm256_set1_epi16(1)), lane0(-8 * (x)->sum))
+#define DOTI_Q8_AVX2(bw, x)                                                                                              \
+    ({                                                                                                                   \
+        __m256i qw_ = _mm256_loadu_si256((const __m256i *)((bw) + 2));                                                   \
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw_, qw_), _mm256_sign_epi8(XQS(x), qw_)), _mm256_set1_epi16(1)); \
+    })
+#define DOTI_Q4_VNNI(bw, x) _mm256_dpbusd_epi32(lane0(-8 * (x)->sum), q4_codes(bw), XQS(x))
+#define DOTI_Q8_VNNI(bw, x) \
+    _mm256_dpbusd_epi32(lane0(-128 * (x)->sum), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((bw) + 2)), _mm256_set1_epi8((char)0x80)), XQS(x))
+
+#define BS 18
+AVX2 float qm_dot1_q4_0_avx2(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q4_AVX2) }
+VNNI float qm_dot1_q4_0_vnni(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q4_VNNI) }
+#undef BS
+#define BS 34
+AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q8_AVX2) }
+VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb) { DOT1_BODY(DOTI_Q8_VNNI) }
+#undef BS
+
+/* Decode with VNNI, 8 blocks per step: the 8 weight scales are gathered
+ * into one vector (pinsrw + vcvtph2ps) and multiplied by the 8 activation
+ * scales (xd, contiguous) at once, then broadcast per block with vpermps;
+ * the -8 / -128 x sum offset comes in as the dpbusd accumulator, a vector
+ * precomputed per call (corr), so a block costs its unpack, one vpdpbusd,
+ * a convert, a permute and an FMA. */
+#define SC16(u) ((short)(w[(size_t)BS * (i + (u))] | w[(size_t)BS * (i + (u)) + 1] << 8)) /* block u's f16 scale bits */
+#define DOT1V_BODY(CODES, OFS)                                                                           \
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+    int i = 0;                                                                                           \
+    for (; i + 8 <= nb; i += 8) {                                                                        \
+        KILN_PF(w + (size_t)BS * i);                                                                     \
+        KILN_PF(w + (size_t)BS * i + 64);                                                                \
+        KILN_PF(w + (size_t)BS * i + 128);                                                               \
+        /* constant lane indices (pinsrw needs them at any -O level) */                                 \
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0)); \
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));                    \
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) {                                            \
+            const uint8_t *bw = w + (size_t)BS * (i + u);                                                \
+            __m256i s = _mm256_dpbusd_epi32(_mm256_load_si256(corr + i + u), CODES(bw), XQS(a + i + u));  \
+            acc[u & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u)), acc[u & 3]); \
+        }                                                                                                \
+    }                                                                                                    \
+    for (; i < nb; i++) {                                                                                \
+        const uint8_t *bw = w + (size_t)BS * i;                                                          \
+        __m256i s = _mm256_dpbusd_epi32(_mm256_load_si256(corr + i), CODES(bw), XQS(a + i));              \
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(h2f_c(bw) * xd[i]), acc[0]);      \
+    }                                                                                                    \
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+
+#define Q8U_CODES(bw) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((bw) + 2)), _mm256_set1_epi8((char)0x80))
+#define BS 18
+VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(q4_codes, 8) }
+#undef BS
+#define BS 34
+VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb) { DOT1V_BODY(Q8U_CODES, 128) }
+#undef BS
+
+/* Decode without VNNI (AVX2), 8 blocks per step. Per step the 8 f16 weight
+ * scales are gathered into one vector, converted and multiplied by the 8
+ * activation scales (xd) at once; a block's scale reaches its lanes by a
+ * vpermps instead of a scalar convert, multiply and broadcast per block.
+ * Q8_0: one block per ymm, the sign trick (maddubs(|w|, sign(x, w))) and a
+ * madd. Q4_0: two blocks per ymm, [block i low 16 | i+1 low 16] and the
+ * high halves against the activations laid out the same way once per call
+ * (act2, as the AVX-512 kernel's), two maddubs added in i16 (|sum| <= 2 x 2
+ * x 15 x 128), one madd: lanes 0-3 belong to block i, 4-7 to i+1. Q4_0's
+ * -8 offset leaves the integer sums: sum_b d_b (-8 sum_b x) is one FMA of
+ * the 8 scales with the per-call vector cs = -8 x sum per block. Tails
+ * (nb % 8 blocks) as dot1_*_avx2. The same f32 products as those, summed
+ * in another order. */
+#define PF8(bytes) \
+    for (int o_ = 0; o_ < (bytes); o_ += 64) KILN_PF(w + (size_t)BS * i + o_)
+#define BS 34
+AVX2 float qm_dot1a_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i one16 = _mm256_set1_epi16(1);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i *)(w + (size_t)BS * (i + u) + 2));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(XQS(a + i + u), qw)), one16);
+            acc[u & 3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u)), acc[u & 3]);
+        }
+    }
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), acc[0]);
+    }
+    return kiln_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+#undef BS
+#define BS 18
+AVX2 float qm_dot1a_q4_0(const uint8_t *w, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb) {
+    const __m256i *x2 = act2;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 off = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        PF8(8 * BS);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i));
+        off = _mm256_fmadd_ps(dd, _mm256_loadu_ps(cs + i), off);
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * u);
+            const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b0 + BS + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
+            const __m256i *xq = x2 + (i + 2 * u); /* pair (i + 2u) / 2: 2 ymm */
+            const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(xq)),
+                                               _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(xq + 1)));
+            const __m256i ix = _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1, 2 * u + 1, 2 * u + 1, 2 * u + 1);
+            acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_permutevar8x32_ps(dd, ix), acc[u]);
+        }
+    }
+    float t = kiln_hsum8(_mm256_add_ps(off, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))));
+    __m256 r = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), r);
+    }
+    return t + kiln_hsum8(r);
+}
+#undef BS
+#undef PF8
+
+/* Q4_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 16 code bytes
+ * are unpacked into [block i low 16 | block i+1 low 16 | i high | i+1 high]
+ * and the activations were laid out the same way once per call (act2), so
+ * one vpdpbusd, convert, permute and FMA serve two blocks; the offsets
+ * -8 x sum sit in lanes 0 and 4 of the precomputed accumulator (corr2). */
+VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 18 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m512i idx9 = _mm512_setr_epi32(0x90000, 0x1b0012, 0x2d0024, 0x3f0036, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i ix0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        KILN_PF(w + (size_t)BS * i);
+        KILN_PF(w + (size_t)BS * i + 64);
+        KILN_PF(w + (size_t)BS * i + 128);
+        /* the 8 f16 block scales (words 0, 9, ..., 63 of the 128 bytes) */
+        __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(_mm512_loadu_si512((const void *)(w + (size_t)BS * i)), idx9,
+                                                                    _mm512_loadu_si512((const void *)(w + (size_t)BS * i + 64))));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        __m512i ix = ix0;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * p);
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2))),
+                                                _mm_loadu_si128((const __m128i *)(b0 + BS + 2)), 1);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(corr2 + i / 2 + p), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                            _mm512_load_si512(act2 + i / 2 + p));
+            __m512 sc = _mm512_permutexvar_ps(ix, dd);
+            if (p & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc0);
+            ix = _mm512_add_epi32(ix, two);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i s = _mm256_dpbusd_epi32(lane0(-8 * a[i].sum), q4_codes(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+/* Q8_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 32 code bytes
+ * (two 32-byte loads, +128 to make them unsigned) against the two blocks'
+ * activation codes laid out back to back once per call (act2: [x_b | x_b+1]),
+ * -128 x sum of each block in lanes 0 and 8 of the starting accumulator
+ * (corr2); lanes 0..7 hold block b's integer sum, 8..15 block b+1's, scaled
+ * by a permute of the 8 block scales. Per 2 blocks: 2 loads, insert, xor,
+ * vpdpbusd, permute, convert, FMA (qm_dot1v_q8_0: 2 x (xor, vpdpbusd, permute,
+ * convert, FMA) on 256-bit halves). Integer block sums are unchanged. */
+VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 34 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i ofs = _mm512_set1_epi8((char)0x80);
+    const __m512i ix0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), two = _mm512_set1_epi32(2);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        KILN_PF(w + (size_t)BS * i);
+        KILN_PF(w + (size_t)BS * i + 64);
+        KILN_PF(w + (size_t)BS * i + 128);
+        KILN_PF(w + (size_t)BS * i + 192);
+        KILN_PF(w + (size_t)BS * i + 256);
+        const __m128i h = _mm_set_epi16(SC16(7), SC16(6), SC16(5), SC16(4), SC16(3), SC16(2), SC16(1), SC16(0));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        __m512i ix = ix0;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *b0 = w + (size_t)BS * (i + 2 * p);
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                           _mm256_loadu_si256((const __m256i *)(b0 + BS + 2)), 1);
+            __m512i sm = _mm512_dpbusd_epi32(_mm512_load_si512(corr2 + i / 2 + p), _mm512_xor_si512(c, ofs), _mm512_load_si512(act2 + i / 2 + p));
+            __m512 sc = _mm512_permutexvar_ps(ix, dd);
+            if (p & 1) acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc1);
+            else acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sm), sc, acc0);
+            ix = _mm512_add_epi32(ix, two);
+        }
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i sm = _mm256_dpbusd_epi32(lane0(-128 * a[i].sum), Q8U_CODES(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+/* Q4_0 decode with AVX-512 VNNI + VBMI, four blocks per zmm: one vpermt2b
+ * gathers the 4 x 16 code bytes of blocks 4g..4g+3 out of two 64-byte
+ * loads (the 18-byte blocks straddle them), their low nibbles (weights
+ * 0..15 of each block) and high nibbles (16..31) feed two vpdpbusd into the
+ * same accumulator against the activations laid out to match once per call
+ * (act4: [g][lo: x_b[0..15] of the 4 blocks | hi: x_b[16..31]]); lanes 4k..
+ * 4k+3 hold block 4g+k's integer sum, the -8 x sum offset sits in lane 4k
+ * of the starting accumulator (corr4). Per 8 blocks: 3 loads, the scale
+ * gather as in qm_dot1z_q4_0, 2 byte permutes, 4 nibble ops, 4 vpdpbusd, then
+ * 2 x (permute of the scales, convert, FMA): about half the vector ops of
+ * qm_dot1z_q4_0 (two blocks per zmm), whose per-core rate (~35 GB/s of Q4_0
+ * in L2) was barely above what one core streams from DRAM. Integer block
+ * sums are the same; only the order of the f32 sums differs. */
+VBMI float qm_dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a, int nb) {
+    enum { BS = 18 };
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i idx9 = _mm512_setr_epi32(0x90000, 0x1b0012, 0x2d0024, 0x3f0036, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* byte indices into [64-byte load A | load B] of the 4 x 16 code bytes:
+     * blocks 0..3 from A = w, B = w + 64 (code bytes at 2 + 18 k + j);
+     * blocks 4..7 from A = w + 64, B = w + 128 (at 74 + 18 k + j: from A
+     * below 128, else B's byte - 128 + 64) */
+    static const uint8_t i0[64] __attribute__((aligned(64))) = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
+    static const uint8_t i1[64] __attribute__((aligned(64))) = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
+    const __m512i c0 = _mm512_load_si512(i0), c1 = _mm512_load_si512(i1);
+    const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), four = _mm512_set1_epi32(4);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const uint8_t *b = w + (size_t)BS * i;
+        KILN_PF(b);
+        KILN_PF(b + 64);
+        KILN_PF(b + 128);
+        const __m512i L0 = _mm512_loadu_si512((const void *)b), L1 = _mm512_loadu_si512((const void *)(b + 64)),
+                      L2 = _mm512_maskz_loadu_epi8(0xffff, b + 128); /* bytes 128..143 only: no read past the group */
+        /* the 8 f16 block scales (words 0, 9, ..., 63), times the activation scales */
+        const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(L0, idx9, L1));
+        const __m512 dd = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(xd + i)));
+        const __m512i q0 = _mm512_permutex2var_epi8(L0, c0, L1), q1 = _mm512_permutex2var_epi8(L1, c1, L2);
+        __m512i t0 = _mm512_dpbusd_epi32(_mm512_load_si512(corr4 + i / 4), _mm512_and_si512(q0, m4), _mm512_load_si512(act4 + i / 2));
+        __m512i t1 = _mm512_dpbusd_epi32(_mm512_load_si512(corr4 + i / 4 + 1), _mm512_and_si512(q1, m4), _mm512_load_si512(act4 + i / 2 + 2));
+        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), _mm512_load_si512(act4 + i / 2 + 1));
+        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), _mm512_load_si512(act4 + i / 2 + 3));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_permutexvar_ps(s0, dd), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_permutexvar_ps(_mm512_add_epi32(s0, four), dd), acc1);
+    }
+    __m256 t = _mm256_setzero_ps();
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        __m256i sm = _mm256_dpbusd_epi32(lane0(-8 * a[i].sum), q4_codes(bw), XQS(a + i));
+        t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+}
+
+#endif /* KILN_X86 */

@@ -1,0 +1,221 @@
+/*
+ * qmatmul_internal.h: what the files of the quantized matmul share (not a
+ * public API: the rest of the backend calls cpu_qprepare_linear,
+ * cpu_qmatmul and cpu_qmatmul_multi, cpu.h). qmatmul.c's header comment
+ * describes the numerics of the paths; the files:
+ *
+ *   qmatmul.c           prepare / release, the per-call buffer, the CPU
+ *                       feature probes, the dispatch to a path
+ *   qmatmul_exact.c     exact: f32 activations, weights dequantized to f32
+ *                       (scalar, AVX2, AVX-512; elsewhere matmul.c's dot)
+ *   qmatmul_int8.c      int8 for GGUF blocks: the activation quantizer, the
+ *                       scalar and NEON row dots, the driver
+ *   qmatmul_int8_x86.c  ... and its AVX2 / AVX-512 VNNI kernels (row dots,
+ *                       GEMM, decode); empty off x86
+ *   qmatmul_gptq.c      GPTQ / AWQ 4-bit with int8 activations, every ISA
+ *
+ * Names: cpu_* is the backend's (cpu.h), qm_* is shared between these files
+ * only, and what one file alone uses stays static in it. Every x86 kernel
+ * carries its own target attribute (declared here with it too); callers
+ * check cpu_isa() and qm_have_vnni() / qm_have_vbmi() first.
+ */
+#ifndef KILN_CPU_QMATMUL_INTERNAL_H
+#define KILN_CPU_QMATMUL_INTERNAL_H
+
+#include <stdlib.h>
+
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/simd.h"
+#include "base/base.h"
+#include "format/quant.h"
+
+/* what cpu_qprepare_linear keeps in w->be */
+struct qprep {
+    struct qgrp grp;    /* GPTQ / AWQ */
+    float *fp8_scale;   /* FP8: [ceil(N/bn)][ceil(K/bk)] as f32 */
+    int int8_act;       /* GGUF Q8_0/Q4_0/Q4_K: int8 activation path */
+    int gact;           /* GPTQ / AWQ 4-bit with int8 activations: the group size, or 0 */
+};
+
+/* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
+ * filled by cpu_qprepare_linear at the first FP8 linear */
+extern float qm_fp8_lut[256];
+
+#define AVX2 KILN_AVX2
+#define AVX512 KILN_AVX512
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+
+/* prefetch distances of the GPTQ / AWQ code streams, measured on the exact
+ * path's 4-bit lookup kernels (qmatmul_exact.c) and used by the int8 GPTQ
+ * decode (qmatmul_gptq.c) too. QPFD_G, one level (6144x2048 from DRAM, 2
+ * threads: 1 KiB 47-49, 4 KiB 53-58 GMAC/s); L128_PF1 / L128_PF2, the codes
+ * 2 KiB ahead into L1 and 32 KiB ahead into L2 (see lut128_rows_512) */
+#define QPFD_G 4096
+#define L128_PF1 2048
+#define L128_PF2 32768
+
+/* ==== the per-call buffer and per-thread scratch ==== */
+
+/* 64-byte aligned, aborts on failure */
+static inline void *amalloc(size_t bytes) {
+    void *p = NULL;
+    KILN_CHECK(posix_memalign(&p, 64, bytes ? bytes : 64) == 0);
+    return p;
+}
+
+/* The backend's reusable buffer for one call's activation-side arrays
+ * (quantized / reordered x and the decode kernels' per-block vectors), cut
+ * into 64-byte aligned pieces: qm_buf_get(be, sizes, ptrs, n) sets ptr[i]
+ * to a piece of sz[i] bytes (NULL for 0). Only the calling thread uses it
+ * (matmuls are not nested), so decode does not pay for 3-5 allocations per
+ * matmul; the pieces live until the next call. */
+void qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n);
+
+/* scr[tid], allocated (64-byte aligned) at its first use */
+static inline void *thread_scratch(void **scr, int tid, size_t bytes) {
+    if (!scr[tid]) {
+        scr[tid] = amalloc(bytes);
+    }
+    return scr[tid];
+}
+
+static inline void free_scratch(void **scr, int nt) {
+    for (int i = 0; i < nt; i++) free(scr[i]);
+    free(scr);
+}
+
+/* whether the CPU has AVX-512 VNNI (with VL and BW) / VBMI, whatever
+ * KILN_CPU_ISA says: callers also check cpu_isa() >= CPU_ISA_AVX512 */
+#if defined(KILN_X86)
+int qm_have_vnni(void);
+int qm_have_vbmi(void);
+#else
+static inline int qm_have_vnni(void) { return 0; }
+#endif
+
+#if defined(KILN_X86)
+/* the first n of 8 i32 lanes set (maskload / maskstore of a row tail) */
+AVX2 static inline __m256i mask8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+/* ==== the three paths: y = x W^T + b for n activation rows ====
+ *
+ * qm_matmul_*: the whole matmul of one linear on its path (cpu_qmatmul
+ * picks it from w's struct qprep). qm_*_multi: the decode of count
+ * linears (count <= MULTI_MAX, of one format, dtype and width, sharing x)
+ * as one pool job; 0 when their shape or the path does not allow it
+ * (nothing done: the caller runs them one by one), else 1. */
+void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n);
+int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
+void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n);
+int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
+void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n);
+int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
+/* the group size if GPTQ / AWQ weights repacked into g can take the int8
+ * path (qmatmul_gptq.c), else 0 */
+int qm_gact_group(const struct qgrp *g);
+
+/* ==== int8 activations (qmatmul_int8.c, qmatmul_gptq.c) ==== */
+
+/* One activation block: 32 codes, scale d (x ~ d * qs), and sum(qs). */
+struct q8a {
+    float d;
+    int32_t sum;
+    int8_t qs[32];
+};
+
+/* x[K] (K a multiple of 32) quantized into the K / 32 blocks b[]: d = amax
+ * / 127, codes x / d rounded to nearest even, their sum. The AVX2 one gives
+ * the same blocks and puts block i at b[i * stride] (stride 1: row-major;
+ * NT: a GEMM's tiles of NT tokens). */
+void qm_quantize_act(const float *x, struct q8a *b, int K);
+#if defined(KILN_X86)
+AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride);
+#endif
+
+/* Q4_K / Q5_K: sub-block j's 6-bit scale d and min m from the superblock's
+ * packed 12-byte table q */
+static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The AVX2 kernels take up to 4 activation rows (nx) per pass over a weight
+ * row, so at prefill each block is unpacked once per 4 tokens. */
+#define NX 4
+
+/* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
+ * u8 = w + 128 (VNNI), Q4_0 nibbles */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2 };
+
+#if defined(KILN_X86)
+/* ==== the int8 path's x86 kernels (qmatmul_int8_x86.c) ====
+ *
+ * Row dots of one weight row (nb blocks of 32, or superblocks of 256 for
+ * the K formats) with nx <= NX activation rows a[0..nx-1], into out[nx]. */
+AVX2 void qm_dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+
+/* The int8 GEMM: qm_pack_i8 repacks R rows from r0 (nr real ones) of W
+ * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
+ * one tile of nt tokens' activations xt ([block][NT]) into out (row stride
+ * ldo), adding bias[0..nr-1] when not NULL. VNNI: R = 16, NT = 8, corr
+ * 128 (Q8_0 as u8) or 8 (Q4_0); AVX2: R = 8, NT = 4. */
+AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode);
+VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
+                          const float *bias);
+AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
+AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
+
+/* Decode (one activation row a of nb blocks) of one Q4_0 / Q8_0 weight row
+ * w. dot1: on a alone. dot1v (VNNI): with the per-block vectors corr (lane
+ * 0 = -8 or -128 x the block's activation sum) and xd (the activation
+ * scales). dot1a (AVX2): with xd, and for Q4_0 act2 (block pairs laid out
+ * as the weights' nibbles) and cs (-8 x sum per block). dot1z / dot1w
+ * (VNNI): block pairs act2 with corr2; dot1q (VNNI + VBMI): groups of 4
+ * blocks act4 with corr4. qmatmul_int8.c's int8_setup builds them. */
+AVX2 float qm_dot1_q4_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
+VNNI float qm_dot1_q4_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
+AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
+VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
+VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
+VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
+AVX2 float qm_dot1a_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb);
+AVX2 float qm_dot1a_q4_0(const uint8_t *w, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb);
+VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
+VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
+
+/* widest rows (in blocks of 32) given to qm_dot1q_q4_0: measured from DRAM
+ * (2 threads, 1.77 MB matrices) it is 4-10% faster than qm_dot1z_q4_0 at
+ * K = 1024 and 1536, but 6% slower at K = 2048 and 20-28% slower at 3072
+ * and 4096 (one thread: 48 against 65 GMAC/s), though 25% faster at 3072
+ * in L2; not understood */
+#define Q4Q_MAX_NB 48
+VBMI float qm_dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a, int nb);
+#endif /* KILN_X86 */
+
+#if defined(KILN_NEON)
+/* The integer dot of 16 s8 pairs into 4 i32 lanes (added to acc), for the
+ * NEON int8 dots (qmatmul_int8.c, qmatmul_gptq.c). Baseline NEON: smull /
+ * smull2 (|a b| <= 128 x 127 fits i16) and sadalp; with dotprod: sdot. */
+#define DP_ATTR __attribute__((target("arch=armv8.2-a+dotprod")))
+
+static inline int32x4_t i8dot_neon(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpadalq_s16(acc, vmull_high_s8(a, b));
+}
+DP_ATTR static inline int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+#endif /* KILN_NEON */
+
+#endif
