@@ -343,7 +343,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     struct kiln_backend *be = kiln_calloc(1, sizeof *be);
     struct cpu_ctx *c = kiln_calloc(1, sizeof *c);
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
-    omp_set_num_threads(c->n_threads); /* for the OpenMP loops outside this backend's kernels (qmatmul.c, moe.c) */
+    omp_set_num_threads(c->n_threads); /* for the OpenMP loops outside this backend (weight loading and conversion: load.c, gptq.c, quant.c) */
     c->pool = pool_create(c->n_threads);
     be->name = "cpu";
     be->act_size = sizeof(float);

@@ -5,7 +5,7 @@
  * (mmap'd), and KV pages in f32. Small vectors (norm weights, biases, rope
  * frequencies) get an f32 copy at prepare time. Every op parallelizes inside
  * itself over independent rows or heads with the backend's worker pool
- * (cpu_parallel_for below); only moe.c's routing still uses an OpenMP loop.
+ * (cpu_parallel_for below); no kernel here uses OpenMP.
  */
 #ifndef KILN_CPU_H
 #define KILN_CPU_H

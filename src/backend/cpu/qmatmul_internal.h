@@ -33,7 +33,7 @@
 struct qprep {
     struct qgrp grp;    /* GPTQ / AWQ */
     float *fp8_scale;   /* FP8: [ceil(N/bn)][ceil(K/bk)] as f32 */
-    int int8_act;       /* GGUF Q8_0/Q4_0/Q4_K: int8 activation path */
+    int int8_act;       /* GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: int8 activation path */
     int gact;           /* GPTQ / AWQ 4-bit with int8 activations: the group size, or 0 */
 };
 
