@@ -140,11 +140,10 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
     for (int t0 = beg + warp * 4; t0 < end; t0 += 16) {
-        float kx[4][EPL], vx[4][EPL], d[4];
+        float kx[4][EPL], vx[4][EPL];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int t = t0 + u;
-            d[u] = 0.f;
 #pragma unroll
             for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
             if (t < end && act) {
@@ -153,25 +152,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
                 for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
             }
         }
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int e = 0; e < EPL; e++) d[u] += qv[e] * kx[u][e];
-#pragma unroll
-        for (int x = 16; x; x >>= 1)
-#pragma unroll
-            for (int u = 0; u < 4; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], x);
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (t0 + u >= end) d[u] = -INFINITY;
-        const float mn = fmaxf(fmaxf(m, fmaxf(d[0], d[1])), fmaxf(d[2], d[3])), corr = exp2f(m - mn);
-        float p[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) p[u] = exp2f(d[u] - mn);
-        l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
-        m = mn;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) o[e] = o[e] * corr + p[0] * vx[0][e] + p[1] * vx[1][e] + p[2] * vx[2][e] + p[3] * vx[3][e];
+        att_step4<EPL>(qv, kx, vx, end - t0, m, l, o);
     }
     __shared__ float sm[4], sl[4], so[4][HD];
     if (lane == 0) sm[warp] = m, sl[warp] = l;

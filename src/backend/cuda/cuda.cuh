@@ -391,4 +391,34 @@ __device__ __forceinline__ void cu_store8(bf16 *p, const float *f) {
     *(uint4 *)p = u;
 }
 
+/* One warp step of split-K decode attention (attention.cu's row kernel,
+ * step.cu's attention stage): the scores of a query (qv: E elements per
+ * lane, pre-scaled by log2(e)/sqrt(hd)) against 4 keys kx[u], keys u >=
+ * nvalid masked, then the online softmax (m, l) and output o (E per lane)
+ * updated with the values vx[u]. */
+template <int E>
+__device__ __forceinline__ void att_step4(const float *qv, const float (*kx)[E], const float (*vx)[E], int nvalid, float &m,
+                                          float &l, float *o) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int e = 0; e < E; e++) d[u] += qv[e] * kx[u][e];
+#pragma unroll
+    for (int x = 16; x; x >>= 1)
+#pragma unroll
+        for (int u = 0; u < 4; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], x);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        if (u >= nvalid) d[u] = -INFINITY;
+    const float mn = fmaxf(fmaxf(m, fmaxf(d[0], d[1])), fmaxf(d[2], d[3])), corr = exp2f(m - mn);
+    float p[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) p[u] = exp2f(d[u] - mn);
+    l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
+    m = mn;
+#pragma unroll
+    for (int e = 0; e < E; e++) o[e] = o[e] * corr + p[0] * vx[0][e] + p[1] * vx[1][e] + p[2] * vx[2][e] + p[3] * vx[3][e];
+}
+
 #endif

@@ -31,8 +31,8 @@
  *
  * Weights never depend on the step's data, so they are streamed ahead of
  * use: each warp walks its share of every GEMV stage in program order (the
- * block's rows of a stage cut in 8; a row in pieces of at most SK_SLOTW
- * bytes, or several narrow rows per piece), and lane 0 keeps SK_NSW pieces
+ * block's rows of a stage cut in 8; a row in pieces of at most a slot
+ * (sk_slotw), or several narrow rows per piece), and lane 0 keeps its slots' pieces
  * in flight into the warp's shared-memory slots with the copy engine
  * (cp.async.bulk, one mbarrier per slot). When the warp has used a slot it
  * refills it with the next piece of the walk, which may belong to a later
@@ -66,9 +66,9 @@
 
 #define SK_CW 8                    /* warps */
 #define SK_NT (SK_CW * 32)
-#define SK_NSW 3                   /* ring slots per warp ... */
-#define SK_SLOTW 8192              /* ... of this many bytes */
-#define SK_RING (SK_CW * SK_NSW * SK_SLOTW) /* bytes of the weight rings */
+#define SK_WRING (24 * 1024)       /* bytes of a warp's weight ring, cut into slots (sk_slotw) */
+#define SK_NSW_MAX 12              /* slots per warp at most (2 KB each) */
+#define SK_RING (SK_CW * SK_WRING) /* bytes of the weight rings */
 #define SK_HD_MAX 128
 #define SK_MAX_HEADS 256
 #define SK_XS_MAX (16384 * 2)      /* bytes of the GEMV input row in shared memory */
@@ -117,6 +117,7 @@ struct sk_env {
     float *cand_v; /* per block argmax candidates */
     int *cand_i;
     int *ids;
+    int nsw, slotw; /* a warp's ring: slots, bytes per slot (sk_slotw) */
     unsigned long long *prof; /* KILN_CUDA_STEPK_PROF: per (stage, block) start and end times, or NULL */
 };
 
@@ -131,6 +132,7 @@ __constant__ struct sk_stage sk_cst[SK_MAX_ST];
 static const struct sk_prog *sk_loaded; /* the program now in sk_cst */
 
 struct sk_prog {
+    int slotw; /* bytes per ring slot (sk_slotw) */
     struct sk_stage *h_st;
     int n_st, smem;
     int *ids;
@@ -210,14 +212,14 @@ __device__ __forceinline__ const bf16 *sk_jw(const struct sk_stage &S, int j) { 
  * the warp's rows (the block's range cut in 8), in pieces of at most PU
  * 16-byte units per matrix: a segment of one row (wide rows) or several
  * whole rows of one job (narrow rows). The warp issues pieces (lane 0, bulk
- * copies into its SK_NSW slots) and consumes them in the same order, so the
- * copies run SK_NSW pieces ahead, across stage ends and barriers.
+ * copies into its E.nsw slots) and consumes them in the same order, so the
+ * copies run E.nsw pieces ahead, across stage ends and barriers.
  */
 struct sk_cur {
     int s, r, whi, k0; /* stage (E.n_st: done), row, the warp's row end in that stage, unit offset in the row */
 };
 
-__device__ __forceinline__ int sk_pu(const struct sk_stage &S) { return SK_SLOTW / 16 / (S.glu ? 2 : 1); }
+__device__ __forceinline__ int sk_pu(const struct sk_env &E, const struct sk_stage &S) { return E.slotw / 16 / (S.glu ? 2 : 1); }
 
 /* the first piece at or after stage s */
 __device__ __forceinline__ void sk_cur_stage(const struct sk_env &E, struct sk_cur &c, int s) {
@@ -236,11 +238,12 @@ __device__ __forceinline__ void sk_cur_stage(const struct sk_env &E, struct sk_c
 }
 
 /* the piece at c: nrp rows (or one row's units [k0, k0 + len)) of job j starting at job row jr */
-__device__ __forceinline__ void sk_piece(const struct sk_stage &S, const struct sk_cur &c, int &j, int &jr, int &nrp, int &len) {
+__device__ __forceinline__ void sk_piece(const struct sk_env &E, const struct sk_stage &S, const struct sk_cur &c, int &j, int &jr, int &nrp,
+                                         int &len) {
     int js;
     sk_job(S, c.r, j, js);
     jr = c.r - js;
-    const int U = S.n_in >> 3, PU = sk_pu(S);
+    const int U = S.n_in >> 3, PU = sk_pu(E, S);
     if (U > PU) {
         nrp = 1, len = min(PU, U - c.k0);
     } else {
@@ -261,7 +264,7 @@ __device__ __forceinline__ void sk_cur_next(const struct sk_env &E, struct sk_cu
 /* c moves to the next piece of the walk */
 __device__ __forceinline__ void sk_advance(const struct sk_env &E, struct sk_cur &c) {
     int j, jr, nrp, len;
-    sk_piece(SK_ST[c.s], c, j, jr, nrp, len);
+    sk_piece(E, SK_ST[c.s], c, j, jr, nrp, len);
     sk_cur_next(E, c, nrp, len, SK_ST[c.s].n_in >> 3);
 }
 
@@ -269,8 +272,8 @@ __device__ __forceinline__ void sk_advance(const struct sk_env &E, struct sk_cur
 __device__ __forceinline__ void sk_issue(const struct sk_env &E, const struct sk_cur &c, unsigned char *ring, uint64_t *full, int slot) {
     const struct sk_stage &S = SK_ST[c.s];
     int j, jr, nrp, len;
-    sk_piece(S, c, j, jr, nrp, len);
-    const unsigned bytes = (unsigned)nrp * len * 16, dst = smem_u32(ring + (size_t)slot * SK_SLOTW);
+    sk_piece(E, S, c, j, jr, nrp, len);
+    const unsigned bytes = (unsigned)nrp * len * 16, dst = smem_u32(ring + (size_t)slot * E.slotw);
     const unsigned fb = smem_u32(&full[slot]);
     const size_t off = (size_t)jr * S.n_in + (size_t)c.k0 * 8;
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the slot's last reads before the copy engine writes it */
@@ -373,16 +376,16 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
     cbar();
     if (E.prof && tid == 0) E.prof[((size_t)s * gridDim.x + b) * 3 + 1] = sk_now();
     const uint4 *x4 = (const uint4 *)xs;
-    unsigned char *ring = smem + (size_t)warp * SK_NSW * SK_SLOTW;
-    uint64_t *wfull = full + warp * SK_NSW;
+    unsigned char *ring = smem + (size_t)warp * E.nsw * E.slotw;
+    uint64_t *wfull = full + warp * SK_NSW_MAX;
     float bv = -INFINITY, a = 0.f, a2 = 0.f; /* a, a2: a wide row's sums so far (gate, up) */
     int bi = 0x7fffffff;
     while (cc.s == s) {
         int j, jr, nrp, len;
-        sk_piece(S, cc, j, jr, nrp, len);
-        const int slot = kc % SK_NSW;
-        mbar_wait(smem_u32(&wfull[slot]), (kc / SK_NSW) & 1);
-        const uint4 *wv = (const uint4 *)(ring + (size_t)slot * SK_SLOTW), *wu = wv + (size_t)nrp * len;
+        sk_piece(E, S, cc, j, jr, nrp, len);
+        const int slot = kc % E.nsw;
+        mbar_wait(smem_u32(&wfull[slot]), (kc / E.nsw) & 1);
+        const uint4 *wv = (const uint4 *)(ring + (size_t)slot * E.slotw), *wu = wv + (size_t)nrp * len;
         if (nrp == 1) { /* a row segment: units k0 .. k0 + len */
             for (int i = lane; i < len; i += 32) {
                 float xf[8];
@@ -438,7 +441,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
         sk_cur_next(E, cc, nrp, len, U);
         /* the slot is free: the next piece of the walk into it (lane 0 keeps the issue cursor) */
         if (lane == 0 && ic.s < E.n_st) {
-            sk_issue(E, ic, ring, wfull, ki % SK_NSW);
+            sk_issue(E, ic, ring, wfull, ki % E.nsw);
             ki++;
             sk_advance(E, ic);
         }
@@ -548,35 +551,14 @@ __device__ void sk_attn(const struct sk_env &E, const struct sk_stage &S, unsign
         for (int e = 0; e < 4; e++) qv[e] = act && e < epl ? qs[lane * epl + e] * S.sl2 : 0.f, o[e] = 0.f;
         float m = -INFINITY, l = 0.f;
         for (int t0 = beg + wh * 4; t0 < end; t0 += 16) {
-            float d[4];
             if (t0 != beg + wh * 4) sk_kv_load(S, pages, g, t0, end, tn, kx, vx);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                d[u] = 0.f;
+            for (int u = 0; u < 4; u++)
                 if (t0 + u == tn && act) /* the new token, from the rope warps */
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         if (e < epl) kx[u][e] = ks[lane * epl + e], vx[u][e] = vs[lane * epl + e];
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) d[u] += qv[e] * kx[u][e];
-#pragma unroll
-            for (int x = 16; x; x >>= 1)
-#pragma unroll
-                for (int u = 0; u < 4; u++) d[u] += __shfl_xor_sync(0xffffffffu, d[u], x);
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (t0 + u >= end) d[u] = -INFINITY;
-            const float mn = fmaxf(fmaxf(m, fmaxf(d[0], d[1])), fmaxf(d[2], d[3])), corr = exp2f(m - mn);
-            float p[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) p[u] = exp2f(d[u] - mn);
-            l = l * corr + (p[0] + p[1]) + (p[2] + p[3]);
-            m = mn;
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[e] = o[e] * corr + p[0] * vx[0][e] + p[1] * vx[1][e] + p[2] * vx[2][e] + p[3] * vx[3][e];
+            att_step4<4>(qv, kx, vx, end - t0, m, l, o);
         }
         /* the 4 warps merged; a warp that saw no key has m = -inf, l = 0 */
         if (lane == 0) sm[wh] = m, sl[wh] = l;
@@ -642,23 +624,23 @@ __device__ void sk_attn(const struct sk_env &E, const struct sk_stage &S, unsign
 __global__ void __launch_bounds__(SK_NT, 1) k_step(const struct sk_env E) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char sk_smem[];
-    __shared__ __align__(8) uint64_t full[SK_CW * SK_NSW];
+    __shared__ __align__(8) uint64_t full[SK_CW * SK_NSW_MAX];
     __shared__ float red[24];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
     if (lane == 0) {
-        for (int i = 0; i < SK_NSW; i++) mbar_init(smem_u32(&full[warp * SK_NSW + i]), 1);
+        for (int i = 0; i < E.nsw; i++) mbar_init(smem_u32(&full[warp * SK_NSW_MAX + i]), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncwarp();
-    /* the warp's first SK_NSW pieces on their way before anything else */
+    /* the warp's first pieces, one per slot, on their way before anything else */
     struct sk_cur ic, cc; /* issue into shared memory, consume */
     sk_cur_stage(E, ic, 0);
     cc = ic;
     int ki = 0, kc = 0;
-    unsigned char *ring = sk_smem + (size_t)warp * SK_NSW * SK_SLOTW;
+    unsigned char *ring = sk_smem + (size_t)warp * E.nsw * E.slotw;
     if (lane == 0) {
-        for (; ki < SK_NSW && ic.s < E.n_st; ki++) {
-            sk_issue(E, ic, ring, full + warp * SK_NSW, ki);
+        for (; ki < E.nsw && ic.s < E.n_st; ki++) {
+            sk_issue(E, ic, ring, full + warp * SK_NSW_MAX, ki);
             sk_advance(E, ic);
         }
     }
@@ -875,6 +857,15 @@ static int sk_build(struct cuda_ctx *c, struct sk_stage **out, int *n_out, int *
     return 0;
 }
 
+/* bytes per ring slot: 8192 (3 per warp), or KILN_CUDA_STEPK_SLOTW (a
+ * multiple of 2048 dividing 24 KB). H200 tg128, 0.6B / 8B: 2 KB 606 / -,
+ * 4 KB 686 / 166, 8 KB 794 / 207, 12 KB 736 / 200 tok/s (docs/cuda.md) */
+static int sk_slotw(void) {
+    const char *e = getenv("KILN_CUDA_STEPK_SLOTW");
+    const int v = e ? atoi(e) : 0;
+    return v >= 2048 && v % 2048 == 0 && SK_WRING % v == 0 ? v : 8192;
+}
+
 void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
     struct sk_stage *st;
     int n, xs;
@@ -906,6 +897,7 @@ void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
     int extra = 2 * SK_ATT_F * (int)sizeof(float);
     if (xs > extra) extra = xs;
     p->smem = SK_RING + extra;
+    p->slotw = sk_slotw();
     p->h_st = st;
     int dev = 0, maxs = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -984,6 +976,7 @@ void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p) {
     E.cand_v = (float *)((char *)c->sk_bar + 64 + SK_MAX_HEADS * sizeof(int));
     E.cand_i = (int *)(E.cand_v + c->n_sm);
     E.ids = p->ids;
+    E.slotw = p->slotw, E.nsw = SK_WRING / p->slotw;
     /* KILN_CUDA_STEPK_PROF=N: time the stages of the N-th step (stderr) */
     static long prof_at = -2;
     if (prof_at == -2) {
