@@ -306,16 +306,20 @@ __device__ __forceinline__ int gs_start(long h, int Q, int Wt) { return (int)(h 
 /* the warp whose quad range holds quad q (ranges [h Q / Wt, (h+1) Q / Wt)) */
 __device__ __forceinline__ int gs_warp_of(int q, int Q, int Wt) { return (int)((((long)q + 1) * Wt + Q - 1) / Q) - 1; }
 
-/* row (of the concatenated jobs) -> job index; blk0 holds each job's first row */
+/* the first row of job ji in the concatenation of the jobs' rows */
+__device__ __forceinline__ int gs_row0(const struct gemv_jobs &J, int ji) {
+    return ji == 0 ? 0 : ji == 1 ? J.j[0].n_out : J.j[0].n_out + J.j[1].n_out;
+}
+/* row (of the concatenated jobs) -> job index */
 __device__ __forceinline__ int gs_job(const struct gemv_jobs &J, int row) {
-    return (J.nj > 2 && row >= J.j[2].blk0) ? 2 : (J.nj > 1 && row >= J.j[1].blk0) ? 1 : 0;
+    return (J.nj > 2 && row >= gs_row0(J, 2)) ? 2 : (J.nj > 1 && row >= gs_row0(J, 1)) ? 1 : 0;
 }
 
 template <int NB, typename OutT, bool GLU>
 __device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, const float *v, const float *v2) {
     /* fields picked one by one: a struct picked by a run-time index is copied to the stack */
     const int ji = gs_job(J, row);
-    const int r = row - (ji == 0 ? 0 : ji == 1 ? J.j[1].blk0 : J.j[2].blk0);
+    const int r = row - gs_row0(J, ji);
     const int n_out = ji == 0 ? J.j[0].n_out : ji == 1 ? J.j[1].n_out : J.j[2].n_out;
     const float *bias = ji == 0 ? J.j[0].bias : ji == 1 ? J.j[1].bias : J.j[2].bias;
     void *out = ji == 0 ? J.j[0].out : ji == 1 ? J.j[1].out : J.j[2].out;
@@ -361,17 +365,6 @@ __device__ __forceinline__ void gs_piece(const struct gemv_jobs &J, float *slot,
     cnt[ga] = 0;
 }
 
-/* lp/lp2 move one quad on; into the next job at a job's end */
-#define GS_ADVANCE()                                                                 \
-    do {                                                                             \
-        lp += 128, lp2 += 128;                                                       \
-        if (--left == 0 && lj < J.nj - 1) {                                          \
-            lj++;                                                                    \
-            lp = (const uint4 *)(lj == 1 ? J.j[1].w : J.j[2].w) + lane;              \
-            left = (lj == 1 ? J.j[1].n_out : J.j[2].n_out) * S4;                     \
-        }                                                                            \
-    } while (0)
-
 template <int NB, typename OutT, bool GLU>
 __global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
                                                    float *__restrict__ slot, int *__restrict__ cnt) {
@@ -382,23 +375,30 @@ __global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, con
     const int Q = rows * S4, q0 = gs_start(g, Q, Wt), q1 = gs_start(g + 1, Q, Wt);
     /* load cursor: pointer(s) to the lane's chunk, quads left in this job */
     int lj = gs_job(J, q0 / S4);
-    const int jr0 = lj == 0 ? 0 : lj == 1 ? J.j[1].blk0 : J.j[2].blk0;
+    const int jr0 = gs_row0(J, lj);
     const int jn = lj == 0 ? J.j[0].n_out : lj == 1 ? J.j[1].n_out : J.j[2].n_out;
     const size_t off = (size_t)(q0 - jr0 * S4) * 128 + lane;
     const uint4 *lp = (const uint4 *)(lj == 0 ? J.j[0].w : lj == 1 ? J.j[1].w : J.j[2].w) + off;
     const uint4 *lp2 = GLU ? (const uint4 *)J.j[0].w2 + off : NULL;
     int left = (jr0 + jn) * S4 - q0;
     uint4 ring[QD][4], ring2[QD][4];
+    /* the next quad into ring slot r; lp/lp2 move one quad on (into the next job at a job's end) */
+    auto load_quad = [&](int r) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            ring[r][u] = ld_stream(lp + 32 * u);
+            if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
+        }
+        lp += 128, lp2 += 128;
+        if (--left == 0 && lj < J.nj - 1) {
+            lj++;
+            lp = (const uint4 *)(lj == 1 ? J.j[1].w : J.j[2].w) + lane;
+            left = (lj == 1 ? J.j[1].n_out : J.j[2].n_out) * S4;
+        }
+    };
 #pragma unroll
     for (int r = 0; r < QD; r++)
-        if (q0 + r < q1) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                ring[r][u] = ld_stream(lp + 32 * u);
-                if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
-            }
-            GS_ADVANCE();
-        }
+        if (q0 + r < q1) load_quad(r);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
@@ -420,14 +420,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, con
                     acc[j] = dot8(acc[j], ring[r][u], xc);
                     if (GLU) acc2[j] = dot8(acc2[j], ring2[r][u], xc);
                 }
-            if (q + QD < q1) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    ring[r][u] = ld_stream(lp + 32 * u);
-                    if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
-                }
-                GS_ADVANCE();
-            }
+            if (q + QD < q1) load_quad(r);
             if (++cq == S4 || q + 1 == q1) {
                 /* the piece [rs, q] of row cr ends here */
                 float v[NB], v2[NB];
@@ -447,7 +440,6 @@ __global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, con
         }
     }
 }
-#undef GS_ADVANCE
 
 /* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
  * n rows of x. Used only for odd shapes. */
@@ -483,7 +475,7 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
                              const struct gemv_norm *nm = NULL) {
     if (!nm && n <= GEMV_S_NB && cu_gemv_bps > 0 && n_in % 1024 == 0) {
         int rows = 0;
-        for (int i = 0; i < J->nj; i++) J->j[i].blk0 = rows, rows += J->j[i].n_out;
+        for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
         /* every warp needs a quad: at most Q / 8 blocks */
         const long Q = (long)rows * (n_in / 1024);
         const long blocks = Q / 8 < (long)cu_gemv_bps * c->n_sm ? Q / 8 : (long)cu_gemv_bps * c->n_sm;
