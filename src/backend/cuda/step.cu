@@ -72,6 +72,7 @@
 #define SK_HD_MAX 128
 #define SK_MAX_HEADS 256
 #define SK_XS_MAX (16384 * 2)      /* bytes of the GEMV input row in shared memory */
+#define SK_XCH (SK_XS_MAX / 2 / (SK_NT * 8)) /* 8-element chunks of that row per thread */
 #define SK_ATT_F 1036              /* floats of attention scratch per half (layout in sk_attn) */
 
 enum { SK_GEMV = 1, SK_ATTN = 2 };
@@ -128,7 +129,6 @@ struct sk_env {
  * weight stream in L2 for microseconds. SK_MAX_ST stages: 45 dense layers. */
 #define SK_MAX_ST 228
 __constant__ struct sk_stage sk_cst[SK_MAX_ST];
-#define SK_ST sk_cst
 static const struct sk_prog *sk_loaded; /* the program now in sk_cst */
 
 struct sk_prog {
@@ -225,7 +225,7 @@ __device__ __forceinline__ int sk_pu(const struct sk_env &E, const struct sk_sta
 __device__ __forceinline__ void sk_cur_stage(const struct sk_env &E, struct sk_cur &c, int s) {
     const int b = blockIdx.x, G = gridDim.x, w = (threadIdx.x >> 5);
     for (; s < E.n_st; s++) {
-        const struct sk_stage &S = SK_ST[s];
+        const struct sk_stage &S = sk_cst[s];
         if (S.type != SK_GEMV) continue;
         const int R = sk_rows(S), lo = (int)((long)b * R / G), hi = (int)((long)(b + 1) * R / G);
         const int wlo = lo + (hi - lo) * w / SK_CW, whi = lo + (hi - lo) * (w + 1) / SK_CW;
@@ -264,13 +264,13 @@ __device__ __forceinline__ void sk_cur_next(const struct sk_env &E, struct sk_cu
 /* c moves to the next piece of the walk */
 __device__ __forceinline__ void sk_advance(const struct sk_env &E, struct sk_cur &c) {
     int j, jr, nrp, len;
-    sk_piece(E, SK_ST[c.s], c, j, jr, nrp, len);
-    sk_cur_next(E, c, nrp, len, SK_ST[c.s].n_in >> 3);
+    sk_piece(E, sk_cst[c.s], c, j, jr, nrp, len);
+    sk_cur_next(E, c, nrp, len, sk_cst[c.s].n_in >> 3);
 }
 
 /* lane 0: the copies of the piece at c into slot `slot` of this warp */
 __device__ __forceinline__ void sk_issue(const struct sk_env &E, const struct sk_cur &c, unsigned char *ring, uint64_t *full, int slot) {
-    const struct sk_stage &S = SK_ST[c.s];
+    const struct sk_stage &S = sk_cst[c.s];
     int j, jr, nrp, len;
     sk_piece(E, S, c, j, jr, nrp, len);
     const unsigned bytes = (unsigned)nrp * len * 16, dst = smem_u32(ring + (size_t)slot * E.slotw);
@@ -331,7 +331,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, b = blockIdx.x;
     /* the stage's fields from shared memory (read for every piece and row) */
     __shared__ struct sk_stage Sh;
-    if (tid < (int)(sizeof(struct sk_stage) / 4)) ((int *)&Sh)[tid] = ((const int *)&SK_ST[s])[tid];
+    if (tid < (int)(sizeof(struct sk_stage) / 4)) ((int *)&Sh)[tid] = ((const int *)&sk_cst[s])[tid];
     cbar();
     const struct sk_stage &S = Sh;
     bf16 *xs = (bf16 *)(smem + SK_RING);
@@ -345,16 +345,16 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
         for (int c = tid; c < U; c += SK_CW * 32) ((uint4 *)xs)[c] = __ldcg((const uint4 *)S.x + c);
     } else {
         const bf16 *src = S.embed ? S.embed + (size_t)E.tok[0] * n_in : S.nsrc;
-        uint4 xv[SK_XS_MAX / 2 / 2048];
+        uint4 xv[SK_XCH];
         float ss = 0.f;
 #pragma unroll
-        for (int i = 0; i < SK_XS_MAX / 2 / 2048; i++) {
-            const int c = tid * 8 + i * 2048;
+        for (int i = 0; i < SK_XCH; i++) {
+            const int c = tid * 8 + i * SK_NT * 8;
             if (c < n_in) xv[i] = __ldcg((const uint4 *)(src + c));
         }
 #pragma unroll
-        for (int i = 0; i < SK_XS_MAX / 2 / 2048; i++) {
-            const int c = tid * 8 + i * 2048;
+        for (int i = 0; i < SK_XCH; i++) {
+            const int c = tid * 8 + i * SK_NT * 8;
             if (c >= n_in) break;
             if (S.embed && b == 0) *(uint4 *)(S.nres + c) = xv[i];
             float a[8];
@@ -363,8 +363,8 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
         }
         const float r = rsqrtf(sk_csum(ss, red) / n_in + S.eps);
 #pragma unroll
-        for (int i = 0; i < SK_XS_MAX / 2 / 2048; i++) {
-            const int c = tid * 8 + i * 2048;
+        for (int i = 0; i < SK_XCH; i++) {
+            const int c = tid * 8 + i * SK_NT * 8;
             if (c >= n_in) break;
             float a[8];
             sk_f8(a, xv[i]);
@@ -625,7 +625,7 @@ __global__ void __launch_bounds__(SK_NT, 1) k_step(const struct sk_env E) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char sk_smem[];
     __shared__ __align__(8) uint64_t full[SK_CW * SK_NSW_MAX];
-    __shared__ float red[24];
+    __shared__ float red[SK_CW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
     if (lane == 0) {
         for (int i = 0; i < E.nsw; i++) mbar_init(smem_u32(&full[warp * SK_NSW_MAX + i]), 1);
@@ -646,7 +646,7 @@ __global__ void __launch_bounds__(SK_NT, 1) k_step(const struct sk_env E) {
     }
     unsigned target = 0;
     for (int s = 0; s < E.n_st; s++) {
-        const struct sk_stage &S = SK_ST[s];
+        const struct sk_stage &S = sk_cst[s];
         if (E.prof && threadIdx.x == 0) E.prof[((size_t)s * G + blockIdx.x) * 3] = sk_now();
         if (S.type == SK_GEMV) sk_gemv(E, s, sk_smem, full, ic, cc, ki, kc, red);
         else sk_attn(E, S, sk_smem);
