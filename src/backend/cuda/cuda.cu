@@ -685,6 +685,7 @@ static void cu_destroy(struct kiln_backend *be) {
     if (c->sk_bar) cudaFree(c->sk_bar);
     free(c->tape);
     cublasDestroy(c->blas);
+    cu_sk_forget_stream(c->stream);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);

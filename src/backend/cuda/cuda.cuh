@@ -336,6 +336,7 @@ void cu_sk_rec(struct cuda_ctx *c, int op, void *a, const void *b, const void *y
 void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g);
 void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p);
 void cu_sk_free(struct sk_prog *p);
+void cu_sk_forget_stream(cudaStream_t s);
 extern long cu_sk_count;
 /* records an op into the tape while a step is being recorded */
 #define CU_TAPE(c, ...)                                  \

@@ -130,6 +130,7 @@ struct sk_env {
 #define SK_MAX_ST 228
 __constant__ struct sk_stage sk_cst[SK_MAX_ST];
 static const struct sk_prog *sk_loaded; /* the program now in sk_cst */
+static cudaStream_t sk_stream;          /* the stream of the last k_step launch (one per backend) */
 
 struct sk_prog {
     int slotw; /* bytes per ring slot (sk_slotw) */
@@ -915,6 +916,11 @@ void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
     g->sk = p;
 }
 
+/* a backend's stream is going away */
+void cu_sk_forget_stream(cudaStream_t s) {
+    if (sk_stream == s) sk_stream = NULL;
+}
+
 void cu_sk_free(struct sk_prog *p) {
     if (!p) return;
     if (sk_loaded == p) sk_loaded = NULL;
@@ -963,11 +969,14 @@ static void sk_prof_print(struct cuda_ctx *c, const struct sk_prog *p, unsigned 
 
 void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p) {
     struct sk_env E;
-    /* the program into constant memory when another one ran last */
+    /* the program into constant memory when another one ran last; a launch
+     * of another backend (another stream) may still be reading the table */
     if (sk_loaded != p) {
+        if (sk_stream && sk_stream != c->stream) CUDA_CHECK(cudaStreamSynchronize(sk_stream));
         CUDA_CHECK(cudaMemcpyToSymbolAsync(sk_cst, p->h_st, sizeof(struct sk_stage) * (size_t)p->n_st, 0, cudaMemcpyHostToDevice, c->stream));
         sk_loaded = p;
     }
+    sk_stream = c->stream;
     E.n_st = p->n_st;
     E.tok = c->d_tokens, E.pos = c->d_pos, E.row_t = c->d_row_t, E.seq = c->d_seq, E.pages = c->d_pages;
     E.part = c->sk_part;
