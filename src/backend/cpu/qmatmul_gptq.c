@@ -442,16 +442,7 @@ static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
     const struct gjob *j = arg;
     const int stride = j->NT ? j->NT : 1;
     for (int64_t t = t0; t < t1; t++) {
-        struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
-        if (t >= j->n) {
-            for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
-#if defined(KILN_X86)
-        } else if (j->isa >= CPU_ISA_AVX2) {
-            qm_quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
-#endif
-        } else {
-            qm_quantize_act(j->x + (size_t)t * j->K, d, j->K);
-        }
+        const struct q8a *d = qm_quant_token(j->x, j->xa, t, j->n, j->K, j->NT, j->isa);
         /* SX_g of this token: [t][G] (rows), [tile][G][NT] (GEMM) */
         for (int gi = 0; gi < j->G; gi++) {
             float s = 0;

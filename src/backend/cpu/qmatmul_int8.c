@@ -243,22 +243,25 @@ struct ijob {
     size_t scr_bytes;
 };
 
+struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int K, int NT, int isa) {
+    const int nb = K / 32, stride = NT ? NT : 1;
+    struct q8a *d = NT ? xa + (size_t)(t / NT) * nb * NT + t % NT : xa + (size_t)t * nb;
+    if (t >= n) {
+        for (int b = 0; b < nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
+#if defined(KILN_X86)
+    } else if (isa >= CPU_ISA_AVX2) {
+        qm_quantize_act_avx2(x + (size_t)t * K, d, K, stride);
+#endif
+    } else {
+        for (int b = 0; b < nb; b++) qm_quantize_act(x + (size_t)t * K + 32 * b, &d[(size_t)b * stride], 32);
+    }
+    (void)isa;
+    return d;
+}
+
 static void i_quant(void *arg, int64_t t0, int64_t t1, int tid) {
     const struct ijob *j = arg;
-    for (int64_t t = t0; t < t1; t++) {
-        /* row-major, or the GEMM's tiles: token t's block b at [(t / NT) * nb + b] * NT + t % NT */
-        struct q8a *d = j->NT ? j->xa + (size_t)(t / j->NT) * j->nb * j->NT + t % j->NT : j->xa + (size_t)t * j->nb;
-        int stride = j->NT ? j->NT : 1;
-        if (t >= j->n) {
-            for (int b = 0; b < j->nb; b++) memset(&d[(size_t)b * stride], 0, sizeof *d);
-#if defined(KILN_X86)
-        } else if (j->isa >= CPU_ISA_AVX2) {
-            qm_quantize_act_avx2(j->x + (size_t)t * j->K, d, j->K, stride);
-#endif
-        } else if (stride == 1) {
-            qm_quantize_act(j->x + (size_t)t * j->K, d, j->K);
-        }
-    }
+    for (int64_t t = t0; t < t1; t++) qm_quant_token(j->x, j->xa, t, j->n, j->K, j->NT, j->isa);
     (void)tid;
 }
 

@@ -135,6 +135,12 @@ void qm_quantize_act(const float *x, struct q8a *b, int K);
 #if defined(KILN_X86)
 AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride);
 #endif
+/* token t of x [n][K] into its K / 32 blocks in xa: row-major, or (NT > 0)
+ * a GEMM's tiles of NT tokens, block b of token t at [(t / NT) nb + b] NT +
+ * t % NT (the blocks of a token then NT apart). A token t >= n (a tile's
+ * padding) gets zero blocks. Returns the token's first block. Shared by the
+ * GGUF and the GPTQ / AWQ int8 paths (qmatmul_int8.c, qmatmul_gptq.c). */
+struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int K, int NT, int isa);
 
 /* Q4_K / Q5_K: sub-block j's 6-bit scale d and min m from the superblock's
  * packed 12-byte table q */
