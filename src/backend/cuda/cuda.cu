@@ -247,14 +247,10 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
 /*
  * k_argmax: block i finds the first maximum of row i. Threads stride over
  * the row keeping their first maximum; warp shuffles then shared memory
- * merge (value, index) pairs, the larger value winning and the lower index
- * on ties, which is what the host's kiln_argmax returns on the same
- * (bf16-exact) values.
+ * merge (value, index) pairs with amax_merge (cuda.cuh), the larger value
+ * winning and the lower index on ties, which is what the host's
+ * kiln_argmax returns on the same (bf16-exact) values.
  */
-__device__ __forceinline__ void amax_merge(float &m, int &at, float m2, int at2) {
-    if (m2 > m || (m2 == m && at2 < at)) m = m2, at = at2;
-}
-
 __global__ void __launch_bounds__(256) k_argmax(int *ids, const bf16 *x, int width) {
     pdl_wait();
     const bf16 *r = x + (size_t)blockIdx.x * width;

@@ -360,6 +360,18 @@ extern long cu_sk_count;
 
 /* ==== small device helpers shared by the kernels ==== */
 
+/* sum of v over the warp (every lane gets it) */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* argmax merge of (value, index) pairs: the larger value wins, the lower
+ * index on ties (the host's kiln_argmax on the same bf16-exact values) */
+__device__ __forceinline__ void amax_merge(float &m, int &at, float m2, int at2) {
+    if (m2 > m || (m2 == m && at2 < at)) m = m2, at = at2;
+}
+
 /* sum of v over the block (all threads get it); blockDim.x a multiple of 32 */
 __device__ __forceinline__ float cu_block_sum(float v) {
     __shared__ float s[32];
@@ -373,16 +385,20 @@ __device__ __forceinline__ float cu_block_sum(float v) {
     return t;
 }
 
-/* 8 bf16 (16 bytes, aligned) to f32, and back with rounding to nearest */
-__device__ __forceinline__ void cu_load8(float *f, const bf16 *p) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
+/* two bf16 packed in a word to f32 */
+__device__ __forceinline__ float2 bf2(unsigned u) {
+    __nv_bfloat162 h;
+    memcpy(&h, &u, 4);
+    return __bfloat1622float2(h);
 }
+
+/* 8 bf16 (16 bytes) to f32: from a register, from memory (aligned); and
+ * back with rounding to nearest */
+__device__ __forceinline__ void cu_u4_f8(float *f, uint4 u) {
+    const float2 a = bf2(u.x), b = bf2(u.y), c = bf2(u.z), d = bf2(u.w);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+__device__ __forceinline__ void cu_load8(float *f, const bf16 *p) { cu_u4_f8(f, *(const uint4 *)p); }
 
 __device__ __forceinline__ void cu_store8(bf16 *p, const float *f) {
     uint4 u;

@@ -34,12 +34,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return v;
 }
 
-__device__ __forceinline__ float2 bf2(unsigned u) {
-    __nv_bfloat162 h;
-    memcpy(&h, &u, 4);
-    return __bfloat1622float2(h);
-}
-
 /* acc += dot of 8 bf16 weights with 8 bf16 activations */
 __device__ __forceinline__ float dot8(float acc, uint4 w, uint4 x) {
     float2 a = bf2(w.x), b = bf2(x.x);
@@ -51,11 +45,6 @@ __device__ __forceinline__ float dot8(float acc, uint4 w, uint4 x) {
     a = bf2(w.w), b = bf2(x.w);
     acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
     return acc;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 template <typename T> __device__ __forceinline__ T to_out(float v);

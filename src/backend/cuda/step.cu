@@ -146,22 +146,6 @@ long cu_sk_count; /* steps run by k_step (tests read it) */
 __device__ __forceinline__ float sk_bf(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 sk_ldcg(const bf16 *p) { return __ushort_as_bfloat16(__ldcg((const unsigned short *)p)); }
 
-__device__ __forceinline__ float2 sk_bf2(unsigned u) {
-    __nv_bfloat162 h;
-    memcpy(&h, &u, 4);
-    return __bfloat1622float2(h);
-}
-__device__ __forceinline__ void sk_f8(float *f, uint4 u) {
-    float2 a = sk_bf2(u.x), b = sk_bf2(u.y), c = sk_bf2(u.z), d = sk_bf2(u.w);
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
-}
-__device__ __forceinline__ float sk_dot8(float acc, uint4 w, uint4 x) {
-    float a[8], b[8];
-    sk_f8(a, w), sk_f8(b, x);
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc = fmaf(a[i], b[i], acc);
-    return acc;
-}
 /* acc += 8 bf16 weights . 8 f32 activations (a bf16 is the high half of an f32) */
 __device__ __forceinline__ float sk_dotf(float acc, uint4 w, const float *x) {
     const unsigned u[4] = {w.x, w.y, w.z, w.w};
@@ -171,10 +155,6 @@ __device__ __forceinline__ float sk_dotf(float acc, uint4 w, const float *x) {
         acc = fmaf(__uint_as_float(u[i] & 0xffff0000u), x[2 * i + 1], acc);
     }
     return acc;
-}
-__device__ __forceinline__ float sk_wsum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 __device__ __forceinline__ unsigned long long sk_now(void) {
     unsigned long long t;
@@ -187,7 +167,7 @@ __device__ __forceinline__ void hbar(int half) { bar_sync(2 + half, SK_CW * 16);
 
 /* sum over the consumer threads, in the order of norm.cu's cu_block_sum */
 __device__ __forceinline__ float sk_csum(float v, float *red) {
-    v = sk_wsum(v);
+    v = warp_sum(v);
     cbar();
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     cbar();
@@ -316,7 +296,8 @@ __device__ __forceinline__ void sk_emit(const struct sk_stage &S, int j, int lr,
     if (S.res) S.res[lr] = __float2bfloat16((rx == rx ? rx : sk_bf(sk_ldcg(S.res + lr))) + sk_bf(y));
     if (S.ids) {
         const float yv = sk_bf(y);
-        if (yv > bv || (yv == bv && lr < bi) || bi == 0x7fffffff) bv = yv, bi = lr;
+        if (bi == 0x7fffffff) bv = yv, bi = lr; /* the thread's first row, as k_argmax */
+        else amax_merge(bv, bi, yv, lr);
     }
 }
 
@@ -359,7 +340,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
             if (c >= n_in) break;
             if (S.embed && b == 0) *(uint4 *)(S.nres + c) = xv[i];
             float a[8];
-            sk_f8(a, xv[i]);
+            cu_u4_f8(a, xv[i]);
             for (int k = 0; k < 8; k++) ss += a[k] * a[k];
         }
         const float r = rsqrtf(sk_csum(ss, red) / n_in + S.eps);
@@ -368,7 +349,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
             const int c = tid * 8 + i * SK_NT * 8;
             if (c >= n_in) break;
             float a[8];
-            sk_f8(a, xv[i]);
+            cu_u4_f8(a, xv[i]);
             for (int k = 0; k < 8; k++) a[k] = S.nw[c + k] * (a[k] * r);
             cu_store8(xs + c, a);
             if (b == 0) *(uint4 *)(S.nout + c) = *(const uint4 *)(xs + c);
@@ -390,7 +371,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
         if (nrp == 1) { /* a row segment: units k0 .. k0 + len */
             for (int i = lane; i < len; i += 32) {
                 float xf[8];
-                sk_f8(xf, x4[cc.k0 + i]);
+                cu_u4_f8(xf, x4[cc.k0 + i]);
                 a = sk_dotf(a, wv[i], xf);
                 if (S.glu) a2 = sk_dotf(a2, wu[i], xf);
             }
@@ -398,7 +379,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
         __syncwarp();
         const bool row_done = nrp > 1 || cc.k0 + len == U;
         if (nrp == 1 && row_done) {
-            a = sk_wsum(a), a2 = S.glu ? sk_wsum(a2) : 0.f;
+            a = warp_sum(a), a2 = S.glu ? warp_sum(a2) : 0.f;
             const float rx = sk_res_of(S, resv, r0, whi0, jr);
             if (lane == 0) sk_emit(S, j, jr, a, a2, rx, bv, bi);
             a = a2 = 0.f;
@@ -409,7 +390,7 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
                 const int qn = min(4, nrp - q0);
                 for (int i = lane; i < U; i += 32) {
                     float xf[8];
-                    sk_f8(xf, x4[i]);
+                    cu_u4_f8(xf, x4[i]);
                     uint4 w4[4], u4[4];
 #pragma unroll
                     for (int q = 0; q < 4; q++) w4[q] = wv[(size_t)(q0 + min(q, qn - 1)) * U + i];
@@ -450,17 +431,12 @@ __device__ void sk_gemv(const struct sk_env &E, int s, unsigned char *smem, uint
     if (S.ids) { /* this block's candidate: the first maximum over its threads */
         __shared__ float cv[SK_CW];
         __shared__ int ci[SK_CW];
-        for (int o = 16; o; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int ix = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ix != 0x7fffffff && (v > bv || (v == bv && ix < bi) || bi == 0x7fffffff)) bv = v, bi = ix;
-        }
+        for (int o = 16; o; o >>= 1) amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
         cbar();
         if (lane == 0) cv[warp] = bv, ci[warp] = bi;
         cbar();
         if (tid == 0) {
-            for (int w = 1; w < SK_CW; w++)
-                if (ci[w] != 0x7fffffff && (cv[w] > bv || (cv[w] == bv && ci[w] < bi) || bi == 0x7fffffff)) bv = cv[w], bi = ci[w];
+            for (int w = 1; w < SK_CW; w++) amax_merge(bv, bi, cv[w], ci[w]);
             E.cand_v[b] = bv, E.cand_i[b] = bi;
         }
     }
@@ -480,7 +456,7 @@ __device__ void sk_rope_head(const struct sk_stage &S, const bf16 *src, const fl
         ss += a[j] * a[j] + b[j] * b[j];
     }
     float r = 1.f;
-    if (nw) r = rsqrtf(sk_wsum(ss) / hd + S.aeps);
+    if (nw) r = rsqrtf(warp_sum(ss) / hd + S.aeps);
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         const int i = lane + 32 * j;
@@ -670,16 +646,8 @@ __global__ void __launch_bounds__(SK_NT, 1) k_step(const struct sk_env E) {
             if (E.ids) {
                 float bv = -INFINITY;
                 int bi = 0x7fffffff;
-                for (int i = lane; i < G; i += 32) {
-                    const float v = __ldcg(E.cand_v + i);
-                    const int ix = __ldcg(E.cand_i + i);
-                    if (ix != 0x7fffffff && (v > bv || (v == bv && ix < bi) || bi == 0x7fffffff)) bv = v, bi = ix;
-                }
-                for (int o = 16; o; o >>= 1) {
-                    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-                    const int ix = __shfl_xor_sync(0xffffffffu, bi, o);
-                    if (ix != 0x7fffffff && (v > bv || (v == bv && ix < bi) || bi == 0x7fffffff)) bv = v, bi = ix;
-                }
+                for (int i = lane; i < G; i += 32) amax_merge(bv, bi, __ldcg(E.cand_v + i), __ldcg(E.cand_i + i));
+                for (int o = 16; o; o >>= 1) amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
                 if (lane == 0) E.ids[0] = bi;
             }
             if (lane == 0) E.bar[0] = 0, E.bar[1] = 0;
