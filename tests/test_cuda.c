@@ -229,36 +229,83 @@ static void test_norms(struct pair *p) {
     vec_free(p, &w);
 }
 
-static void test_rope(struct pair *p) {
-    const int n = 7, nh = 32, nkv = 8, hd = 128;
+/* one rope case: q/k norm (or not) + rope on n tokens at scattered
+ * positions, then the same again followed by the KV write the model does
+ * next (the CUDA backend fuses the two), comparing q, k and both caches */
+static void rope_case(struct pair *p, const char *what, int n, int nh, int nkv, int hd) {
     struct rope r = {.n_freq = hd / 2, .attn_factor = 1.f};
     r.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
     for (int i = 0; i < hd / 2; i++) r.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
     struct rope rc = r, rg = r;
-    char err[256];
+    char err[256], msg[160];
     p->cpu->prepare_rope(p->cpu, &rc, err, sizeof err);
     p->gpu->prepare_rope(p->gpu, &rg, err, sizeof err);
     struct vec2 qn = vec_make(p, 1, hd, 0.5f, 1.f), kn = vec_make(p, 1, hd, 0.5f, 1.f);
-    struct bat B = {0};
+    const int P = 16, np = (n + P - 1) / P, n_pages = 2 * np + 1;
+    int32_t *pages = kiln_malloc(sizeof(int32_t) * (size_t)np);
+    for (int i = 0; i < np; i++) pages[i] = 2 * (np - 1 - i) + 1; /* backwards, every other page */
+    static struct bat B;
+    memset(&B, 0, sizeof B);
     B.b.n_tokens = n, B.b.tokens = B.tok, B.b.pos = B.pos, B.b.n_seqs = 1, B.b.seqs = B.v;
-    B.v[0] = (struct kiln_seq_view){0, n, 0, NULL, 0};
+    B.v[0] = (struct kiln_seq_view){0, n, 0, pages, np};
     for (int i = 0; i < n; i++) B.pos[i] = i == 0 ? 0 : (int)((frand() + 1) * 16000);
+    struct kv_cache kc = {1, nkv, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL}, kg = kc;
+    kg.dtype = KILN_DTYPE_BF16;
+    void *kcv[2], *kgv[2];
+    kc.k = &kcv[0], kc.v = &kcv[1], kg.k = &kgv[0], kg.v = &kgv[1];
+    const size_t cache = (size_t)n_pages * P * nkv * hd, nq = (size_t)n * nh * hd, nk = (size_t)n * nkv * hd;
+    kcv[0] = alloc_both(p, &kgv[0], cache);
+    kcv[1] = alloc_both(p, &kgv[1], cache);
     begin_both(p, &B.b);
-    for (int norm = 0; norm < 2; norm++) {
-        float *q = rand_vec((size_t)n * nh * hd, 2.f), *k = rand_vec((size_t)n * nkv * hd, 2.f);
-        void *qc, *qg, *kc, *kg;
-        put(p, &qc, &qg, q, (size_t)n * nh * hd);
-        put(p, &kc, &kg, k, (size_t)n * nkv * hd);
-        p->cpu->qk_norm_rope(p->cpu, qc, kc, norm ? &qn.c : NULL, norm ? &kn.c : NULL, &rc, &B.b, nh, nkv, hd, 1e-6f);
-        p->gpu->qk_norm_rope(p->gpu, qg, kg, norm ? &qn.g : NULL, norm ? &kn.g : NULL, &rg, &B.b, nh, nkv, hd, 1e-6f);
-        check_rel(p, norm ? "qk_norm_rope: q (norm + rope)" : "qk_norm_rope: q (rope only)", qc, qg, (size_t)n * nh * hd, TOL_OP);
-        check_rel(p, norm ? "qk_norm_rope: k (norm + rope)" : "qk_norm_rope: k (rope only)", kc, kg, (size_t)n * nkv * hd, TOL_OP);
-        free_both(p, qc, qg), free_both(p, kc, kg), free(q), free(k);
+    for (int mode = 0; mode < 3; mode++) { /* rope only, norm + rope, norm + rope + KV write */
+        const int norm = mode > 0;
+        float *q = rand_vec(nq, 2.f), *k = rand_vec(nk, 2.f), *v = rand_vec(nk, 2.f);
+        void *qc, *qg, *kc_, *kg_, *vc, *vg;
+        put(p, &qc, &qg, q, nq);
+        put(p, &kc_, &kg_, k, nk);
+        put(p, &vc, &vg, v, nk);
+        p->cpu->qk_norm_rope(p->cpu, qc, kc_, norm ? &qn.c : NULL, norm ? &kn.c : NULL, &rc, &B.b, nh, nkv, hd, 1e-6f);
+        p->gpu->qk_norm_rope(p->gpu, qg, kg_, norm ? &qn.g : NULL, norm ? &kn.g : NULL, &rg, &B.b, nh, nkv, hd, 1e-6f);
+        if (mode == 2) {
+            p->cpu->kv_write(p->cpu, &kc, 0, kc_, vc, &B.b);
+            p->gpu->kv_write(p->gpu, &kg, 0, kg_, vg, &B.b);
+        }
+        const char *m = mode == 0 ? "rope only" : mode == 1 ? "norm + rope" : "norm + rope + KV write";
+        snprintf(msg, sizeof msg, "%s: q (%s)", what, m);
+        check_rel(p, msg, qc, qg, nq, TOL_OP);
+        snprintf(msg, sizeof msg, "%s: k (%s)", what, m);
+        check_rel(p, msg, kc_, kg_, nk, TOL_OP);
+        if (mode == 2) {
+            snprintf(msg, sizeof msg, "%s: k cache", what);
+            check_rel(p, msg, kcv[0], kgv[0], cache, TOL_OP);
+            snprintf(msg, sizeof msg, "%s: v cache (exact copy)", what);
+            double mx;
+            compare(p, kcv[1], kgv[1], cache, &mx);
+            CHECK(mx == 0, "%s: max |delta| %g", msg, mx);
+        }
+        free_both(p, qc, qg), free_both(p, kc_, kg_), free_both(p, vc, vg), free(q), free(k), free(v);
     }
+    free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
     p->cpu->release_rope(p->cpu, &rc);
     p->gpu->release_rope(p->gpu, &rg);
-    free(r.inv_freq);
+    free(r.inv_freq), free(pages);
     vec_free(p, &qn), vec_free(p, &kn);
+}
+
+/* the 16-byte kernel at head_dim 64 / 128 / 256 (decode and prefill sizes,
+ * one and two blocks per token), the per-element kernel at other head
+ * sizes and when KILN_CUDA_ROPE_V=0 */
+static void test_rope(struct pair *p) {
+    rope_case(p, "rope 7 tokens, 32/8 heads of 128", 7, 32, 8, 128);
+    rope_case(p, "rope 300 tokens, 64/8 heads of 128", 300, 64, 8, 128);
+    rope_case(p, "rope 5 tokens, 14/2 heads of 64", 5, 14, 2, 64);
+    rope_case(p, "rope 40 tokens, 16/4 heads of 256", 40, 16, 4, 256);
+    rope_case(p, "rope 100 tokens, 14/2 heads of 64", 100, 14, 2, 64);
+    rope_case(p, "rope 70 tokens, 16/4 heads of 256", 70, 16, 4, 256);
+    rope_case(p, "rope 6 tokens, 8/2 heads of 96 (per-element kernel)", 6, 8, 2, 96);
+    setenv("KILN_CUDA_ROPE_V", "0", 1);
+    rope_case(p, "rope 300 tokens, 32/8 heads of 128 (per-element kernel)", 300, 32, 8, 128);
+    unsetenv("KILN_CUDA_ROPE_V");
 }
 
 /* attention over a paged cache: fills n_past tokens per sequence, then runs

@@ -12,6 +12,8 @@
  * Angles use the accurate sincosf: positions reach tens of thousands of
  * radians.
  */
+#include <string.h>
+
 #include "backend/cuda/cuda.cuh"
 
 #define ROPE_MAX_PAIRS 8 /* per lane: head_dim / 2 / 32 */
@@ -73,10 +75,106 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
     }
 }
 
+/*
+ * k_qk_norm_rope_v: the same op for head_dim = 8 * G (64, 128, 256), with
+ * 16-byte accesses. Decomposition: a block of 256 threads per (token, run of
+ * 256 * ROPE_V_R head slots; ROPE_V_R is 4 for prefill, 1 for a few tokens,
+ * where more blocks finish sooner); a head is G consecutive lanes of one warp,
+ * lane li holding elements [8 li, 8 li + 8), so element i of the first half
+ * and its rotation partner i + hd/2 sit in lanes li and li ^ G/2. Each
+ * thread loads its ROPE_V_R slots before computing any (the loads are the
+ * cost: one round trip per block instead of one per 2-byte element), and
+ * every lane of a warp runs the same shuffles whatever its head is (q, k,
+ * v or past the end); the head's kind only decides what is stored. Same
+ * arithmetic as k_qk_norm_rope per element: x * r times the weight, then
+ * the rotation, rounded to bf16 once; only the sum of squares is added in
+ * another order.
+ */
+template <int G, int ROPE_V_R>
+__global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const float *__restrict__ qw, const float *__restrict__ kw,
+                                                        const float *__restrict__ inv_freq, float af, const int *__restrict__ pos,
+                                                        int n_head, int n_head_kv, float eps, bf16 *kc, bf16 *vc,
+                                                        const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
+                                                        const int *__restrict__ row_t, const int *__restrict__ seq,
+                                                        const int *__restrict__ pages, int P) {
+    constexpr int HD = 8 * G, HALF = HD / 2;
+    pdl_wait();
+    __shared__ float cs[2][HALF];
+    const int t = blockIdx.x, li = threadIdx.x % G, nh = n_head + n_head_kv + (kc ? n_head_kv : 0);
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+        float sn, cn;
+        sincosf(p * inv_freq[i], &sn, &cn);
+        cs[0][i] = cn * af, cs[1][i] = sn * af;
+    }
+    size_t crow = 0; /* token t's slot in its page, kv head 0 */
+    if (kc) {
+        const int s = row_seq[t], tt = row_t[t];
+        crow = ((size_t)pages[seq[4 * s + 3] + tt / P] * n_head_kv * P + tt % P) * HD;
+    }
+    uint4 w[ROPE_V_R];
+    bf16 *src[ROPE_V_R];
+#pragma unroll
+    for (int r = 0; r < ROPE_V_R; r++) {
+        const int h = (blockIdx.y * ROPE_V_R + r) * (256 / G) + threadIdx.x / G;
+        src[r] = h < n_head               ? q + ((size_t)t * n_head + h) * HD
+                 : h < n_head + n_head_kv ? k + ((size_t)t * n_head_kv + (h - n_head)) * HD
+                 : h < nh                 ? (bf16 *)vsrc + ((size_t)t * n_head_kv + (h - n_head - n_head_kv)) * HD
+                                          : NULL;
+        w[r] = src[r] ? ((const uint4 *)src[r])[li] : make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROPE_V_R; r++) {
+        const int h = (blockIdx.y * ROPE_V_R + r) * (256 / G) + threadIdx.x / G;
+        const float *nw = h < n_head ? qw : h < n_head + n_head_kv ? kw : NULL;
+        const bf16 *wv = (const bf16 *)&w[r];
+        float x[8], ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = __bfloat162float(wv[e]), ss += x[e] * x[e];
+#pragma unroll
+        for (int o = G / 2; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (nw) {
+            const float rr = rsqrtf(ss / HD + eps);
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] = nw[8 * li + e] * (x[e] * rr);
+        }
+        const bool first = li < G / 2;
+        uint4 out;
+        bf16 *ov = (bf16 *)&out;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float y = __shfl_xor_sync(0xffffffffu, x[e], G / 2);
+            const int i = 8 * (li % (G / 2)) + e;
+            const float c = cs[0][i], s = cs[1][i];
+            ov[e] = __float2bfloat16(first ? x[e] * c - y * s : x[e] * c + y * s);
+        }
+        if (!src[r]) continue;
+        if (h < n_head + n_head_kv) ((uint4 *)src[r])[li] = out;
+        if (!kc || h < n_head) continue;
+        const int hk = (h - n_head) % n_head_kv;
+        bf16 *dst = (h < n_head + n_head_kv ? kc : vc) + crow + (size_t)hk * P * HD;
+        ((uint4 *)dst)[li] = h < n_head + n_head_kv ? out : w[r];
+    }
+}
+
 /* launches the pending rope (cuda.cuh prope), with the KV write fused in when kc */
 void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P) {
     c->prope.on = 0;
-    const int nh = c->prope.n_head + c->prope.n_head_kv + (kc ? c->prope.n_head_kv : 0);
+    const int nh = c->prope.n_head + c->prope.n_head_kv + (kc ? c->prope.n_head_kv : 0), hd = c->prope.hd;
+    const char *e = getenv("KILN_CUDA_ROPE_V"); /* =0: the per-element kernel */
+    if ((hd == 64 || hd == 128 || hd == 256) && !(e && !strcmp(e, "0"))) {
+        const int G = hd / 8, R = c->prope.n_tok > 64 ? 4 : 1, per_block = 256 / G * R;
+        const dim3 grid((unsigned)c->prope.n_tok, (unsigned)((nh + per_block - 1) / per_block));
+        auto k = hd == 64    ? (R == 4 ? k_qk_norm_rope_v<8, 4> : k_qk_norm_rope_v<8, 1>)
+                 : hd == 128 ? (R == 4 ? k_qk_norm_rope_v<16, 4> : k_qk_norm_rope_v<16, 1>)
+                             : (R == 4 ? k_qk_norm_rope_v<32, 4> : k_qk_norm_rope_v<32, 1>);
+        cu_launch(c->stream, k, grid, 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->prope.af,
+                  c->d_pos, c->prope.n_head, c->prope.n_head_kv, c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq,
+                  c->d_pages, P);
+        CU_LAUNCHED();
+        return;
+    }
     cu_launch(c->stream, k_qk_norm_rope, dim3((unsigned)c->prope.n_tok, (unsigned)((nh + 7) / 8)), 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw,
               c->prope.inv_freq, c->prope.af, c->d_pos, c->prope.n_tok, c->prope.n_head, c->prope.n_head_kv, c->prope.hd,
               c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, P);
@@ -100,5 +198,5 @@ void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct kte
     c->prope.n_tok = b->n_tokens, c->prope.n_head = n_head, c->prope.n_head_kv = n_head_kv, c->prope.hd = head_dim;
     c->prope.eps = eps;
     c->prope.on = 1;
-    if (c->no_fuse || b->n_tokens > 8) cu_rope_launch(c, NULL, NULL, NULL, 0);
+    if (c->no_fuse) cu_rope_launch(c, NULL, NULL, NULL, 0);
 }
