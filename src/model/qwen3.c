@@ -91,8 +91,11 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         /* feed-forward */
         if (L->is_moe) {
             be->moe(be, m->hb2, m->xb, &L->moe, n, dim);
-            be->add(be, m->x, m->hb2, (size_t)n * dim);
-            if (l + 1 < c->n_layer) be->rmsnorm(be, m->xb, m->x, &m->layers[l + 1].attn_norm, n, dim, eps);
+            /* x = x + moe(xb); xb = next layer's input_layernorm(x) */
+            if (l + 1 < c->n_layer)
+                be->add_rmsnorm(be, m->x, m->xb, m->hb2, &m->layers[l + 1].attn_norm, n, dim, eps);
+            else
+                be->add(be, m->x, m->hb2, (size_t)n * dim);
             continue;
         }
         {
