@@ -271,10 +271,10 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 #if defined(KILN_X86)
     if (j->n == 1 && j->dec2) {
         const size_t rb = j->rb;
-        if (j->w->w.dtype == KILN_DTYPE_Q4_0)
-            for (int64_t r = r0; r < r1; r++) j->out[r] = qm_dot1a_q4_0(W + (size_t)r * rb, j->act2, j->xd, j->cs, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
-        else
-            for (int64_t r = r0; r < r1; r++) j->out[r] = qm_dot1a_q8_0(W + (size_t)r * rb, j->xd, j->xa, j->nblk) + (j->bias ? j->bias[r] : 0.0f);
+        if (j->w->w.dtype == KILN_DTYPE_Q4_0) qm_rowsa_q4_0(W + (size_t)r0 * rb, rb, r1 - r0, j->act2, j->xd, j->cs, j->xa, j->nblk, j->out + r0);
+        else qm_rowsa_q8_0(W + (size_t)r0 * rb, rb, r1 - r0, j->xd, j->xa, j->nblk, j->out + r0);
+        if (j->bias)
+            for (int64_t r = r0; r < r1; r++) j->out[r] += j->bias[r];
         return;
     }
     if (j->n == 1 && j->dot1v) {
