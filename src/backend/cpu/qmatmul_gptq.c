@@ -63,7 +63,7 @@ struct gjob {
 #if defined(KILN_X86)
     __m512i *act4;    /* VNNI decode: per 4 blocks {lo, hi} codes */
     __m512 *dx4;      /* ... and dx per lane (0 past the last block) */
-    __m256i *act2;    /* AVX2 decode: per block pair {lo, hi} codes (gdot1_avx2) */
+    __m256i *act2;    /* AVX2 decode: per block pair {lo, hi} codes (grows_avx2) */
     float *dx2;       /* ... and [dx_b x 4 | dx_b+1 x 4] per pair */
 #endif
     const float *x;
@@ -234,8 +234,8 @@ VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, con
  * convert, FMA with [dx_b x 4 | dx_b+1 x 4] (dx2) into the group's sum,
  * which is scaled by s_g as a vector (no horizontal sum per group). The b_g
  * SX_g terms: one f32 dot of the row's [s, b] pairs with [0, SX] pairs. */
-AVX2 static float gdot1_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
-                             int np) {
+AVX2 static inline __attribute__((always_inline)) __m256 grow_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2,
+                                                                   const float *sxp, int G, int ppg, int np) {
     const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int gi = 0; gi < G; gi++) {
@@ -251,11 +251,34 @@ AVX2 static float gdot1_avx2(const uint8_t *q, const float *sb, const __m256i *a
         if (gi & 1) acc1 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc1);
         else acc0 = _mm256_fmadd_ps(T, _mm256_broadcast_ss(sb + 2 * gi), acc0);
     }
-    int k = 0;
-    for (; k + 8 <= 2 * G; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp + k), acc0);
-    float r = kiln_hsum8(_mm256_add_ps(acc0, acc1));
-    for (; k < 2 * G; k++) r += sb[k] * sxp[k];
-    return r;
+    for (int k = 0; k + 8 <= 2 * G; k += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp + k), acc0);
+    return _mm256_add_ps(acc0, acc1);
+}
+
+/* Rows r0 .. r1-1 in order, reduced four at a time (kiln_hsum8x4, one
+ * order per row wherever it falls), then the [s, b] . [0, SX] terms past the
+ * last multiple of 8 one by one: a call per row spent a fifth of a 1024-wide
+ * row's time on its prologue and horizontal sum (qmatmul_int8_x86.c, the
+ * AVX2 Q4_0 decode, measured the same). */
+AVX2 static void grows_avx2(const struct qgrp *g, int64_t r0, int64_t r1, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
+                            int np, float *out) {
+#define GROW(r) grow_avx2(g->q + (size_t)(r) * g->row_bytes, g->sb + (size_t)(r) * G * 2, act2, dx2, sxp, G, ppg, np)
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const __m256 v0 = GROW(r), v1 = GROW(r + 1), v2 = GROW(r + 2), v3 = GROW(r + 3);
+        _mm_storeu_ps(out + r, kiln_hsum8x4(v0, v1, v2, v3));
+    }
+    for (; r < r1; r++) {
+        const __m256 v = GROW(r);
+        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));
+    }
+#undef GROW
+    const int k0 = 2 * G / 8 * 8;
+    if (k0 < 2 * G)
+        for (r = r0; r < r1; r++) {
+            const float *sb = g->sb + (size_t)r * G * 2;
+            for (int k = k0; k < 2 * G; k++) out[r] += sb[k] * sxp[k];
+        }
 }
 #endif /* KILN_X86 */
 
@@ -264,10 +287,9 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct qgrp *g = j->g;
 #if defined(KILN_X86)
     if (j->n == 1 && j->dec2) {
-        for (int64_t r = r0; r < r1; r++)
-            j->out[r] = gdot1_avx2(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act2, j->dx2, j->sx, j->G, j->gs / 64,
-                                   j->nb / 2) +
-                        (j->bias ? j->bias[r] : 0.0f);
+        grows_avx2(g, r0, r1, j->act2, j->dx2, j->sx, j->G, j->gs / 64, j->nb / 2, j->out);
+        if (j->bias)
+            for (int64_t r = r0; r < r1; r++) j->out[r] += j->bias[r];
         return;
     }
     if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {

@@ -526,17 +526,9 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
 }
 #undef BS
 #undef PF8
-/* The 8-lane sums of four rows reduced together: lane r of the result is
- * row r's ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), the same order
- * whichever of the four places a row takes, so hsum4(v, v, v, v) gives a
- * lone row the sum it gets in a group. */
-AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
 /* Rows 0 .. n-1 (rb bytes apart) in order, one at a time (a sequential
  * stream: interleaving 2 or 4 rows' steps defeated the hardware prefetcher,
- * 24 -> 10 GB/s on one core), reduced four rows at a time. Looping here
+ * 24 -> 10 GB/s on one core), reduced four rows at a time (kiln_hsum8x4). Looping here
  * instead of a call per row hoists the constants and the reduction: with
  * K = 1024 (4 steps of 8 blocks per row) a call per row ran at 39.5 GMAC/s
  * on one core in L2, against 48 for K = 4096. */
@@ -544,14 +536,12 @@ AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     int64_t r = 0;                                                                                          \
     for (; r + 4 <= n; r += 4) {                                                                            \
         const __m256 v0 = ROW(W + (size_t)r * rb), v1 = ROW(W + (size_t)(r + 1) * rb);                      \
-        const __m256 h01 = _mm256_hadd_ps(v0, v1);                                                          \
         const __m256 v2 = ROW(W + (size_t)(r + 2) * rb), v3 = ROW(W + (size_t)(r + 3) * rb);                \
-        const __m256 h = _mm256_hadd_ps(h01, _mm256_hadd_ps(v2, v3));                                       \
-        _mm_storeu_ps(out + r, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));         \
+        _mm_storeu_ps(out + r, kiln_hsum8x4(v0, v1, v2, v3));                                               \
     }                                                                                                       \
     for (; r < n; r++) {                                                                                    \
         const __m256 v = ROW(W + (size_t)r * rb);                                                           \
-        out[r] = _mm_cvtss_f32(hsum4(v, v, v, v));                                                          \
+        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));                                                   \
     }
 #define ROW_Q8(p) rowa_q8_0(p, xd, a, nb)
 #define ROW_Q4(p) rowa_q4_0(p, (const __m256i *)act2, xd, cs, a, nb)

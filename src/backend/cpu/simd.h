@@ -86,6 +86,16 @@ KILN_AVX2 static inline float kiln_hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* The 8-lane sums of four vectors at once: lane i of the result is vector
+ * i's ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), the same order in
+ * whichever place a vector goes, so kiln_hsum8x4(v, v, v, v) gives a lone
+ * row the sum it gets in a group of four (decode kernels that reduce rows
+ * four at a time stay independent of how rows are split across threads). */
+KILN_AVX2 static inline __m128 kiln_hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* the 8 x 8 block of floats in r transposed in registers (r[i][j] <- r[j][i]) */
 KILN_AVX2 static inline void kiln_transpose8(__m256 r[8]) {
     __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
