@@ -400,12 +400,14 @@ VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb) { DO
 #undef BS
 
 /* The f16 scales of 8 consecutive blocks of BS bytes (a block's first two
- * bytes), as 8 f16 lanes: two chains of 16-bit inserts straight from
- * memory. Built byte by byte (the earlier `w[o] | w[o + 1] << 8`), GCC
- * emitted 16 byte loads, 8 shifts and 8 ors per 8 blocks, about as many
- * instructions as the dot products of those blocks (0.6B Q4_0 tg128 on
- * AVX2: 82.6 / 85.3 -> 90.8 / 91.5 tok/s); an AVX2 gather of the 8 words
- * measured slower still (73.8 / 76.4). */
+ * bytes), as 8 f16 lanes: two 64-bit words built from 16-bit loads on the
+ * integer ALUs (which the dot-product loops leave idle), moved into one xmm.
+ * Built byte by byte (the earlier `w[o] | w[o + 1] << 8`), GCC emitted 16
+ * byte loads, 8 shifts and 8 ors per 8 blocks, about as many instructions
+ * as the dot products of those blocks (0.6B Q4_0 tg128 on AVX2: 82.6 / 85.3
+ * -> 90.8 / 91.5 tok/s with 16-bit inserts from memory; the 64-bit words
+ * take fewer vector-load slots: Q4_0 decode on one core in L2 37.7 -> 39.5
+ * GMAC/s). An AVX2 gather of the 8 words measured slower (73.8 / 76.4). */
 AVX2 static inline int ld16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
