@@ -91,6 +91,12 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
     /* the rope just before, on this k: one kernel ropes q and k and writes the cache */
     if (c->prope.on && c->prope.k == k && c->prope.n_tok == n && c->prope.n_head_kv == nkv && c->prope.hd == hd && hd % 8 == 0 &&
         !((uintptr_t)v & 15)) {
+        /* a decode step: hold both for the attention that follows */
+        if (!c->no_fuse_att && !c->tape_on && c->max_seq_n == 1 && !c->use_flash && (hd == 64 || hd == 128 || hd == 256)) {
+            c->pkv.on = 1, c->pkv.P = kv->page_size, c->pkv.kc = (bf16 *)kv->k[layer], c->pkv.vc = (bf16 *)kv->v[layer];
+            c->pkv.v = (const bf16 *)v;
+            return;
+        }
         cu_rope_launch(c, (bf16 *)kv->k[layer], (bf16 *)kv->v[layer], (const bf16 *)v, kv->page_size);
         return;
     }
@@ -119,12 +125,55 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
  * softmax (m, l, o); the 4 warps merge in shared memory, and the block writes
  * [m, l, o[HD]] to part (or the normalised output when n_split == 1).
  */
-template <int HD>
+/* what k_att_rows<HD, true> needs to do the q/k norm + RoPE and the KV write
+ * itself (decode: one new token per sequence, the last key of its row) */
+struct att_rope {
+    const bf16 *k, *v; /* this step's k and v projections, [row][nkv][HD], k not yet roped */
+    const float *qw, *kw, *inv_freq; /* q_norm / k_norm weights (NULL: no norm), RoPE frequencies */
+    const int *pos;
+    float af, eps;
+};
+
+/* One head in a warp, lane l holding elements [l E, l E + E) (E = HD / 32,
+ * HD >= 64, so element i < HD/2 and its rotation partner i + HD/2 sit in
+ * lanes l and l ^ 16): the per-head RMSNorm (weights nw, or none) and the
+ * rotation, rounded to bf16, with k_qk_norm_rope_v's arithmetic per element
+ * (only the sum of squares is added in another order). */
+template <int E, int HD>
+__device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict__ nw, float eps, const float *cn, const float *sn,
+                                              int lane) {
+    if (nw) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; e++) ss += x[e] * x[e];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float rr = rsqrtf(ss / HD + eps);
+#pragma unroll
+        for (int e = 0; e < E; e++) x[e] = nw[lane * E + e] * (x[e] * rr);
+    }
+    const bool first = lane < 16;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const float y = __shfl_xor_sync(0xffffffffu, x[e], 16);
+        x[e] = __bfloat162float(__float2bfloat16(first ? x[e] * cn[e] - y * sn[e] : x[e] * cn[e] + y * sn[e]));
+    }
+}
+
+/* ROPE (decode only, HD >= 64): q and the new key arrive unroped, straight
+ * from the projections. Every warp ropes its block's q head; the blocks
+ * whose key range holds the new token (the row's last, len - 1) rope its k
+ * head in registers and use it and v from the projections for that token,
+ * and of those the one of the KV group's first q head writes both into the
+ * cache (no block of this launch reads that slot from the cache; one new
+ * token per sequence, so no other row needs it). This replaces the
+ * k_qk_norm_rope_v launch of the layer. */
+template <int HD, bool ROPE>
 __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
                                                   const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
                                                   const int *__restrict__ row_seq, const int *__restrict__ row_t,
                                                   const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
-                                                  int P, float sl2, int n_split, int *__restrict__ done) {
+                                                  int P, float sl2, int n_split, int *__restrict__ done, att_rope R) {
     pdl_wait();
     constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL;
     const int rh = blockIdx.x, row = rh / n_head, h = rh % n_head, kh = h / (n_head / nkv), sp = blockIdx.y;
@@ -132,10 +181,37 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     const int s = row_seq[row], len = row_t[row] + 1, poff = seq[4 * s + 3];
     const int chunk = (len + n_split - 1) / n_split, beg = sp * chunk, end = min(len, beg + chunk);
     const bool act = lane < LANES;
-    float qv[EPL], o[EPL];
+    float qv[EPL], o[EPL], kn[EPL], vn[EPL];
     const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
 #pragma unroll
-    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) * sl2 : 0.f, o[e] = 0.f;
+    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
+    const int tn = len - 1; /* the new token (ROPE) */
+    const bool has_new = ROPE && beg <= tn && tn < end;
+    if constexpr (ROPE) {
+        static_assert(HD >= 64, "fused RoPE: a head spans the warp");
+        float cn[EPL], sn[EPL];
+        const float p = (float)R.pos[row];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            sincosf(p * R.inv_freq[(lane * EPL + e) % (HD / 2)], &sn[e], &cn[e]);
+            cn[e] *= R.af, sn[e] *= R.af;
+        }
+        att_norm_rope<EPL, HD>(qv, R.qw, R.eps, cn, sn, lane);
+        if (has_new) {
+            const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kn[e] = __bfloat162float(R.k[src + e]), vn[e] = __bfloat162float(R.v[src + e]);
+            att_norm_rope<EPL, HD>(kn, R.kw, R.eps, cn, sn, lane);
+            if (h % (n_head / nkv) == 0 && warp == 0) {
+                const size_t dst = (((size_t)pages[poff + tn / P] * nkv + kh) * P + tn % P) * HD + lane * EPL;
+#pragma unroll
+                for (int e = 0; e < EPL; e++)
+                    ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = R.v[src + e];
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; e++) qv[e] *= sl2;
     float m = -INFINITY, l = 0.f;
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
@@ -146,7 +222,10 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
             const int t = t0 + u;
 #pragma unroll
             for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
-            if (t < end && act) {
+            if (has_new && t == tn) {
+#pragma unroll
+                for (int e = 0; e < EPL; e++) kx[u][e] = kn[e], vx[u][e] = vn[e];
+            } else if (t < end && act) {
                 const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
 #pragma unroll
                 for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
@@ -520,9 +599,9 @@ static void launch_flash_hg(struct cuda_ctx *c, bf16 *out, const bf16 *q, const 
     else launch_flash<D, 1>(c, out, q, kv, layer, n_head, sl2);
 }
 
-template <int HD>
+template <int HD, bool ROPE = false>
 static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
-                        float sl2) {
+                        float sl2, att_rope R = att_rope{}) {
     const int rows = c->n_tokens * n_head;
     /* about ATT_SPLIT_TOKENS keys per split, from the longest sequence; begin()
      * computed it and a graph is recorded per value, so replays stay valid */
@@ -536,14 +615,33 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
         CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
     }
     dim3 grid((unsigned)rows, (unsigned)n_split);
-    cu_launch(c->stream, k_att_rows<HD>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
-                                                c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv,
-                                                kv->page_size, sl2, n_split, c->att_cnt);
+    cu_launch(c->stream, k_att_rows<HD, ROPE>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
+              c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);
     CU_LAUNCHED();
+}
+
+/* the held rope + KV write (cu_kv_write) done inside the row kernel, when
+ * this attention reads that q and that layer's cache and takes the rows
+ * kernel; 0 if not (the caller flushes them as they are) */
+static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
+                           float sl2) {
+    if (!c->pkv.on || !c->prope.on || c->n_pend || c->padd.on || c->pnorm.on || q != c->prope.q || c->prope.n_head != n_head || c->prope.n_tok != c->n_tokens ||
+        c->pkv.kc != (bf16 *)kv->k[layer] || c->use_flash || cu_attention_gqa_takes(c, kv, n_head))
+        return 0;
+    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps};
+    c->pkv.on = 0, c->prope.on = 0;
+    switch (kv->head_dim) {
+    case 64: launch_rows<64, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
+    case 128: launch_rows<128, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
+    case 256: launch_rows<256, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
+    default: c->pkv.on = 1, c->prope.on = 1; return 0;
+    }
 }
 
 void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const struct kv_cache *kv, int layer,
                   const struct kiln_batch *b, int n_head, float scale) {
+    if (cu_ctx(be)->mode == CU_REPLAY) return;
+    if (attention_fused(cu_ctx(be), (bf16 *)out_, (const bf16 *)q_, kv, layer, n_head, scale * 1.4426950408889634f)) return;
     CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
     CU_TAPE(c, SKT_ATT, out_, q_, NULL, kv, NULL, NULL, b->n_tokens, 0, layer, n_head, scale);

@@ -188,14 +188,20 @@ static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv
 
 /* 1 if it ran the batch's attention (decode rows / short chunks), 0 if the
  * shape is not one it handles */
-int cu_attention_gqa(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
+/* whether cu_attention_gqa takes this attention */
+int cu_attention_gqa_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head) {
     static int off = -1;
     if (off < 0) {
         const char *e = getenv("KILN_CUDA_GQA");
         off = e && !strcmp(e, "0");
     }
     const int G = n_head / kv->n_head_kv, hd = kv->head_dim;
-    if (off || n_head % kv->n_head_kv || (hd != 64 && hd != 128) || c->att_split < 64) return 0;
+    return !(off || n_head % kv->n_head_kv || (hd != 64 && hd != 128) || c->att_split < 64) && (G == 2 || G == 4 || G == 8);
+}
+
+int cu_attention_gqa(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
+    if (!cu_attention_gqa_takes(c, kv, n_head)) return 0;
+    const int G = n_head / kv->n_head_kv, hd = kv->head_dim;
     const int n_split = c->att_split; /* 64: the most the merge handles */
 #define GQA_CASE(H, GG)                                                   \
     if (hd == H && G == GG) {                                             \

@@ -28,7 +28,9 @@
  * KILN_CUDA_PDL=0, KILN_CUDA_NO_FLASH=1 (prefill attention on the row kernel),
  * KILN_CUDA_FA_SPLIT=0 (no split-KV in the prefill attention; =N cuts the
  * longest tile's keys into N chunks),
- * KILN_CUDA_FUSE=0 (no rope+KV write fusion), KILN_CUDA_FUSE_NORM=1 (fold
+ * KILN_CUDA_FUSE=0 (no rope+KV write fusion), KILN_CUDA_FUSE_ATT=0 (a decode
+ * layer's rope + KV write as their own launch instead of inside the row
+ * attention kernel), KILN_CUDA_FUSE_NORM=1 (fold
  * RMSNorm and the residual add into the next decode GEMV), KILN_CUDA_PF=0 (no
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
  * (logits widened on the device and copied pageable, the old path),
@@ -733,6 +735,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_defer = df && !strcmp(df, "0");
     const char *fu = getenv("KILN_CUDA_FUSE");
     c->no_fuse = fu && !strcmp(fu, "0");
+    const char *fa = getenv("KILN_CUDA_FUSE_ATT"); /* =0: decode rope + KV write as their own launch */
+    c->no_fuse_att = fa && !strcmp(fa, "0");
     /* folding the norm into the next GEMV is off unless asked for: measured
      * on the H200 it cost 0.6B decode ~5% and gained nothing on 8B (each
      * block's norm prologue sits on the GEMV's critical path) */

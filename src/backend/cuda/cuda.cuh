@@ -209,6 +209,15 @@ struct cuda_ctx {
         const float *qw, *kw, *inv_freq;
         float af, eps;
     } prope;
+    /* the rope + KV write of a decode layer, held until the attention right
+     * after (attention.cu: k_att_rows<HD, true> does all three);
+     * KILN_CUDA_FUSE_ATT=0 turns it off */
+    struct {
+        int on, P;
+        bf16 *kc, *vc;
+        const bf16 *v;
+    } pkv;
+    int no_fuse_att;
     int *norm_cnt; /* the folded norm's block counter, kept zero between launches */
     float *gs_slot; /* k_gemv_s: a row piece per (warp, cut row), and per cut row a counter kept zero */
     int *gs_cnt;
@@ -267,6 +276,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_
 /* decode attention with a KV group's query heads in one block (attn_gqa.cu);
  * 0 when the shape is not one it handles */
 int cu_attention_gqa(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2);
+int cu_attention_gqa_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head);
 void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);
 void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn);
 void cu_add(struct kiln_backend *be, void *x, const void *y, size_t n);

@@ -555,6 +555,10 @@ void cu_flush_mm(struct cuda_ctx *c) {
  * invisible: at most one kind is pending at a time (each is held back only
  * right after a flush), except a norm with the matmuls that read it. */
 void cu_flush(struct cuda_ctx *c) {
+    if (c->pkv.on) { /* the held rope + KV write (attention.cu) */
+        c->pkv.on = 0;
+        cu_rope_launch(c, c->pkv.kc, c->pkv.vc, c->pkv.v, c->pkv.P); /* clears prope.on */
+    }
     if (c->prope.on) cu_rope_launch(c, NULL, NULL, NULL, 0); /* clears prope.on */
     if (c->padd.on) {
         c->padd.on = 0;
