@@ -233,7 +233,7 @@ struct ijob {
     __m256i *corr; /* per block: lane 0 = -8 or -128 x the activation sum */
     float *xd;     /* per block: the activation scale */
     __m512i *act2, *corr2; /* Q4_0 decode, AVX-512: block pairs (qm_dot1z_q4_0) */
-    __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_dot1q_q4_0) */
+    __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_rowsq_q4_0) */
     int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
 #endif
@@ -282,12 +282,11 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         const int nblk = j->nblk;
         const float *bias = j->bias;
         float *out = j->out;
-        if (j->act4) {
-            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1q_q4_0(W + (size_t)r * rb, j->corr4, j->act4, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
-            return;
-        }
-        if (j->act2 && j->w->w.dtype == KILN_DTYPE_Q8_0) {
-            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1w_q8_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+        if (j->act4 || (j->act2 && j->w->w.dtype == KILN_DTYPE_Q8_0)) {
+            if (j->act4) qm_rowsq_q4_0(W + (size_t)r0 * rb, rb, r1 - r0, j->corr4, j->act4, j->xd, j->xa, nblk, out + r0);
+            else qm_rowsw_q8_0(W + (size_t)r0 * rb, rb, r1 - r0, j->corr2, j->act2, j->xd, j->xa, nblk, out + r0);
+            if (bias)
+                for (int64_t r = r0; r < r1; r++) out[r] += bias[r];
             return;
         }
         if (j->act2) {

@@ -545,6 +545,16 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
         const __m256 v = ROW(W + (size_t)r * rb);                                                           \
         out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));                                                   \
     }
+/* The same, each row reduced on its own (the same order per row): for the
+ * AVX-512 row kernels below, where the four-row form ran 8% slower from DRAM
+ * on one core (Q4_0 K = 1024: 34-35 against 41-42 GMAC/s; in L2 both 52),
+ * while on AVX2 it is the faster one (in L2 48.7 against 43.0, from DRAM
+ * 40.7-42.2 against 36.9-38.6). */
+#define ROWS_1(ROW)                                                                                          \
+    for (int64_t r = 0; r < n; r++) {                                                                       \
+        const __m256 v = ROW(W + (size_t)r * rb);                                                           \
+        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));                                                   \
+    }
 #define ROW_Q8(p) rowa_q8_0(p, xd, a, nb)
 #define ROW_Q4(p) rowa_q4_0(p, (const __m256i *)act2, xd, cs, a, nb)
 AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out) { ROWS_A(ROW_Q8) }
@@ -554,7 +564,11 @@ AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2
 }
 #undef ROW_Q8
 #undef ROW_Q4
-#undef ROWS_A
+
+/* the 16 lanes of v added pairwise into 8 (lanes l and l + 8) */
+VNNI static inline __m256 fold16(__m512 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
 
 /* Q4_0 decode with AVX-512 VNNI, two blocks per zmm: the 2 x 16 code bytes
  * are unpacked into [block i low 16 | block i+1 low 16 | i high | i+1 high]
@@ -608,7 +622,8 @@ VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *
  * by a permute of the 8 block scales. Per 2 blocks: 2 loads, insert, xor,
  * vpdpbusd, permute, convert, FMA (qm_dot1v_q8_0: 2 x (xor, vpdpbusd, permute,
  * convert, FMA) on 256-bit halves). Integer block sums are unchanged. */
-VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb) {
+VNNI static inline __attribute__((always_inline)) __m256 roww_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd,
+                                                                   const struct q8a *a, int nb) {
     enum { BS = 34 };
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     const __m512i ofs = _mm512_set1_epi8((char)0x80);
@@ -635,13 +650,19 @@ VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *
             ix = _mm512_add_epi32(ix, two);
         }
     }
-    __m256 t = _mm256_setzero_ps();
+    __m256 t = fold16(_mm512_add_ps(acc0, acc1));
     for (; i < nb; i++) {
         const uint8_t *bw = w + (size_t)BS * i;
         __m256i sm = _mm256_dpbusd_epi32(lane0(-128 * a[i].sum), Q8U_CODES(bw), XQS(a + i));
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+    return t;
+}
+VNNI void qm_rowsw_q8_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a,
+                        int nb, float *out) {
+#define ROW(p) roww_q8_0(p, corr2, act2, xd, a, nb)
+    ROWS_1(ROW)
+#undef ROW
 }
 
 /* Q4_0 decode with AVX-512 VNNI + VBMI, four blocks per zmm: one vpermt2b
@@ -657,18 +678,21 @@ VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *
  * qm_dot1z_q4_0 (two blocks per zmm), whose per-core rate (~35 GB/s of Q4_0
  * in L2) was barely above what one core streams from DRAM. Integer block
  * sums are the same; only the order of the f32 sums differs. */
-VBMI float qm_dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a, int nb) {
+/* byte indices into [64-byte load A | load B] of the 4 x 16 code bytes:
+ * blocks 0..3 from A = w, B = w + 64 (code bytes at 2 + 18 k + j);
+ * blocks 4..7 from A = w + 64, B = w + 128 (at 74 + 18 k + j: from A
+ * below 128, else B's byte - 128 + 64) */
+static const uint8_t q4q_i0[64] __attribute__((aligned(64))) = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
+static const uint8_t q4q_i1[64] __attribute__((aligned(64))) = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
+
+/* One row's sum as 8 lanes (the caller reduces them: kiln_hsum8x4, as the
+ * AVX2 row kernels, so rows are looped over and reduced four at a time). */
+VBMI static inline __attribute__((always_inline)) __m256 rowq_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd,
+                                                                   const struct q8a *a, int nb, __m512i c0, __m512i c1) {
     enum { BS = 18 };
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i idx9 = _mm512_setr_epi32(0x90000, 0x1b0012, 0x2d0024, 0x3f0036, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    /* byte indices into [64-byte load A | load B] of the 4 x 16 code bytes:
-     * blocks 0..3 from A = w, B = w + 64 (code bytes at 2 + 18 k + j);
-     * blocks 4..7 from A = w + 64, B = w + 128 (at 74 + 18 k + j: from A
-     * below 128, else B's byte - 128 + 64) */
-    static const uint8_t i0[64] __attribute__((aligned(64))) = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71};
-    static const uint8_t i1[64] __attribute__((aligned(64))) = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79};
-    const __m512i c0 = _mm512_load_si512(i0), c1 = _mm512_load_si512(i1);
     const __m512i s0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), four = _mm512_set1_epi32(4);
     int i = 0;
     for (; i + 8 <= nb; i += 8) {
@@ -689,13 +713,20 @@ VBMI float qm_dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *
         acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), _mm512_permutexvar_ps(s0, dd), acc0);
         acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), _mm512_permutexvar_ps(_mm512_add_epi32(s0, four), dd), acc1);
     }
-    __m256 t = _mm256_setzero_ps();
+    __m256 t = fold16(_mm512_add_ps(acc0, acc1));
     for (; i < nb; i++) {
         const uint8_t *bw = w + (size_t)BS * i;
         __m256i sm = _mm256_dpbusd_epi32(lane0(-8 * a[i].sum), q4_codes(bw), XQS(a + i));
         t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), _mm256_set1_ps(h2f_c(bw) * xd[i]), t);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + kiln_hsum8(t);
+    return t;
+}
+VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a,
+                        int nb, float *out) {
+    const __m512i c0 = _mm512_load_si512(q4q_i0), c1 = _mm512_load_si512(q4q_i1);
+#define ROW(p) rowq_q4_0(p, corr4, act4, xd, a, nb, c0, c1)
+    ROWS_1(ROW)
+#undef ROW
 }
 
 #endif /* KILN_X86 */

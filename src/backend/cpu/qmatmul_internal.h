@@ -201,15 +201,17 @@ AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd,
 AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb,
                         float *out);
 VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
-VNNI float qm_dot1w_q8_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
+VNNI void qm_rowsw_q8_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a,
+                        int nb, float *out);
 
-/* widest rows (in blocks of 32) given to qm_dot1q_q4_0: measured from DRAM
+/* widest rows (in blocks of 32) given to qm_rowsq_q4_0: measured from DRAM
  * (2 threads, 1.77 MB matrices) it is 4-10% faster than qm_dot1z_q4_0 at
  * K = 1024 and 1536, but 6% slower at K = 2048 and 20-28% slower at 3072
  * and 4096 (one thread: 48 against 65 GMAC/s), though 25% faster at 3072
  * in L2; not understood */
 #define Q4Q_MAX_NB 48
-VBMI float qm_dot1q_q4_0(const uint8_t *w, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a, int nb);
+VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a,
+                        int nb, float *out);
 #endif /* KILN_X86 */
 
 #if defined(KILN_NEON)
