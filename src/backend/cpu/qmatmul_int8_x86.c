@@ -349,10 +349,16 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
  * the -8 / -128 offset x the block's activation sum enters the integer
  * lane 0 (no scalar float chain). VNNI: one vpdpbusd per block (Q8_0 as
  * w + 128, Q4_0 nibbles); AVX2: maddubs + madd (Q8_0 with the sign trick). */
-/* software prefetch 8 KiB ahead of the weight stream (decode, 2 threads,
- * 6144x2048 weights from DRAM: none -> 2 KiB -> 8 KiB, Q4_0 ~40 -> 64-69 ->
- * 74-75 GMAC/s, Q8_0 ~30 -> 35-38 -> 40-42) */
-#define QPFD 8192
+/* software prefetch 4 KiB ahead of the weight stream. First set to 8 KiB
+ * (decode, 2 threads, 6144x2048 weights from DRAM: none -> 2 KiB -> 8 KiB,
+ * Q4_0 ~40 -> 64-69 -> 74-75 GMAC/s, Q8_0 ~30 -> 35-38 -> 40-42) for the
+ * per-row kernels; with the row-loop kernels 4 KiB is better (one core,
+ * AVX2 Q4_0 from DRAM, K = 2048: 0 / 1 / 2 / 4 / 8 / 16 / 32 KiB at 35.3-35.9
+ * / 36.8 / 39.9-42.4 / 42.7-43.0 / 39.9-40.9 / 36.4-38.3 / 33.5-34.6 GMAC/s;
+ * whole 0.6B tg, alternated: AVX2 Q4_0 one thread 59.0-61.8 -> 62.9-64.8
+ * tok/s, two threads 96.5-102.7 -> 100.4-107.0; AVX-512 Q4_0 / Q8_0 equal
+ * or +2-5%) */
+#define QPFD 4096
 #define KILN_PF(p) _mm_prefetch((const char *)(p) + QPFD, _MM_HINT_T0)
 #define DOT1_BODY(DOTI)                                                                                   \
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
