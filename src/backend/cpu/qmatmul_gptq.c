@@ -255,27 +255,18 @@ AVX2 static inline __attribute__((always_inline)) __m256 grow_avx2(const uint8_t
     return _mm256_add_ps(acc0, acc1);
 }
 
-/* Rows r0 .. r1-1 in order, reduced four at a time (kiln_hsum8x4, one
- * order per row wherever it falls), then the [s, b] . [0, SX] terms past the
- * last multiple of 8 one by one: a call per row spent a fifth of a 1024-wide
- * row's time on its prologue and horizontal sum (qmatmul_int8_x86.c, the
- * AVX2 Q4_0 decode, measured the same). */
+/* Rows r0 .. r1-1 through QM_ROWS4 (qmatmul_internal.h: a call per row
+ * spent a fifth of a 1024-wide row's time on its prologue and horizontal
+ * sum), then the [s, b] . [0, SX] terms past the last multiple of 8 one by
+ * one. */
 AVX2 static void grows_avx2(const struct qgrp *g, int64_t r0, int64_t r1, const __m256i *act2, const float *dx2, const float *sxp, int G, int ppg,
                             int np, float *out) {
-#define GROW(r) grow_avx2(g->q + (size_t)(r) * g->row_bytes, g->sb + (size_t)(r) * G * 2, act2, dx2, sxp, G, ppg, np)
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const __m256 v0 = GROW(r), v1 = GROW(r + 1), v2 = GROW(r + 2), v3 = GROW(r + 3);
-        _mm_storeu_ps(out + r, kiln_hsum8x4(v0, v1, v2, v3));
-    }
-    for (; r < r1; r++) {
-        const __m256 v = GROW(r);
-        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));
-    }
+#define GROW(r) grow_avx2(g->q + (size_t)(r0 + (r)) * g->row_bytes, g->sb + (size_t)(r0 + (r)) * G * 2, act2, dx2, sxp, G, ppg, np)
+    QM_ROWS4(GROW, r1 - r0, out + r0);
 #undef GROW
     const int k0 = 2 * G / 8 * 8;
     if (k0 < 2 * G)
-        for (r = r0; r < r1; r++) {
+        for (int64_t r = r0; r < r1; r++) {
             const float *sb = g->sb + (size_t)r * G * 2;
             for (int k = k0; k < 2 * G; k++) out[r] += sb[k] * sxp[k];
         }

@@ -534,39 +534,12 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
 }
 #undef BS
 #undef PF8
-/* Rows 0 .. n-1 (rb bytes apart) in order, one at a time (a sequential
- * stream: interleaving 2 or 4 rows' steps defeated the hardware prefetcher,
- * 24 -> 10 GB/s on one core), reduced four rows at a time (kiln_hsum8x4). Looping here
- * instead of a call per row hoists the constants and the reduction: with
- * K = 1024 (4 steps of 8 blocks per row) a call per row ran at 39.5 GMAC/s
- * on one core in L2, against 48 for K = 4096. */
-#define ROWS_A(ROW)                                                                                          \
-    int64_t r = 0;                                                                                          \
-    for (; r + 4 <= n; r += 4) {                                                                            \
-        const __m256 v0 = ROW(W + (size_t)r * rb), v1 = ROW(W + (size_t)(r + 1) * rb);                      \
-        const __m256 v2 = ROW(W + (size_t)(r + 2) * rb), v3 = ROW(W + (size_t)(r + 3) * rb);                \
-        _mm_storeu_ps(out + r, kiln_hsum8x4(v0, v1, v2, v3));                                               \
-    }                                                                                                       \
-    for (; r < n; r++) {                                                                                    \
-        const __m256 v = ROW(W + (size_t)r * rb);                                                           \
-        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));                                                   \
-    }
-/* The same, each row reduced on its own (the same order per row): for the
- * AVX-512 row kernels below, where the four-row form ran 8% slower from DRAM
- * on one core (Q4_0 K = 1024: 34-35 against 41-42 GMAC/s; in L2 both 52),
- * while on AVX2 it is the faster one (in L2 48.7 against 43.0, from DRAM
- * 40.7-42.2 against 36.9-38.6). */
-#define ROWS_1(ROW)                                                                                          \
-    for (int64_t r = 0; r < n; r++) {                                                                       \
-        const __m256 v = ROW(W + (size_t)r * rb);                                                           \
-        out[r] = _mm_cvtss_f32(kiln_hsum8x4(v, v, v, v));                                                   \
-    }
-#define ROW_Q8(p) rowa_q8_0(p, xd, a, nb)
-#define ROW_Q4(p) rowa_q4_0(p, (const __m256i *)act2, xd, cs, a, nb)
-AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out) { ROWS_A(ROW_Q8) }
+#define ROW_Q8(r) rowa_q8_0(W + (size_t)(r) * rb, xd, a, nb)
+#define ROW_Q4(r) rowa_q4_0(W + (size_t)(r) * rb, (const __m256i *)act2, xd, cs, a, nb)
+AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out) { QM_ROWS4(ROW_Q8, n, out); }
 AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb,
                         float *out) {
-    ROWS_A(ROW_Q4)
+    QM_ROWS4(ROW_Q4, n, out);
 }
 #undef ROW_Q8
 #undef ROW_Q4
@@ -666,8 +639,8 @@ VNNI static inline __attribute__((always_inline)) __m256 roww_q8_0(const uint8_t
 }
 VNNI void qm_rowsw_q8_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a,
                         int nb, float *out) {
-#define ROW(p) roww_q8_0(p, corr2, act2, xd, a, nb)
-    ROWS_1(ROW)
+#define ROW(r) roww_q8_0(W + (size_t)(r) * rb, corr2, act2, xd, a, nb)
+    QM_ROWS1(ROW, n, out);
 #undef ROW
 }
 
@@ -730,8 +703,8 @@ VBMI static inline __attribute__((always_inline)) __m256 rowq_q4_0(const uint8_t
 VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr4, const __m512i *act4, const float *xd, const struct q8a *a,
                         int nb, float *out) {
     const __m512i c0 = _mm512_load_si512(q4q_i0), c1 = _mm512_load_si512(q4q_i1);
-#define ROW(p) rowq_q4_0(p, corr4, act4, xd, a, nb, c0, c1)
-    ROWS_1(ROW)
+#define ROW(r) rowq_q4_0(W + (size_t)(r) * rb, corr4, act4, xd, a, nb, c0, c1)
+    QM_ROWS1(ROW, n, out);
 #undef ROW
 }
 
