@@ -29,6 +29,7 @@
  *     matches the reference to 1e-3) is within the tolerance.
  */
 #include <math.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,16 @@
 #define TOL_LOGIT 0.04f
 
 static int verbose(void) { return getenv("KILN_TEST_VERBOSE") != NULL; }
+
+/* whether none of these KILN_CUDA_* switches is set to 0 (a fusion's
+ * launch count is checked only where the fusion is on) */
+static int switches_on(const char *const *names) {
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && !strcmp(v, "0")) return 0;
+    }
+    return 1;
+}
 
 /* ==== helpers ==== */
 
@@ -375,6 +386,100 @@ static void attention_case_hd(struct pair *p, const char *what, int n_seqs, cons
 
 static void attention_case(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new) {
     attention_case_hd(p, what, n_seqs, n_past, n_new, 128);
+}
+
+/* A decode step as a layer runs it: q/k norm + RoPE, the KV write, then
+ * attention, for S sequences of one new token each after n_past[s] cached
+ * ones (scattered pages). The CUDA backend holds the first two and does all
+ * three in the row attention kernel (attention.cu attention_fused); compared
+ * with the CPU ops: the attention output and both caches (v is an exact
+ * copy). Its q and k buffers stay unroped there, so they are not compared. */
+long kiln_cuda_fused_att_count(void) __attribute__((weak));
+
+static void fused_att_case(struct pair *p, const char *what, int S, const int *n_past, int nh, int nkv, int hd) {
+    const int P = 16;
+    char err[256], msg[200];
+    struct rope r = {.n_freq = hd / 2, .attn_factor = 1.f};
+    r.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
+    for (int i = 0; i < hd / 2; i++) r.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
+    struct rope rc = r, rg = r;
+    CHECK(p->cpu->prepare_rope(p->cpu, &rc, err, sizeof err) == 0, "%s", err);
+    CHECK(p->gpu->prepare_rope(p->gpu, &rg, err, sizeof err) == 0, "%s", err);
+    struct vec2 qn = vec_make(p, 1, hd, 0.5f, 1.f), kn = vec_make(p, 1, hd, 0.5f, 1.f);
+    int n_pages = 0, np[8], off[8];
+    for (int s = 0; s < S; s++) off[s] = n_pages, np[s] = (n_past[s] + 1 + P - 1) / P, n_pages += np[s];
+    int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        int j = (int)((frand() + 1) * 0.5f * (i + 1)) % (i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    struct kv_cache kc = {1, nkv, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL}, kg = kc;
+    kg.dtype = KILN_DTYPE_BF16;
+    void *kcv[2], *kgv[2];
+    kc.k = &kcv[0], kc.v = &kcv[1], kg.k = &kgv[0], kg.v = &kgv[1];
+    const size_t cache = (size_t)n_pages * P * nkv * hd;
+    kcv[0] = alloc_both(p, &kgv[0], cache);
+    kcv[1] = alloc_both(p, &kgv[1], cache);
+    static struct bat B;
+    for (int phase = 0; phase < 2; phase++) { /* the cached tokens, then the step */
+        memset(&B, 0, sizeof B);
+        int n = 0;
+        for (int s = 0; s < S; s++) {
+            const int k = phase ? 1 : n_past[s];
+            B.v[s] = (struct kiln_seq_view){n, k, phase ? n_past[s] : 0, perm + off[s], np[s]};
+            for (int i = 0; i < k; i++, n++) B.pos[n] = (phase ? n_past[s] : 0) + i, B.rows[n] = n;
+        }
+        B.b = (struct kiln_batch){n, B.tok, B.pos, S, B.v, 0, B.rows, NULL, NULL};
+        if (n == 0) continue;
+        const size_t nq = (size_t)n * nh * hd, nk = (size_t)n * nkv * hd;
+        float *q = rand_vec(nq, 2.f), *k = rand_vec(nk, 2.f), *v = rand_vec(nk, 2.f);
+        void *qc, *qg, *kc_, *kg_, *vc, *vg;
+        put(p, &qc, &qg, q, nq);
+        put(p, &kc_, &kg_, k, nk);
+        put(p, &vc, &vg, v, nk);
+        begin_both(p, &B.b);
+        if (phase == 0) {
+            p->cpu->kv_write(p->cpu, &kc, 0, kc_, vc, &B.b);
+            p->gpu->kv_write(p->gpu, &kg, 0, kg_, vg, &B.b);
+        } else {
+            void *oc, *og;
+            oc = alloc_both(p, &og, nq);
+            const long runs0 = kiln_cuda_fused_att_count ? kiln_cuda_fused_att_count() : 0;
+            struct kiln_backend *be[2] = {p->cpu, p->gpu};
+            for (int i = 0; i < 2; i++) {
+                const int g = i == 1;
+                be[i]->qk_norm_rope(be[i], g ? qg : qc, g ? kg_ : kc_, g ? &qn.g : &qn.c, g ? &kn.g : &kn.c, g ? &rg : &rc, &B.b, nh,
+                                    nkv, hd, 1e-6f);
+                be[i]->kv_write(be[i], g ? &kg : &kc, 0, g ? kg_ : kc_, g ? vg : vc, &B.b);
+                be[i]->attention(be[i], g ? og : oc, g ? qg : qc, g ? &kg : &kc, 0, &B.b, nh, 0.25f);
+            }
+            static const char *const sw[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", NULL};
+            if (kiln_cuda_fused_att_count && switches_on(sw))
+                CHECK(kiln_cuda_fused_att_count() - runs0 == 1, "%s: the fused row kernel did not run", what);
+            snprintf(msg, sizeof msg, "%s: output", what);
+            check_rel(p, msg, oc, og, nq, TOL_OP2);
+            free_both(p, oc, og);
+        }
+        free_both(p, qc, qg), free_both(p, kc_, kg_), free_both(p, vc, vg), free(q), free(k), free(v);
+    }
+    snprintf(msg, sizeof msg, "%s: k cache", what);
+    check_rel(p, msg, kcv[0], kgv[0], cache, TOL_OP);
+    double mx;
+    compare(p, kcv[1], kgv[1], cache, &mx);
+    CHECK(mx == 0, "%s: v cache (exact copy) max |delta| %g", what, mx);
+    free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
+    p->cpu->release_rope(p->cpu, &rc);
+    p->gpu->release_rope(p->gpu, &rg);
+    free(r.inv_freq), free(perm);
+    vec_free(p, &qn), vec_free(p, &kn);
+}
+
+static void test_fused_attention(struct pair *p) {
+    const int past4[] = {0, 5, 200, 470}, past2[] = {31, 16}, past1[] = {100};
+    fused_att_case(p, "decode step (norm + rope + KV write + attention), 4 seqs, 32/8 heads of 128", 4, past4, 32, 8, 128);
+    fused_att_case(p, "decode step, 2 seqs at page ends, 14/2 heads of 64", 2, past2, 14, 2, 64);
+    fused_att_case(p, "decode step, 1 seq, 16/4 heads of 256", 1, past1, 16, 4, 256);
 }
 
 static void test_attention(struct pair *p) {
@@ -989,6 +1094,56 @@ done:
     kiln_engine_close(ec);
 }
 
+/* ==== (c) shapes the kernels do not take: refused at load ==== */
+
+/* writes a small Qwen3 config (head_dim hd; MoE with k of e experts when
+ * e > 0) to a temporary file; its path in path */
+static void write_cfg(char *path, size_t n, int hd, int e, int k, int moe_ffn) {
+    snprintf(path, n, "/tmp/kiln-test-cfg-%d-%d.json", (int)getpid(), hd * 1000 + e * 10 + k);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (!f) return;
+    fprintf(f,
+            "{\"architectures\": [\"%s\"], \"hidden_size\": 256, \"intermediate_size\": 512, \"head_dim\": %d,\n"
+            " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512,\n"
+            " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000, \"tie_word_embeddings\": true",
+            e ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM", hd);
+    if (e) fprintf(f, ",\n \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %d", e, k, moe_ffn);
+    fprintf(f, "}\n");
+    fclose(f);
+}
+
+/* load: 0 when it loaded, else -1 with the message in err */
+static int load_cfg(const char *path, const char *backend, char *err, size_t errlen) {
+    struct kiln_engine_opts o = {.dummy = path, .seed = 3, .backend = backend, .max_total_tokens = 256};
+    kiln_engine *e = kiln_engine_open(&o, err, errlen);
+    kiln_engine_close(e);
+    return e ? 0 : -1;
+}
+
+static void check_load_refusals(void) {
+    static const struct {
+        int hd, e, k, ffn;
+        const char *says; /* in the CUDA backend's message */
+    } cases[] = {
+        {96, 0, 0, 0, "head_dim 16, 32, 64, 128 or 256, not 96"},
+        {48, 0, 0, 0, "not 48"},
+        {64, 64, 40, 64, "at most 32 experts per token"},
+        {64, 8, 2, 36, "divisible by 8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[128], err[512];
+        write_cfg(path, sizeof path, cases[i].hd, cases[i].e, cases[i].k, cases[i].ffn);
+        const int rg = load_cfg(path, "cuda", err, sizeof err);
+        CHECK(rg == -1 && strstr(err, cases[i].says) && strstr(err, "--backend cpu"),
+              "cuda refuses %s at load: rc %d, \"%s\"", path, rg, rg ? err : "");
+        /* the CPU backend runs any shape the config parser accepts */
+        const int rc = load_cfg(path, "cpu", err, sizeof err);
+        CHECK(rc == 0, "cpu loads %s: %s", path, err);
+        remove(path);
+    }
+}
+
 void test_cuda(void) {
     char err[256];
     struct pair p = {NULL, NULL};
@@ -1002,11 +1157,13 @@ void test_cuda(void) {
     test_norms(&p);
     test_rope(&p);
     test_attention(&p);
+    test_fused_attention(&p);
     test_misc(&p);
     test_decode_fused(&p);
     test_moe(&p);
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
+    check_load_refusals();
     const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     check_mixed_batches();

@@ -20,6 +20,8 @@
 #include "format/dtype.h"
 #include "model/weights.h"
 
+struct kiln_config;
+
 /*
  * KV cache storage: a pool of pages, each holding page_size tokens of one
  * layer's K (and V) for every KV head:
@@ -99,6 +101,10 @@ struct kiln_backend {
     /* copies n f32 values from the host into an activation buffer */
     void (*write)(struct kiln_backend *be, void *dst, const float *src, size_t n);
 
+    /* a model's shapes, once at load before any weight is read: -1 with err
+     * naming what this backend cannot run (NULL: it runs every shape the
+     * config parser accepts) */
+    int (*check_model)(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen);
     /* weights, once at load: upload / convert / repack; 0 or -1 with err */
     int (*prepare_tensor)(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen);
     int (*prepare_linear)(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen);

@@ -423,6 +423,7 @@ static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
 
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
+    if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
     if (bind(s)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};

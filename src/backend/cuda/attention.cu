@@ -620,6 +620,11 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     CU_LAUNCHED();
 }
 
+/* launches of the fused row kernel below (tests read it) */
+static long fused_att_runs;
+extern "C" long kiln_cuda_fused_att_count(void);
+extern "C" long kiln_cuda_fused_att_count(void) { return fused_att_runs; }
+
 /* the held rope + KV write (cu_kv_write) done inside the row kernel, when
  * this attention reads that q and that layer's cache and takes the rows
  * kernel; 0 if not (the caller flushes them as they are) */
@@ -630,11 +635,12 @@ static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const s
         return 0;
     const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps};
     c->pkv.on = 0, c->prope.on = 0;
+    fused_att_runs++;
     switch (kv->head_dim) {
     case 64: launch_rows<64, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
     case 128: launch_rows<128, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
     case 256: launch_rows<256, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
-    default: c->pkv.on = 1, c->prope.on = 1; return 0;
+    default: c->pkv.on = 1, c->prope.on = 1, fused_att_runs--; return 0;
     }
 }
 
@@ -667,6 +673,8 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     case 64: launch_rows<64>(c, out, q, kv, layer, n_head, sl2); return;
     case 128: launch_rows<128>(c, out, q, kv, layer, n_head, sl2); return;
     case 256: launch_rows<256>(c, out, q, kv, layer, n_head, sl2); return;
-    default: fprintf(stderr, "kiln: cuda: head_dim %d is not supported\n", hd); abort();
+    default: /* cu_check_model refuses such a model at load: reaching this is a bug */
+        fprintf(stderr, "kiln: cuda: attention at head_dim %d (a bug: the load-time check refuses it)\n", hd);
+        abort();
     }
 }

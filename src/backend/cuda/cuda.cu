@@ -44,6 +44,7 @@
 #include <unordered_map>
 
 #include "backend/cuda/cuda.cuh"
+#include "format/config.h"
 
 /* decode steps (one token per sequence) of at most this many tokens may be
  * captured as graphs; the ops they call must all be device-driven or depend
@@ -390,6 +391,28 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
     }
     if (w->bias.data) L->bias = upload_f32(c, w->bias.data, w->bias.dtype, (size_t)w->n_out);
     w->be = L;
+    return 0;
+}
+
+/* The shapes the kernels take, checked at load so that a model they cannot
+ * run is an error before any weight is uploaded, never an abort in a
+ * forward: the row attention kernel is instantiated for these head sizes
+ * (attention.cu launch_rows), the MoE GEMVs read 16-byte chunks and route
+ * at most 32 experts per token (moe.cu), and weights are BF16/F16/F32. */
+static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
+    (void)be;
+    const int hd = cfg->head_dim;
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
+        return kiln_errf(err, errlen, "the CUDA backend runs head_dim 16, 32, 64, 128 or 256, not %d (use --backend cpu)", hd);
+    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32))
+        return kiln_errf(err, errlen,
+                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8 and at most 32 "
+                         "experts per token (got %d, %d, %d; use --backend cpu)",
+                         cfg->dim, cfg->moe_ffn, cfg->n_expert_used);
+    const enum kiln_quant_method q = cfg->quant.method;
+    if (q == KILN_QUANT_GPTQ || q == KILN_QUANT_AWQ || q == KILN_QUANT_FP8)
+        return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16 and F32 weights; %s checkpoints run on --backend cpu",
+                         q == KILN_QUANT_GPTQ ? "GPTQ" : q == KILN_QUANT_AWQ ? "AWQ" : "FP8");
     return 0;
 }
 
@@ -786,6 +809,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->write = cu_write;
     be->prepare_tensor = cu_prepare_tensor;
     be->prepare_linear = cu_prepare_linear;
+    be->check_model = cu_check_model;
     be->prepare_rope = cu_prepare_rope;
     be->release_tensor = cu_release_tensor;
     be->release_linear = cu_release_linear;
