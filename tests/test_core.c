@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
+#include "engine/engine_internal.h"
 #include "engine/kv.h"
 #include "engine/sampler.h"
 #include "format/config.h"
@@ -639,6 +640,16 @@ void test_kv(void) {
     CHECK(kiln_seq_len(sb) == 3);
     int32_t bad = V + 5;
     CHECK(kiln_seq_eval(sb, &bad, 1, lb, 0, err, sizeof err) < 0 && strstr(err, "vocabulary"), "%s", err);
+    /* a fresh sequence whose first forward fails after its pages were
+     * reserved gives every page back when freed */
+    const int free0 = kv_pool_n_free(&e->kv);
+    kiln_seq *sc = kiln_seq_new(e, err, sizeof err);
+    int32_t fail_ids[40];
+    for (int i = 0; i < 40; i++) fail_ids[i] = i == 39 ? V + 5 : i;
+    CHECK(kiln_seq_eval(sc, fail_ids, 40, lb, 0, err, sizeof err) < 0 && strstr(err, "vocabulary"), "%s", err);
+    CHECK(kiln_seq_len(sc) == 0);
+    kiln_seq_free(sc);
+    CHECK(kv_pool_n_free(&e->kv) == free0, "pages free after the failed sequence: %d, before it: %d", kv_pool_n_free(&e->kv), free0);
     free(many), free(la), free(lb), free(both);
     kiln_seq_free(sa);
     kiln_seq_free(sb);

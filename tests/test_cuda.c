@@ -591,6 +591,46 @@ static void test_misc(struct pair *p) {
     vec_free(p, &table);
 }
 
+/* Device memory running out inside a forward: an op whose scratch cannot
+ * grow skips its launch, the backend's `error` op reports the batch as
+ * failed (the engine then fails that batch and serves on), and once memory
+ * is back the next forward runs the same op correctly. gather_rows in
+ * place needs a scratch copy of its rows: 8192 rows of 2048 after every
+ * other free byte of the device is taken. */
+static void test_scratch_oom(struct pair *p) {
+    const int n = 16384, dim = 2048, m = n / 2;
+    char err[512];
+    struct bat *B = kiln_calloc(1, sizeof *B);
+    B->b = (struct kiln_batch){1, B->tok, B->pos, 1, B->v, 0, B->rows, NULL, NULL};
+    B->v[0] = (struct kiln_seq_view){0, 1, 0, NULL, 0};
+    float *x = rand_vec((size_t)n * dim, 1.f);
+    void *xc, *xg;
+    put(p, &xc, &xg, x, (size_t)n * dim);
+    int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)m);
+    for (int i = 0; i < m; i++) rows[i] = 2 * i; /* ascending, rows[i] >= i: in place is allowed */
+    begin_both(p, &B->b);
+    enum { MAXH = 4096 };
+    void **hog = kiln_malloc(sizeof(void *) * MAXH);
+    int nh = 0;
+    const int lvl = kiln_log_level;
+    kiln_log_level = -1; /* the failed allocations below are expected */
+    for (size_t chunk = (size_t)1 << 30; chunk >= ((size_t)1 << 20); chunk >>= 1)
+        while (nh < MAXH && (hog[nh] = p->gpu->alloc(p->gpu, chunk))) nh++;
+    kiln_log_level = lvl;
+    p->gpu->gather_rows(p->gpu, xg, xg, rows, m, dim);
+    const int rc = p->gpu->error(p->gpu, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "out of device memory"), "an op without room for its scratch: error %d \"%s\"", rc,
+          rc ? err : "");
+    for (int i = 0; i < nh; i++) p->gpu->free(p->gpu, hog[i]);
+    begin_both(p, &B->b);
+    CHECK(p->gpu->error(p->gpu, err, sizeof err) == 0, "begin clears the failed forward's error: %s", err);
+    p->cpu->gather_rows(p->cpu, xc, xc, rows, m, dim);
+    p->gpu->gather_rows(p->gpu, xg, xg, rows, m, dim);
+    CHECK(p->gpu->error(p->gpu, err, sizeof err) == 0, "with memory back: %s", err);
+    check_rel(p, "gather_rows in place after running out of memory", xc, xg, (size_t)m * dim, 1e-6);
+    free_both(p, xc, xg), free(x), free(rows), free(hog), free(B);
+}
+
 /* The decode paths that only a model's forward reaches: q/k/v reading one x
  * (one launch of three jobs) and gate/up folded into swiglu (the GLU GEMV,
  * which also writes up), at batch 1 and 2, at Qwen3-8B shapes (the streaming
@@ -1161,6 +1201,7 @@ void test_cuda(void) {
     test_misc(&p);
     test_decode_fused(&p);
     test_moe(&p);
+    test_scratch_oom(&p);
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
     check_load_refusals();

@@ -115,6 +115,11 @@ struct kiln_backend {
 
     /* a forward begins: the backend may copy ids, positions, page tables */
     int (*begin)(struct kiln_backend *be, const struct kiln_batch *b);
+    /* after the forward's last op: -1 with err if an op since begin could
+     * not run (its scratch memory could not be allocated), so this
+     * forward's outputs are not valid; the backend stays usable (NULL:
+     * ops never fail) */
+    int (*error)(struct kiln_backend *be, char *err, size_t errlen);
 
     /* x[i] = table[tokens[i]] for the batch's tokens */
     void (*embed)(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);

@@ -55,6 +55,8 @@ static int kv_tokens_for_fraction(kiln_engine *e, const struct kiln_engine_opts 
     return 0;
 }
 
+static int warm_up(kiln_engine *e, char *err, size_t errlen);
+
 kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_t errlen) {
     kiln_engine *e = kiln_calloc(1, sizeof *e);
     e->be = backend_create(o->backend, o->n_threads, err, errlen);
@@ -83,6 +85,7 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;
     if (kv_pool_init(&e->kv, e->be, c->n_layer, c->n_head_kv, c->head_dim, page, (tokens + page - 1) / page, kvt, err, errlen))
         goto fail;
+    if (strcmp(e->be->name, "cpu") && warm_up(e, err, errlen)) goto fail;
     return e;
 fail:
     kiln_engine_close(e);
@@ -133,7 +136,8 @@ void kiln_seq_truncate(kiln_seq *s, int n) {
 
 void kiln_seq_free(kiln_seq *s) {
     if (!s) return;
-    kiln_seq_truncate(s, 0);
+    /* every page it holds, also those reserved past len by a forward that failed */
+    for (int i = 0; i < s->n_pages; i++) kv_pool_release(&s->e->kv, s->pages[i]);
     free(s->pages);
     free(s);
 }
@@ -235,6 +239,30 @@ int kiln_seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const
 int kiln_seqs_eval_argmax(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, const int *n, int32_t *next, char *err,
                           size_t errlen) {
     return seqs_eval(seqs, n_seqs, ids, n, NULL, next, err, errlen);
+}
+
+/* A GPU engine evaluates one whole prefill chunk before it is handed out:
+ * the backend's scratch buffers (attention partials, MoE tables, the batch
+ * tables) take their prefill size now, so weights and a KV pool that leave
+ * too little device memory for them are an error at start, not a failed
+ * request later, and the memory report the backend logs after its first
+ * forward counts them. The sequence and its pages are freed after. On the
+ * CPU the buffers are host memory and a chunk takes seconds, so it starts
+ * cold. */
+static int warm_up(kiln_engine *e, char *err, size_t errlen) {
+    const int V = e->model.cfg.vocab;
+    int n = e->prefill_chunk < e->max_tokens ? e->prefill_chunk : e->max_tokens;
+    if (n > V) n = V; /* distinct ids; any n that fits the pool works */
+    if (n < 1) return 0;
+    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)n);
+    float *logits = kiln_malloc(sizeof(float) * (size_t)V);
+    for (int i = 0; i < n; i++) ids[i] = i;
+    kiln_seq *s = kiln_seq_new(e, err, errlen);
+    int rc = s ? kiln_seq_eval(s, ids, n, logits, 0, err, errlen) : -1;
+    kiln_seq_free(s);
+    free(ids), free(logits);
+    if (rc) return kiln_err_prefix(err, errlen, "warm-up forward of %d tokens on %s: ", n, e->be->name);
+    return 0;
 }
 
 int kiln_generate(kiln_engine *e, const int32_t *prompt, int n_prompt, int n_gen, const struct kiln_sampling *sp,

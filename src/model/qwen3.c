@@ -69,7 +69,7 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab)
             return kiln_errf(err, errlen, "token id %d is outside the vocabulary [0, %d)", b->tokens[i], c->vocab);
     if (ensure_ws(m, n, b->n_out, err, errlen)) return -1;
-    if (be->begin(be, b)) return kiln_errf(err, errlen, "%s: cannot start the forward", be->name);
+    if (be->begin(be, b)) return kiln_errf(err, errlen, "%s: cannot start the forward (no memory for the batch's tables)", be->name);
 
     be->embed(be, m->x, &m->embed, b);
     be->rmsnorm(be, m->xb, m->x, &m->layers[0].attn_norm, n, dim, eps);
@@ -110,7 +110,7 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         else
             be->add(be, m->x, m->xb, (size_t)n * dim);
     }
-    if (b->n_out == 0) return 0;
+    if (b->n_out == 0) return be->error ? be->error(be, err, errlen) : 0;
     /* final norm and lm_head, only for the rows that sample */
     be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
     be->rmsnorm(be, m->out_x, m->out_x, &m->norm, b->n_out, dim, eps);
@@ -118,7 +118,7 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
     const size_t V = (size_t)c->vocab;
     if (!b->out_ids) {
         be->read(be, logits, m->out_logits, (size_t)b->n_out * V);
-        return 0;
+        return be->error ? be->error(be, err, errlen) : 0;
     }
     be->argmax(be, b->out_ids, m->out_logits, b->n_out, (int)V);
     /* then the rows that want their logits, in runs of adjacent rows */
@@ -130,5 +130,5 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         for (j = i + 1; j < b->n_out && (!b->out_full || b->out_full[j]); j++) {}
         be->read(be, logits + (size_t)i * V, (const char *)m->out_logits + (size_t)i * V * be->act_size, (size_t)(j - i) * V);
     }
-    return 0;
+    return be->error ? be->error(be, err, errlen) : 0;
 }

@@ -579,10 +579,7 @@ static void launch_flash(struct cuda_ctx *c, bf16 *out, const bf16 *q, const str
     /* split entries: a partial slot per (slot, head), a counter per (group, head) */
     const size_t slots = (size_t)c->fa_slots * n_head;
     float *part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, slots * FA_PE(D) * 128 * sizeof(float));
-    if (slots * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernels leave it zeroed */
-        cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, slots * sizeof(int));
-        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
-    }
+    if (!part || !cu_att_cnt(c, slots)) return; /* out of device memory: cu_error reports it */
     if (D == 128 && HG == 2 && cu_flash_wg_ok()) {
         cu_flash_wg_launch(c, out, q, kv, layer, n_head, sl2, part, c->att_cnt);
         return;
@@ -610,10 +607,7 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     float *part = NULL;
     if (n_split > 1)
         part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
-    if ((size_t)rows * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernel leaves it zeroed */
-        cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, (size_t)rows * sizeof(int));
-        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
-    }
+    if ((n_split > 1 && !part) || !cu_att_cnt(c, (size_t)rows)) return; /* out of device memory: cu_error reports it */
     dim3 grid((unsigned)rows, (unsigned)n_split);
     cu_launch(c->stream, k_att_rows<HD, ROPE>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
               c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);

@@ -176,10 +176,7 @@ static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv
     float *part = NULL;
     if (n_split > 1)
         part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
-    if ((size_t)rows * sizeof(int) > c->att_cnt_cap) { /* zeroed once; the kernels leave it zeroed */
-        cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, (size_t)rows * sizeof(int));
-        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
-    }
+    if ((n_split > 1 && !part) || !cu_att_cnt(c, (size_t)rows)) return; /* out of device memory: cu_error reports it */
     dim3 grid((unsigned)(c->n_tokens * kv->n_head_kv), (unsigned)n_split);
     cu_launch(c->stream, k_att_gqa<HD, G>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
               c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt);

@@ -120,12 +120,39 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
     if (*p) {
         CUDA_CHECK(cudaFree(*p));
         c->bytes_ws -= *cap;
+        *p = NULL, *cap = 0;
     }
     bytes = bytes + bytes / 4 + 256;
-    CUDA_CHECK(cudaMalloc(p, bytes));
+    if (cudaMalloc(p, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is not a sticky error */
+        *p = NULL;
+        if (!c->fault_bytes) c->fault_bytes = bytes;
+        return NULL;
+    }
     c->bytes_ws += bytes;
     *cap = bytes;
     return *p;
+}
+
+int *cu_att_cnt(struct cuda_ctx *c, size_t n) {
+    if (n * sizeof(int) > c->att_cnt_cap) {
+        if (!cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, n * sizeof(int))) return NULL;
+        CUDA_CHECK(cudaMemsetAsync(c->att_cnt, 0, c->att_cnt_cap, c->stream));
+    }
+    return c->att_cnt;
+}
+
+/* a forward whose scratch could not be allocated: its outputs are not valid */
+static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
+    const struct cuda_ctx *c = cu_ctx(be);
+    if (!c->fault_bytes) return 0;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return kiln_errf(err, errlen,
+                     "cuda: out of device memory: %.1f MiB of scratch for this batch could not be allocated (%.1f MiB free "
+                     "of %.1f); the batch failed, nothing else changed. A lower --mem-fraction or --max-total-tokens, or a "
+                     "smaller --prefill-chunk, leaves room for it",
+                     c->fault_bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0);
 }
 
 static void cu_memzero(struct kiln_backend *be, void *p, size_t bytes) {
@@ -260,9 +287,13 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
     if (c->old_read) { /* the previous path: widened on the device, pageable copy */
         if (n) {
             float *f = (float *)cu_scratch(c, (void **)&c->f32buf, &c->f32buf_cap, n * sizeof(float));
-            cu_launch(c->stream, k_bf16_to_f32, (unsigned)((n + 255) / 256), 256, 0, f, (const bf16 *)src, n);
-            CU_LAUNCHED();
-            CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+            if (f) {
+                cu_launch(c->stream, k_bf16_to_f32, (unsigned)((n + 255) / 256), 256, 0, f, (const bf16 *)src, n);
+                CU_LAUNCHED();
+                CUDA_CHECK(cudaMemcpyAsync(dst, f, n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+            } else {
+                memset(dst, 0, n * sizeof(float));
+            }
         }
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         if (!c->logged) log_memory(c);
@@ -319,6 +350,12 @@ static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int 
     struct cuda_ctx *c = cu_ctx(be);
     if (n <= 0) return;
     int *d = (int *)cu_scratch(c, (void **)&c->ids_dev, &c->ids_dev_cap, (size_t)n * 4);
+    if (!d) { /* out of device memory: reported by cu_error */
+        cu_finish(c);
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        memset(ids, 0, (size_t)n * 4);
+        return;
+    }
     if (c->mode != CU_REPLAY) {
         CU_TAPE(c, SKT_ARGMAX, d, x, NULL, NULL, NULL, NULL, n, width, 0, 0, 0.f);
         cu_flush(c);
@@ -374,7 +411,14 @@ static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
     }
     size_t es = t == KILN_DTYPE_F32 ? 4 : 2;
     void *tmp;
-    CUDA_CHECK(cudaMalloc(&tmp, n * es));
+    if (cudaMalloc(&tmp, n * es) != cudaSuccess) { /* the F16/F32 staging copy of one tensor */
+        cudaGetLastError();
+        cudaFree(d);
+        c->bytes_weights -= n * 2;
+        kiln_errf(err, errlen, "cuda: out of device memory converting %.1f MiB of %s weights to bf16 (%.2f GiB uploaded)",
+                  n * es / 1048576.0, dtype_name(t), c->bytes_weights / 1073741824.0);
+        return NULL;
+    }
     CUDA_CHECK(cudaMemcpy(tmp, src, n * es, cudaMemcpyHostToDevice));
     unsigned g = (unsigned)((n + 255) / 256);
     if (t == KILN_DTYPE_F32) cu_launch(c->stream, k_f32_to_bf16, g, 256, 0, d, (const float *)tmp, n);
@@ -577,6 +621,11 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     }
     c->mode = CU_EAGER;
     c->tape_on = 0;
+    if (c->fault_bytes) { /* the last forward failed: its shape's graph is not recorded from it */
+        for (int i = 0; i < c->n_graphs; i++)
+            if (!c->graphs[i].exec && !c->graphs[i].sk) c->graphs[i].seen = 0;
+        c->fault_bytes = 0;
+    }
     const int n = b->n_tokens, S = b->n_seqs, no = b->n_out;
     size_t tot_pages = 0;
     int max_n = 0, max_len = 0, n_tiles = 0;
@@ -632,9 +681,15 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     if (need > c->meta_cap) {
         graphs_drop(c);
         if (c->meta) cudaFree(c->meta), cudaFreeHost(c->meta_host), c->bytes_ws -= c->meta_cap * 4;
-        c->meta_cap = need * 2 + 1024;
-        CUDA_CHECK(cudaMalloc(&c->meta, c->meta_cap * 4));
-        CUDA_CHECK(cudaMallocHost(&c->meta_host, c->meta_cap * 4));
+        c->meta = NULL, c->meta_host = NULL, c->meta_cap = 0;
+        const size_t cap = need * 2 + 1024;
+        if (cudaMalloc(&c->meta, cap * 4) != cudaSuccess || cudaMallocHost(&c->meta_host, cap * 4) != cudaSuccess) {
+            cudaGetLastError(); /* out of memory: this forward fails (model_forward says so), the next may fit */
+            if (c->meta) cudaFree(c->meta);
+            c->meta = NULL, c->meta_host = NULL;
+            return -1;
+        }
+        c->meta_cap = cap;
         c->bytes_ws += c->meta_cap * 4;
     }
     int *h = c->meta_host, *p = h;
@@ -849,6 +904,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->prepare_tensor = cu_prepare_tensor;
     be->prepare_linear = cu_prepare_linear;
     be->check_model = cu_check_model;
+    be->error = cu_error;
     be->prepare_rope = cu_prepare_rope;
     be->release_tensor = cu_release_tensor;
     be->release_linear = cu_release_linear;

@@ -238,6 +238,10 @@ struct cuda_ctx {
     /* memory accounting (bytes) */
     size_t bytes_weights, bytes_buffers, bytes_ws, bytes_kv; /* kv: set at the first kv_write */
     int logged;
+    /* device memory a scratch buffer could not get in this forward (0:
+     * none); the ops that needed it skipped their launches and the `error`
+     * op reports it, so the batch fails and the process goes on */
+    size_t fault_bytes;
     /* the tied embedding, so lm_head shares its upload */
     const void *embed_host;
     bf16 *embed_dev;
@@ -245,8 +249,13 @@ struct cuda_ctx {
 
 static inline struct cuda_ctx *cu_ctx(struct kiln_backend *be) { return (struct cuda_ctx *)be->ctx; }
 
-/* grows a device scratch buffer (old contents dropped); counts workspace */
+/* grows a device scratch buffer (old contents dropped); counts workspace.
+ * NULL when device memory runs out (recorded in fault_bytes): the caller
+ * skips its launch */
 void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
+/* the split merges' counters (att_cnt), at least n, zeroed when grown (the
+ * kernels leave them zeroed); NULL when device memory runs out */
+int *cu_att_cnt(struct cuda_ctx *c, size_t n);
 
 /* ops, one family per file */
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);

@@ -38,6 +38,7 @@ void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int
     const int *d_rows = c->d_out_rows;
     if (rows != c->out_rows_host || n_rows != c->n_out) { /* not the batch's rows: upload (never in a graph) */
         int *tmp = (int *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, (size_t)n_rows * 4);
+        if (!tmp) return; /* out of device memory: cu_error reports it */
         CUDA_CHECK(cudaMemcpyAsync(tmp, rows, (size_t)n_rows * 4, cudaMemcpyHostToDevice, c->stream));
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         d_rows = tmp;
@@ -46,6 +47,7 @@ void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int
         /* in place: rows ascend and rows[i] >= i, so copying in order is safe
          * only sequentially; do it through f32buf-sized scratch instead */
         bf16 *tmp = (bf16 *)cu_scratch(c, (void **)&c->f32buf, &c->f32buf_cap, (size_t)n_rows * dim * 2);
+        if (!tmp) return; /* out of device memory: cu_error reports it */
         cu_launch(c->stream, k_copy_rows, n_rows, 128, 0, tmp, (const bf16 *)x, d_rows, dim);
         CUDA_CHECK(cudaMemcpyAsync(out, tmp, (size_t)n_rows * dim * 2, cudaMemcpyDeviceToDevice, c->stream));
     } else {

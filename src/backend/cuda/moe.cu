@@ -259,6 +259,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     size_t o_cnt = al256(o_y + nk * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
     size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
+    if (!buf) return; /* out of device memory: cu_error reports it */
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
     int *sel = (int *)(buf + o_sel);
 
