@@ -240,18 +240,39 @@ static void test_norms(struct pair *p) {
     vec_free(p, &w);
 }
 
+/* a rope table (theta 1e6, head_dim hd) prepared on both backends, and
+ * q/k norm weights */
+struct rope2 {
+    struct rope c, g;
+    float *inv_freq;
+    struct vec2 qn, kn;
+};
+
+static struct rope2 rope2_make(struct pair *p, int hd) {
+    struct rope2 R;
+    char err[256];
+    R.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
+    for (int i = 0; i < hd / 2; i++) R.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
+    R.c = R.g = (struct rope){.n_freq = hd / 2, .attn_factor = 1.f, .inv_freq = R.inv_freq};
+    CHECK(p->cpu->prepare_rope(p->cpu, &R.c, err, sizeof err) == 0, "%s", err);
+    CHECK(p->gpu->prepare_rope(p->gpu, &R.g, err, sizeof err) == 0, "%s", err);
+    R.qn = vec_make(p, 1, hd, 0.5f, 1.f), R.kn = vec_make(p, 1, hd, 0.5f, 1.f);
+    return R;
+}
+
+static void rope2_free(struct pair *p, struct rope2 *R) {
+    p->cpu->release_rope(p->cpu, &R->c);
+    p->gpu->release_rope(p->gpu, &R->g);
+    free(R->inv_freq);
+    vec_free(p, &R->qn), vec_free(p, &R->kn);
+}
+
 /* one rope case: q/k norm (or not) + rope on n tokens at scattered
  * positions, then the same again followed by the KV write the model does
  * next (the CUDA backend fuses the two), comparing q, k and both caches */
 static void rope_case(struct pair *p, const char *what, int n, int nh, int nkv, int hd) {
-    struct rope r = {.n_freq = hd / 2, .attn_factor = 1.f};
-    r.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
-    for (int i = 0; i < hd / 2; i++) r.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
-    struct rope rc = r, rg = r;
-    char err[256], msg[160];
-    p->cpu->prepare_rope(p->cpu, &rc, err, sizeof err);
-    p->gpu->prepare_rope(p->gpu, &rg, err, sizeof err);
-    struct vec2 qn = vec_make(p, 1, hd, 0.5f, 1.f), kn = vec_make(p, 1, hd, 0.5f, 1.f);
+    char msg[160];
+    struct rope2 R = rope2_make(p, hd);
     const int P = 16, np = (n + P - 1) / P, n_pages = 2 * np + 1;
     int32_t *pages = kiln_malloc(sizeof(int32_t) * (size_t)np);
     for (int i = 0; i < np; i++) pages[i] = 2 * (np - 1 - i) + 1; /* backwards, every other page */
@@ -275,8 +296,8 @@ static void rope_case(struct pair *p, const char *what, int n, int nh, int nkv, 
         put(p, &qc, &qg, q, nq);
         put(p, &kc_, &kg_, k, nk);
         put(p, &vc, &vg, v, nk);
-        p->cpu->qk_norm_rope(p->cpu, qc, kc_, norm ? &qn.c : NULL, norm ? &kn.c : NULL, &rc, &B.b, nh, nkv, hd, 1e-6f);
-        p->gpu->qk_norm_rope(p->gpu, qg, kg_, norm ? &qn.g : NULL, norm ? &kn.g : NULL, &rg, &B.b, nh, nkv, hd, 1e-6f);
+        p->cpu->qk_norm_rope(p->cpu, qc, kc_, norm ? &R.qn.c : NULL, norm ? &R.kn.c : NULL, &R.c, &B.b, nh, nkv, hd, 1e-6f);
+        p->gpu->qk_norm_rope(p->gpu, qg, kg_, norm ? &R.qn.g : NULL, norm ? &R.kn.g : NULL, &R.g, &B.b, nh, nkv, hd, 1e-6f);
         if (mode == 2) {
             p->cpu->kv_write(p->cpu, &kc, 0, kc_, vc, &B.b);
             p->gpu->kv_write(p->gpu, &kg, 0, kg_, vg, &B.b);
@@ -297,10 +318,8 @@ static void rope_case(struct pair *p, const char *what, int n, int nh, int nkv, 
         free_both(p, qc, qg), free_both(p, kc_, kg_), free_both(p, vc, vg), free(q), free(k), free(v);
     }
     free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
-    p->cpu->release_rope(p->cpu, &rc);
-    p->gpu->release_rope(p->gpu, &rg);
-    free(r.inv_freq), free(pages);
-    vec_free(p, &qn), vec_free(p, &kn);
+    free(pages);
+    rope2_free(p, &R);
 }
 
 /* the 16-byte kernel at head_dim 64 / 128 / 256 (decode and prefill sizes,
@@ -398,14 +417,8 @@ long kiln_cuda_fused_att_count(void) __attribute__((weak));
 
 static void fused_att_case(struct pair *p, const char *what, int S, const int *n_past, int nh, int nkv, int hd) {
     const int P = 16;
-    char err[256], msg[200];
-    struct rope r = {.n_freq = hd / 2, .attn_factor = 1.f};
-    r.inv_freq = kiln_malloc(sizeof(float) * hd / 2);
-    for (int i = 0; i < hd / 2; i++) r.inv_freq[i] = 1.f / powf(1e6f, (float)(2 * i) / hd);
-    struct rope rc = r, rg = r;
-    CHECK(p->cpu->prepare_rope(p->cpu, &rc, err, sizeof err) == 0, "%s", err);
-    CHECK(p->gpu->prepare_rope(p->gpu, &rg, err, sizeof err) == 0, "%s", err);
-    struct vec2 qn = vec_make(p, 1, hd, 0.5f, 1.f), kn = vec_make(p, 1, hd, 0.5f, 1.f);
+    char msg[200];
+    struct rope2 R = rope2_make(p, hd);
     int n_pages = 0, np[8], off[8];
     for (int s = 0; s < S; s++) off[s] = n_pages, np[s] = (n_past[s] + 1 + P - 1) / P, n_pages += np[s];
     int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
@@ -449,8 +462,8 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             struct kiln_backend *be[2] = {p->cpu, p->gpu};
             for (int i = 0; i < 2; i++) {
                 const int g = i == 1;
-                be[i]->qk_norm_rope(be[i], g ? qg : qc, g ? kg_ : kc_, g ? &qn.g : &qn.c, g ? &kn.g : &kn.c, g ? &rg : &rc, &B.b, nh,
-                                    nkv, hd, 1e-6f);
+                be[i]->qk_norm_rope(be[i], g ? qg : qc, g ? kg_ : kc_, g ? &R.qn.g : &R.qn.c, g ? &R.kn.g : &R.kn.c, g ? &R.g : &R.c,
+                                    &B.b, nh, nkv, hd, 1e-6f);
                 be[i]->kv_write(be[i], g ? &kg : &kc, 0, g ? kg_ : kc_, g ? vg : vc, &B.b);
                 be[i]->attention(be[i], g ? og : oc, g ? qg : qc, g ? &kg : &kc, 0, &B.b, nh, 0.25f);
             }
@@ -469,10 +482,8 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
     compare(p, kcv[1], kgv[1], cache, &mx);
     CHECK(mx == 0, "%s: v cache (exact copy) max |delta| %g", what, mx);
     free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
-    p->cpu->release_rope(p->cpu, &rc);
-    p->gpu->release_rope(p->gpu, &rg);
-    free(r.inv_freq), free(perm);
-    vec_free(p, &qn), vec_free(p, &kn);
+    free(perm);
+    rope2_free(p, &R);
 }
 
 static void test_fused_attention(struct pair *p) {
