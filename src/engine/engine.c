@@ -252,7 +252,8 @@ int kiln_seqs_eval_argmax(kiln_seq **seqs, int n_seqs, const int32_t *const *ids
 static int warm_up(kiln_engine *e, char *err, size_t errlen) {
     const int V = e->model.cfg.vocab;
     int n = e->prefill_chunk < e->max_tokens ? e->prefill_chunk : e->max_tokens;
-    if (n > V) n = V; /* distinct ids; any n that fits the pool works */
+    if (n > e->model.cfg.max_pos) n = e->model.cfg.max_pos;
+    if (n > V) n = V; /* distinct ids; any n that fits the pool and the context works */
     if (n < 1) return 0;
     int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)n);
     float *logits = kiln_malloc(sizeof(float) * (size_t)V);
