@@ -605,7 +605,9 @@ void test_kv(void) {
     CHECK(kv_pool_alloc(&p, 2, b) == 0 && (b[0] == a[0] || b[1] == a[0]), "freed page is reused");
     kv_pool_free(&p);
     CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 0, KILN_DTYPE_F32, err, sizeof err) < 0 && strstr(err, "empty"));
-    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_BF16, err, sizeof err) < 0 && strstr(err, "F32"));
+    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_Q8_0, err, sizeof err) < 0 && strstr(err, "F32, F16 or BF16"), "%s", err);
+    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_F16, err, sizeof err) == 0, "%s", err);
+    kv_pool_free(&p);
     be->destroy(be);
 
     /* the engine: several sequences in one forward equal each alone, and the

@@ -143,9 +143,13 @@ static void check_attention(struct kiln_backend *be, struct kiln_rng *r, const c
  * pool. Bound: f32 sums in another order (and the vector exp), so every
  * output is within 1e-5 x the sum of magnitudes sum_j p_j |v_j| it adds up
  * (~1e-5 relative).
+ * With a 16-bit cache (kvt F16 or BF16) the keys and values are rounded to
+ * it first, so the references see what the cache holds, and the outputs
+ * must equal, bit for bit, those over an F32 cache of the rounded values:
+ * the rows are widened exactly and the same f32 kernels run.
  */
 static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, const char *isa, int hd, int G, int P,
-                                  double *worst_out) {
+                                  enum kiln_dtype kvt, double *worst_out) {
     enum { NKV = 2, NS = 6 };
     static const int past[NS] = {0, 37, 70, 100, 5, 3};
     static const int nnew[NS] = {150, 1, 45, 3, 9, 40};
@@ -153,10 +157,10 @@ static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, c
     int n_pages = 0, rows = 0, tot = 0;
     for (int s = 0; s < NS; s++) n_pages += (past[s] + nnew[s] + P - 1) / P, rows += nnew[s], tot += past[s] + nnew[s];
     n_pages += 5;
-    struct kv_cache kv = {1, NKV, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL};
-    size_t kvn = (size_t)n_pages * NKV * P * hd;
-    void *kb = be->alloc(be, sizeof(float) * kvn), *vb = be->alloc(be, sizeof(float) * kvn);
-    memset(kb, 0xff, sizeof(float) * kvn), memset(vb, 0xff, sizeof(float) * kvn); /* NaN: nothing unwritten may be read */
+    struct kv_cache kv = {1, NKV, hd, P, n_pages, kvt, NULL, NULL};
+    const size_t kvn = (size_t)n_pages * NKV * P * hd, es = kvt == KILN_DTYPE_F32 ? 4 : 2;
+    void *kb = be->alloc(be, es * kvn), *vb = be->alloc(be, es * kvn);
+    memset(kb, 0xff, es * kvn), memset(vb, 0xff, es * kvn); /* NaN: nothing unwritten may be read */
     kv.k = &kb, kv.v = &vb;
     int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
     for (int i = 0; i < n_pages; i++) perm[i] = i;
@@ -186,11 +190,31 @@ static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, c
     }
     struct kiln_batch bw = {.n_tokens = tot, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sw};
     struct kiln_batch ba = {.n_tokens = rows, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sa};
+    if (kvt != KILN_DTYPE_F32) /* the values the cache will hold */
+        for (size_t i = 0; i < (size_t)tot * NKV * hd; i++) {
+            k[i] = kvt == KILN_DTYPE_F16 ? kiln_f16_to_f32(kiln_f32_to_f16(k[i])) : kiln_bf16_to_f32(kiln_f32_to_bf16(k[i]));
+            v[i] = kvt == KILN_DTYPE_F16 ? kiln_f16_to_f32(kiln_f32_to_f16(v[i])) : kiln_bf16_to_f32(kiln_f32_to_bf16(v[i]));
+        }
     be->kv_write(be, &kv, 0, k, v, &bw);
     const float scale = 1.0f / sqrtf((float)hd);
     memset(o, 0xff, sizeof(float) * (size_t)rows * NH * hd); /* NaN: every output must be written */
     be->attention(be, o, q, &kv, 0, &ba, NH, scale);
     cpu_attention_ref(be, oref, q, &kv, 0, &ba, NH, scale);
+    if (kvt != KILN_DTYPE_F32) {
+        struct kv_cache k32 = {1, NKV, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL};
+        void *kb32 = be->alloc(be, sizeof(float) * kvn), *vb32 = be->alloc(be, sizeof(float) * kvn);
+        k32.k = &kb32, k32.v = &vb32;
+        be->kv_write(be, &k32, 0, k, v, &bw);
+        float *o32 = kiln_malloc(sizeof(float) * (size_t)rows * NH * hd);
+        be->attention(be, o32, q, &k32, 0, &ba, NH, scale);
+        CHECK(!memcmp(o, o32, sizeof(float) * (size_t)rows * NH * hd), "%s attention hd=%d G=%d page=%d: %s cache != F32 cache of its values",
+              isa, hd, G, P, dtype_name(kvt));
+        cpu_attention_ref(be, o32, q, &k32, 0, &ba, NH, scale);
+        CHECK(!memcmp(oref, o32, sizeof(float) * (size_t)rows * NH * hd), "reference attention hd=%d G=%d page=%d: %s cache != F32 cache",
+              hd, G, P, dtype_name(kvt));
+        free(o32);
+        be->free(be, kb32), be->free(be, vb32);
+    }
     double worst_ref = 0, worst_dbl = 0, ref_dbl = 0;
     double *sc = kiln_malloc(sizeof(double) * 256);
     for (int s = 0; s < NS; s++)
@@ -363,8 +387,13 @@ void test_cpukernels(void) {
             double worst = 0;
             for (int hi = 0; hi < 2; hi++)
                 for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
-                    check_attention_tiled(be, &r, name, hi ? 128 : 64, gs[gi], hi ? 16 : 5, &worst);
+                    check_attention_tiled(be, &r, name, hi ? 128 : 64, gs[gi], hi ? 16 : 5, KILN_DTYPE_F32, &worst);
             fprintf(stderr, "  %s tiled attention: worst |tiled - reference| = %.2g x sum p|v|\n", name, worst);
+            /* 16-bit caches (--kv-dtype): row and tiled paths, a page smaller and larger than a key tile */
+            check_attention_tiled(be, &r, name, 128, 4, 16, KILN_DTYPE_F16, &worst);
+            check_attention_tiled(be, &r, name, 64, 2, 5, KILN_DTYPE_F16, &worst);
+            check_attention_tiled(be, &r, name, 128, 1, 64, KILN_DTYPE_BF16, &worst);
+            check_attention_tiled(be, &r, name, 64, 8, 5, KILN_DTYPE_BF16, &worst);
         }
         check_swiglu_rope(be, &r, name);
     }

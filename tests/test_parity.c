@@ -106,7 +106,81 @@ static void check_model(const char *name) {
     ref_free(&r);
 }
 
+/*
+ * A 16-bit KV cache on the CPU (--kv-dtype f16 | bf16): keys and values are
+ * rounded once, when written, to a relative 2^-11 (f16) or 2^-8 (bf16);
+ * everything else is the f32 path checked above. An attention output moves
+ * by at most that fraction of sum p|v|, a score by that fraction of |q||k|,
+ * so a layer's update moves by a few roundings' worth, and the 2-4 layers of
+ * the fixtures add up to about 10: the last logits must stay within 10 x
+ * 2^-11 ~ 0.5% (f16) and 10 x 2^-8 ~ 4% (bf16; the bound the CUDA tests use
+ * for bf16 everywhere) of the reference's logit range, fed in chunks of 7
+ * and one token at a time (every position read back from the cache), and
+ * the top-1 id must agree wherever the reference's top-1/top-2 margin is
+ * larger than that.
+ */
+static void check_kv16(const char *name, const char *kvt, float frac) {
+    char dir[256], err[1024] = "";
+    snprintf(dir, sizeof dir, FIXTURES "/%s", name);
+    struct ref r = {0};
+    CHECK(ref_load(dir, &r) == 0, "%s: reference files", name);
+    if (!r.last) return;
+    struct kiln_engine_opts o = {.model = dir, .backend = "cpu", .max_total_tokens = 2048, .page_size = 16, .kv_dtype = kvt};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "%s --kv-dtype %s: %s", name, kvt, err);
+    if (!e) {
+        ref_free(&r);
+        return;
+    }
+    const int V = kiln_engine_config(e)->vocab;
+    cJSON *prompts = cJSON_GetObjectItem(r.root, "prompts");
+    float worst = 0;
+    for (int p = 0; p < r.n_prompts; p++) {
+        int n;
+        int32_t *ids = ref_ids(cJSON_GetArrayItem(prompts, p), &n);
+        const float *want = r.last + (size_t)p * V;
+        float lo = want[0], hi = want[0], m1 = -INFINITY, m2 = -INFINITY;
+        int top = 0;
+        for (int v = 0; v < V; v++) {
+            lo = fminf(lo, want[v]), hi = fmaxf(hi, want[v]);
+            if (want[v] > m1) m2 = m1, m1 = want[v], top = v;
+            else if (want[v] > m2) m2 = want[v];
+        }
+        const float tol = frac * (hi - lo);
+        float *lg = kiln_malloc(sizeof(float) * (size_t)V), *one = kiln_malloc(sizeof(float) * (size_t)V);
+        kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+        int rc = 0;
+        for (int off = 0; off < n && !rc; off += 7) {
+            int m = n - off < 7 ? n - off : 7;
+            rc = kiln_seq_eval(s, ids + off, m, lg, 0, err, sizeof err);
+        }
+        kiln_seq_free(s);
+        CHECK(rc == 0, "%s --kv-dtype %s prompt %d: %s", name, kvt, p, err);
+        rc = ref_stepwise(e, ids, n, one, err, sizeof err);
+        CHECK(rc == 0, "%s --kv-dtype %s prompt %d stepwise: %s", name, kvt, p, err);
+        for (int k = 0; k < 2; k++) {
+            const float *got = k ? one : lg, d = max_abs_diff(got, want, V);
+            CHECK(d <= tol, "%s --kv-dtype %s prompt %d (%s): last logits max |delta| %g > %g (%.1f%% of the range)", name, kvt,
+                  p, k ? "stepwise" : "chunks of 7", d, tol, 100 * frac);
+            worst = fmaxf(worst, d / (hi - lo));
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (got[v] > got[best]) best = v;
+            CHECK(m1 - m2 <= tol || best == top, "%s --kv-dtype %s prompt %d: top-1 %d, reference %d (margin %g > %g)", name, kvt, p,
+                  best, top, m1 - m2, tol);
+        }
+        free(lg), free(one), free(ids);
+    }
+    if (getenv("KILN_TEST_VERBOSE")) fprintf(stderr, "  %s --kv-dtype %s: worst max |delta| %.3g%% of the logit range\n", name, kvt, 100 * worst);
+    kiln_engine_close(e);
+    ref_free(&r);
+}
+
 void test_parity(void) {
     const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny", "qwen3-fp8-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        check_kv16(models[i], "f16", 10.f / 2048);
+        check_kv16(models[i], "bf16", 10.f / 256);
+    }
 }

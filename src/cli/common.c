@@ -20,6 +20,7 @@ const char *cli_model_usage =
     "  --max-total-tokens N   KV cache capacity in tokens\n"
     "  --mem-fraction F       size the KV cache so that weights + KV use F of the device's memory (0 < F <= 1)\n"
     "  --page-size N          KV page size in tokens (default 16)\n"
+    "  --kv-dtype f32|f16|bf16  KV cache rows (default f32 on the CPU, half the bytes at f16/bf16; bf16 on CUDA)\n"
     "  --chunk N              most prompt tokens per forward (default 512)\n"
     "  -v                     log more\n";
 
@@ -48,6 +49,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct kiln_engine_opts *o) {
     else if (!strcmp(a, "--dummy")) sv = &o->dummy;
     else if (!strcmp(a, "--dtype")) sv = &o->dummy_dtype;
     else if (!strcmp(a, "--quant")) sv = &o->quant;
+    else if (!strcmp(a, "--kv-dtype")) sv = &o->kv_dtype;
     else if (!strcmp(a, "--backend")) sv = &o->backend;
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) iv = &o->n_threads;
     else if (!strcmp(a, "--max-total-tokens")) iv = &o->max_total_tokens;

@@ -80,6 +80,10 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     int page = o->page_size > 0 ? o->page_size : 16;
     int tokens = o->max_total_tokens > 0 ? o->max_total_tokens : (c->max_pos < 32768 ? c->max_pos : 32768);
     enum kiln_dtype kvt = e->be->act_size == 4 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
+    if (o->kv_dtype && (kvt = parse_dtype(o->kv_dtype)) == KILN_DTYPE_NONE) {
+        kiln_errf(err, errlen, "--kv-dtype %s: expected f32, f16 or bf16", o->kv_dtype);
+        goto fail;
+    }
     if (o->mem_fraction > 0 && kv_tokens_for_fraction(e, o, kvt, &tokens, err, errlen)) goto fail;
     e->max_tokens = tokens;
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;

@@ -14,8 +14,10 @@ int kv_pool_init(struct kv_pool *p, struct kiln_backend *be, int n_layer, int n_
                  int n_pages, enum kiln_dtype dtype, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     if (n_pages <= 0 || page_size <= 0) return kiln_errf(err, errlen, "kv pool: %d pages of %d tokens is empty", n_pages, page_size);
-    if (dtype != KILN_DTYPE_F32 && be->act_size == 4)
-        return kiln_errf(err, errlen, "kv pool: the %s backend keeps its KV cache in F32", be->name);
+    /* the CPU backend (f32 activations) reads F32, F16 or BF16 rows; CUDA's kernels read BF16 */
+    if (be->act_size == 4 ? dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_F16 && dtype != KILN_DTYPE_BF16 : dtype != KILN_DTYPE_BF16)
+        return kiln_errf(err, errlen, "kv pool: the %s backend keeps its KV cache in %s, not %s", be->name,
+                         be->act_size == 4 ? "F32, F16 or BF16" : "BF16", dtype_name(dtype));
     struct kv_cache *c = &p->cache;
     *c = (struct kv_cache){n_layer, n_head_kv, head_dim, page_size, n_pages, dtype, NULL, NULL};
     p->be = be;

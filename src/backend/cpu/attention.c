@@ -55,24 +55,107 @@
 #include "backend/cpu/simd.h"
 #include "base/base.h"
 
-static inline float *kv_at(const struct kv_cache *kv, void *base, int page, int head, int slot) {
-    return (float *)base + (((size_t)page * kv->n_head_kv + head) * kv->page_size + slot) * kv->head_dim;
+/* ==== the cache's rows: F32, or F16 / BF16 (--kv-dtype) ====
+ *
+ * The kernels below read f32 rows. A cache of 16-bit rows holds half the
+ * bytes (what decode at long contexts streams); its rows are widened into
+ * the thread's scratch on the way in (exact), a page at a time on the row
+ * path and a key tile at a time on the tiled path (reused there by every
+ * subtile), and rounded to nearest even on the way in by kv_write. The same
+ * f32 kernels then see the same numbers as an F32 cache holding the
+ * rounded values: the tests check that bit for bit. */
+
+static inline size_t kv_esize(const struct kv_cache *kv) { return kv->dtype == KILN_DTYPE_F32 ? 4 : 2; }
+
+static inline char *kv_at(const struct kv_cache *kv, void *base, int page, int head, int slot) {
+    return (char *)base + ((((size_t)page * kv->n_head_kv + head) * kv->page_size + slot) * kv->head_dim) * kv_esize(kv);
 }
 
-/* a plain copy (memory bound, a few MB at most per layer): on the caller */
+static void widen_scalar(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
+    for (size_t i = 0; i < n; i++) dst[i] = t == KILN_DTYPE_F16 ? kiln_f16_to_f32(src[i]) : kiln_bf16_to_f32(src[i]);
+}
+
+static void narrow_scalar(uint16_t *dst, const float *src, size_t n, enum kiln_dtype t) {
+    for (size_t i = 0; i < n; i++) dst[i] = t == KILN_DTYPE_F16 ? kiln_f32_to_f16(src[i]) : kiln_f32_to_bf16(src[i]);
+}
+
+#if defined(KILN_X86)
+KILN_AVX2 static void widen_avx2(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
+    size_t i = 0;
+    if (t == KILN_DTYPE_F16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    else
+        for (; i + 8 <= n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+    widen_scalar(dst + i, src + i, n - i, t);
+}
+
+KILN_AVX2 static void narrow_avx2(uint16_t *dst, const float *src, size_t n, enum kiln_dtype t) {
+    size_t i = 0;
+    if (t == KILN_DTYPE_F16)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    narrow_scalar(dst + i, src + i, n - i, t); /* BF16: the scalar rounding (kiln_f32_to_bf16) */
+}
+#endif
+
+#if defined(KILN_NEON)
+static void widen_neon(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, t == KILN_DTYPE_F16 ? kiln_f16x4(src + i) : kiln_bf16x4(src + i));
+    widen_scalar(dst + i, src + i, n - i, t);
+}
+#endif
+
+/* n values of a 16-bit cache row to f32 (exact), in the ISA's way */
+static void kv_widen(float *dst, const void *src, size_t n, enum kiln_dtype t, int isa) {
+#if defined(KILN_X86)
+    if (isa >= CPU_ISA_AVX2) {
+        widen_avx2(dst, src, n, t);
+        return;
+    }
+#elif defined(KILN_NEON)
+    if (isa >= CPU_ISA_NEON) {
+        widen_neon(dst, src, n, t);
+        return;
+    }
+#endif
+    (void)isa;
+    widen_scalar(dst, src, n, t);
+}
+
+/* n f32 values into a cache row of dtype t (F32: a copy) */
+static void kv_store(void *dst, const float *src, size_t n, enum kiln_dtype t, int isa) {
+    if (t == KILN_DTYPE_F32) {
+        memcpy(dst, src, n * 4);
+        return;
+    }
+#if defined(KILN_X86)
+    if (isa >= CPU_ISA_AVX2) {
+        narrow_avx2(dst, src, n, t);
+        return;
+    }
+#endif
+    (void)isa;
+    narrow_scalar(dst, src, n, t);
+}
+
+/* a copy (memory bound, a few MB at most per layer): on the caller */
 void cpu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k_, const void *v_,
                   const struct kiln_batch *b) {
     (void)be;
     const float *k = k_, *v = v_;
-    const int hd = kv->head_dim, nkv = kv->n_head_kv;
+    const int hd = kv->head_dim, nkv = kv->n_head_kv, isa = cpu_isa();
     for (int s = 0; s < b->n_seqs; s++) {
         const struct kiln_seq_view *sq = &b->seqs[s];
         for (int i = 0; i < sq->n; i++) {
             int t = sq->n_past + i, row = sq->start + i;
             int page = sq->pages[t / kv->page_size], slot = t % kv->page_size;
             for (int h = 0; h < nkv; h++) {
-                memcpy(kv_at(kv, kv->k[layer], page, h, slot), k + ((size_t)row * nkv + h) * hd, (size_t)hd * 4);
-                memcpy(kv_at(kv, kv->v[layer], page, h, slot), v + ((size_t)row * nkv + h) * hd, (size_t)hd * 4);
+                kv_store(kv_at(kv, kv->k[layer], page, h, slot), k + ((size_t)row * nkv + h) * hd, (size_t)hd, kv->dtype, isa);
+                kv_store(kv_at(kv, kv->v[layer], page, h, slot), v + ((size_t)row * nkv + h) * hd, (size_t)hd, kv->dtype, isa);
             }
         }
     }
@@ -624,28 +707,40 @@ struct att_job {
     tqk_fn tqk;
     tsm_fn tsm;
     tpv_fn tpv;
+    int isa;      /* for widening 16-bit cache rows */
+    size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
 };
 
 /* the next page of one head towards L2 while this one is computed: pages
  * are a few KB apart, so the hardware prefetcher restarts at every page */
-static inline void prefetch_page(const void *base, int page, int kh, int nkv, size_t page_stride, int n, int hd) {
-    const char *p = (const char *)((const float *)base + ((size_t)page * nkv + kh) * page_stride), *e = p + (size_t)n * hd * 4;
+static inline void prefetch_page(const struct kv_cache *kv, const void *base, int page, int kh, int n) {
+    const char *p = kv_at(kv, (void *)base, page, kh, 0), *e = p + (size_t)n * kv->head_dim * kv_esize(kv);
     for (; p < e; p += 64) _mm_prefetch(p, _MM_HINT_T1);
+}
+
+/* n rows of one head's page (from slot 0) as f32: the page itself, or its
+ * rows widened into buf */
+static const float *page_rows(const struct att_job *j, const void *base, int page, int kh, int n, float *buf) {
+    const struct kv_cache *kv = j->kv;
+    const void *p = kv_at(kv, (void *)base, page, kh, 0);
+    if (kv->dtype == KILN_DTYPE_F32) return p;
+    kv_widen(buf, p, (size_t)n * kv->head_dim, kv->dtype, j->isa);
+    return buf;
 }
 
 /* one (row, KV head): the G heads together, page by page */
 static void att_row(const struct att_job *j, const struct att_item *it, float *sc) {
     const struct kv_cache *kv = j->kv;
-    const int hd = kv->head_dim, nkv = kv->n_head_kv, P = kv->page_size, G = j->group, kh = it->kh, row = it->r0;
-    const size_t page_stride = (size_t)P * hd; /* one head's page */
+    const int hd = kv->head_dim, P = kv->page_size, G = j->group, kh = it->kh, row = it->r0;
     const struct kiln_seq_view *sq = &j->b->seqs[it->seq];
     const int len = sq->n_past + (row - sq->start) + 1;
     const float *qr = j->q + ((size_t)row * j->n_head + (size_t)kh * G) * hd;
-    float *out = j->out + ((size_t)row * j->n_head + (size_t)kh * G) * hd;
+    float *out = j->out + ((size_t)row * j->n_head + (size_t)kh * G) * hd, *wide = sc + j->wide;
     for (int t0 = 0; t0 < len; t0 += P) {
-        const float *kp = (const float *)kv->k[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
-        if (t0 + P < len) prefetch_page(kv->k[j->layer], sq->pages[t0 / P + 1], kh, nkv, page_stride, len - t0 - P < P ? len - t0 - P : P, hd);
-        for (int g = 0; g < G; g++) j->qk(qr + (size_t)g * hd, kp, len - t0 < P ? len - t0 : P, hd, j->scale, sc + (size_t)g * j->sc_len + t0);
+        const int n = len - t0 < P ? len - t0 : P;
+        const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh, n, wide);
+        if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
+        for (int g = 0; g < G; g++) j->qk(qr + (size_t)g * hd, kp, n, hd, j->scale, sc + (size_t)g * j->sc_len + t0);
     }
     for (int g = 0; g < G; g++) {
         float *s = sc + (size_t)g * j->sc_len, mx = -FLT_MAX;
@@ -656,18 +751,20 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
         memset(out + (size_t)g * hd, 0, sizeof(float) * (size_t)hd);
     }
     for (int t0 = 0; t0 < len; t0 += P) {
-        const float *vp = (const float *)kv->v[j->layer] + ((size_t)sq->pages[t0 / P] * nkv + kh) * page_stride;
-        if (t0 + P < len) prefetch_page(kv->v[j->layer], sq->pages[t0 / P + 1], kh, nkv, page_stride, len - t0 - P < P ? len - t0 - P : P, hd);
-        for (int g = 0; g < G; g++) j->pv(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, len - t0 < P ? len - t0 : P, hd);
+        const int n = len - t0 < P ? len - t0 : P;
+        const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh, n, wide);
+        if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
+        for (int g = 0; g < G; g++) j->pv(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, n, hd);
     }
 }
 
 /* one (sequence, KV head, block of up to QB rows), flash style */
 static void att_tile(const struct att_job *j, const struct att_item *it, float *scr) {
     const struct kv_cache *kv = j->kv;
-    const int hd = kv->head_dim, nkv = kv->n_head_kv, P = kv->page_size, G = j->group, kh = it->kh, L = j->L;
+    const int hd = kv->head_dim, P = kv->page_size, G = j->group, kh = it->kh, L = j->L;
     const struct kiln_seq_view *sq = &j->b->seqs[it->seq];
     const int R = it->r1 - it->r0, nst = (R + L - 1) / L;
+    float *wide = scr + j->wide; /* 16-bit caches: the tile's keys, then its values, as f32 [BK][hd] */
     /* scratch: Q^T and O^T [nst][hd][L], S [BK][L], m, l, alpha [nst][L], lim [nst][L] */
     float *qt = scr, *ot = qt + (size_t)QB * hd, *S = ot + (size_t)QB * hd, *m = S + BK * LMAX, *l = m + QB, *al = l + QB;
     int32_t *lim = (int32_t *)(al + QB);
@@ -694,23 +791,28 @@ static void att_tile(const struct att_job *j, const struct att_item *it, float *
     }
     memset(ot, 0, sizeof(float) * (size_t)nst * hd * L);
     const int n_keys = st_hi[nst - 1] + 1; /* rows are position-major: the last subtile sees the most */
-    const size_t page_stride = (size_t)P * hd;
-    const float *kbase = (const float *)kv->k[j->layer], *vbase = (const float *)kv->v[j->layer];
+    void *kbase = kv->k[j->layer], *vbase = kv->v[j->layer];
+    const size_t rowb = (size_t)hd * kv_esize(kv);
     for (int t0 = 0; t0 < n_keys; t0 += BK) {
         int nt = n_keys - t0 < BK ? n_keys - t0 : BK;
         for (int u = 0; u < BK; u++) {
             int t = t0 + (u < nt ? u : nt - 1); /* spare entries: the last key again (scores unused) */
-            size_t off = ((size_t)sq->pages[t / P] * nkv + kh) * page_stride + (size_t)(t % P) * hd;
-            krow[u] = kbase + off, vrow[u] = vbase + off;
+            const char *kr = kv_at(kv, kbase, sq->pages[t / P], kh, t % P), *vr = kv_at(kv, vbase, sq->pages[t / P], kh, t % P);
+            if (kv->dtype == KILN_DTYPE_F32) {
+                krow[u] = (const float *)kr, vrow[u] = (const float *)vr;
+            } else if (u < nt) {
+                float *kw = wide + (size_t)u * hd, *vw = wide + (size_t)(BK + u) * hd;
+                kv_widen(kw, kr, (size_t)hd, kv->dtype, j->isa), kv_widen(vw, vr, (size_t)hd, kv->dtype, j->isa);
+                krow[u] = kw, vrow[u] = vw;
+            } else {
+                krow[u] = krow[nt - 1], vrow[u] = vrow[nt - 1];
+            }
         }
         /* the next tile's keys and values towards L2 while this one is computed
          * (rows gathered from pages defeat the hardware prefetcher's ramp-up) */
         for (int t = t0 + BK; t < t0 + 2 * BK && t < n_keys; t++) {
-            size_t off = ((size_t)sq->pages[t / P] * nkv + kh) * page_stride + (size_t)(t % P) * hd;
-            for (int d = 0; d < hd; d += 16) {
-                _mm_prefetch((const char *)(kbase + off + d), _MM_HINT_T1);
-                _mm_prefetch((const char *)(vbase + off + d), _MM_HINT_T1);
-            }
+            const char *kr = kv_at(kv, kbase, sq->pages[t / P], kh, t % P), *vr = kv_at(kv, vbase, sq->pages[t / P], kh, t % P);
+            for (size_t d = 0; d < rowb; d += 64) _mm_prefetch(kr + d, _MM_HINT_T1), _mm_prefetch(vr + d, _MM_HINT_T1);
         }
         for (int st = 0; st < nst; st++) {
             if (t0 > st_hi[st]) continue; /* causal: this subtile's rows see none of these keys */
@@ -754,7 +856,8 @@ enum { ATT_PAR_MIN = 8192 };
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
     const int G = n_head / kv->n_head_kv, nkv = kv->n_head_kv, hd = kv->head_dim, nth = cpu_n_threads(be);
-    struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .layer = layer, .n_head = n_head, .group = G, .scale = scale};
+    struct att_job j = {.out = out, .q = q, .kv = kv, .b = b, .layer = layer, .n_head = n_head, .group = G, .scale = scale,
+                        .isa = isa < 0 ? CPU_ISA_SCALAR : isa};
     if (isa >= 0) cpu_isa_note(isa, 0);
 #if defined(KILN_X86)
     j.qk = isa == CPU_ISA_AVX512 ? qk_avx512 : isa == CPU_ISA_AVX2 ? qk_avx2 : qk_scalar;
@@ -807,7 +910,10 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.sc_len = (max_len + 31) & ~31;
     size_t row_len = (size_t)G * j.sc_len;
     size_t tile_len = any_tiled ? 2 * (size_t)QB * hd + BK * LMAX + 4 * QB : 0;
-    j.scr_len = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
+    j.wide = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
+    /* 16-bit caches: a page of rows (row path) or a tile's keys and values (tiled) widened */
+    size_t wide_len = kv->dtype == KILN_DTYPE_F32 ? 0 : (size_t)hd * (kv->page_size > 2 * BK ? kv->page_size : 2 * BK);
+    j.scr_len = (j.wide + wide_len + 15) & ~(size_t)15;
     if (posix_memalign((void **)&j.scratch, 64, sizeof(float) * j.scr_len * (size_t)nth)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
     cpu_parallel_for(be, n_items, work >= ATT_PAR_MIN ? 1 : n_items, att_items, &j);
     free(j.scratch);
