@@ -169,6 +169,9 @@ typedef void (*qk_fn)(const float *q, const float *k, int nk, int hd, float scal
 typedef float (*expsum_fn)(float *sc, int n, float mx);
 /* o[0..hd) += sum_j p[j] * v[j] for nk values of hd floats, contiguous */
 typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
+/* the same two at head_dim 128 on 16-bit rows (F16 or BF16, widened in registers) */
+typedef void (*qk16_fn)(const float *q, const uint16_t *k, int nk, float scale, float *sc);
+typedef void (*pv16_fn)(float *o, const float *p, const uint16_t *v, int nk);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -318,6 +321,94 @@ KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int 
         }
     }
 }
+
+/* The row path on a 16-bit cache at head_dim 128: the loops of qk/pv above
+ * with each load of 8 (AVX2) or 16 (AVX-512) values widened in registers
+ * (F16: vcvtph2ps; BF16: zero-extend and shift), so a page is read once at
+ * half the bytes and the sums are the f32 kernels' to the bit. f16 is a
+ * constant in each caller (the bodies are inlined). */
+static inline __attribute__((always_inline)) KILN_AVX2 __m256 ld8_16(const uint16_t *p, int f16) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return f16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) KILN_AVX2 void qk128_16_avx2(const float *q, const uint16_t *k, int nk, float scale,
+                                                                           float *sc, int f16) {
+    __m256 qv[16];
+    for (int i = 0; i < 16; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
+    for (int j = 0; j < nk; j++, k += 128) {
+        __m256 a0 = _mm256_mul_ps(qv[0], ld8_16(k, f16)), a1 = _mm256_mul_ps(qv[1], ld8_16(k + 8, f16));
+        for (int i = 2; i < 16; i += 2) {
+            a0 = _mm256_fmadd_ps(qv[i], ld8_16(k + 8 * i, f16), a0);
+            a1 = _mm256_fmadd_ps(qv[i + 1], ld8_16(k + 8 * i + 8, f16), a1);
+        }
+        sc[j] = kiln_hsum8(_mm256_add_ps(a0, a1)) * scale;
+    }
+}
+
+static inline __attribute__((always_inline)) KILN_AVX2 void pv128_16_avx2(float *o, const float *p, const uint16_t *v, int nk,
+                                                                           int f16) {
+    __m256 a[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int j = 0; j < nk; j++, v += 128) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, ld8_16(v + 8 * i, f16), a[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
+}
+
+static inline __attribute__((always_inline)) KILN_AVX512 __m512 ld16_16(const uint16_t *p, int f16) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) KILN_AVX512 void qk128_16_avx512(const float *q, const uint16_t *k, int nk, float scale,
+                                                                               float *sc, int f16) {
+    __m512 qv[8];
+    for (int i = 0; i < 8; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
+    for (int j = 0; j < nk; j++, k += 128) {
+        __m512 a0 = _mm512_mul_ps(qv[0], ld16_16(k, f16)), a1 = _mm512_mul_ps(qv[1], ld16_16(k + 16, f16));
+        for (int i = 2; i < 8; i += 2) {
+            a0 = _mm512_fmadd_ps(qv[i], ld16_16(k + 16 * i, f16), a0);
+            a1 = _mm512_fmadd_ps(qv[i + 1], ld16_16(k + 16 * i + 16, f16), a1);
+        }
+        sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+    }
+}
+
+static inline __attribute__((always_inline)) KILN_AVX512 void pv128_16_avx512(float *o, const float *p, const uint16_t *v, int nk,
+                                                                               int f16) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
+    for (int j = 0; j < nk; j++, v += 128) {
+        __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, ld16_16(v + 16 * i, f16), a[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
+}
+
+KILN_AVX2 static void qk128_f16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_16_avx2(q, k, nk, scale, sc, 1);
+}
+KILN_AVX2 static void qk128_bf16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_16_avx2(q, k, nk, scale, sc, 0);
+}
+KILN_AVX2 static void pv128_f16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx2(o, p, v, nk, 1); }
+KILN_AVX2 static void pv128_bf16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx2(o, p, v, nk, 0); }
+KILN_AVX512 static void qk128_f16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_16_avx512(q, k, nk, scale, sc, 1);
+}
+KILN_AVX512 static void qk128_bf16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_16_avx512(q, k, nk, scale, sc, 0);
+}
+KILN_AVX512 static void pv128_f16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx512(o, p, v, nk, 1); }
+KILN_AVX512 static void pv128_bf16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx512(o, p, v, nk, 0); }
 
 #endif /* KILN_X86 */
 
@@ -708,6 +799,8 @@ struct att_job {
     tsm_fn tsm;
     tpv_fn tpv;
     int isa;      /* for widening 16-bit cache rows */
+    qk16_fn qk16; /* head_dim 128 on a 16-bit cache, or NULL (then pages are widened into scratch) */
+    pv16_fn pv16;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
 };
 
@@ -738,8 +831,13 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
     float *out = j->out + ((size_t)row * j->n_head + (size_t)kh * G) * hd, *wide = sc + j->wide;
     for (int t0 = 0; t0 < len; t0 += P) {
         const int n = len - t0 < P ? len - t0 : P;
-        const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh, n, wide);
         if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
+        if (j->qk16) {
+            const uint16_t *kp = (const uint16_t *)kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh, 0);
+            for (int g = 0; g < G; g++) j->qk16(qr + (size_t)g * hd, kp, n, j->scale, sc + (size_t)g * j->sc_len + t0);
+            continue;
+        }
+        const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh, n, wide);
         for (int g = 0; g < G; g++) j->qk(qr + (size_t)g * hd, kp, n, hd, j->scale, sc + (size_t)g * j->sc_len + t0);
     }
     for (int g = 0; g < G; g++) {
@@ -752,8 +850,13 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
     }
     for (int t0 = 0; t0 < len; t0 += P) {
         const int n = len - t0 < P ? len - t0 : P;
-        const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh, n, wide);
         if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
+        if (j->pv16) {
+            const uint16_t *vp = (const uint16_t *)kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh, 0);
+            for (int g = 0; g < G; g++) j->pv16(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, n);
+            continue;
+        }
+        const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh, n, wide);
         for (int g = 0; g < G; g++) j->pv(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, n, hd);
     }
 }
@@ -867,6 +970,11 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tqk = isa == CPU_ISA_AVX512 ? tqk_avx512 : isa == CPU_ISA_AVX2 ? tqk_avx2 : tqk_scalar;
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
+    if (hd == 128 && kv->dtype != KILN_DTYPE_F32 && isa >= CPU_ISA_AVX2) {
+        const int f16 = kv->dtype == KILN_DTYPE_F16, z = isa == CPU_ISA_AVX512;
+        j.qk16 = z ? (f16 ? qk128_f16_avx512 : qk128_bf16_avx512) : (f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
+        j.pv16 = z ? (f16 ? pv128_f16_avx512 : pv128_bf16_avx512) : (f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
+    }
 #elif defined(KILN_NEON)
     const int neon = isa >= CPU_ISA_NEON;
     j.qk = neon ? qk_neon : qk_scalar, j.expsum = neon ? expsum_neon : expsum_scalar, j.pv = neon ? pv_neon : pv_scalar;
