@@ -778,7 +778,7 @@ static void tpv_neon(float *ot, const float *alpha, const float *p, const float 
 struct att_item {
     int64_t cost; /* ~ rows x keys */
     int seq, kh;
-    int r0, r1; /* tiled: the sequence's rows [r0, r1) (r = i * G + g); rows: r0 = the batch row */
+    int r0, r1; /* tiled: the sequence's rows [r0, r1) (r = i * G + g); rows: r0 = the batch row, r1 = KV heads from kh */
     int tiled;
 };
 
@@ -821,26 +821,33 @@ static const float *page_rows(const struct att_job *j, const void *base, int pag
     return buf;
 }
 
-/* one (row, KV head): the G heads together, page by page */
+/* one row and a run of nkh adjacent KV heads (each with its G query heads),
+ * page by page: a page holds its heads side by side, so the run is one
+ * contiguous block of nkh head pages (random 4-8 KB reads of a single head
+ * stream well below the machine's bandwidth) */
 static void att_row(const struct att_job *j, const struct att_item *it, float *sc) {
     const struct kv_cache *kv = j->kv;
-    const int hd = kv->head_dim, P = kv->page_size, G = j->group, kh = it->kh, row = it->r0;
+    const int hd = kv->head_dim, P = kv->page_size, G = j->group, kh0 = it->kh, nkh = it->r1, row = it->r0, GH = G * nkh;
     const struct kiln_seq_view *sq = &j->b->seqs[it->seq];
     const int len = sq->n_past + (row - sq->start) + 1;
-    const float *qr = j->q + ((size_t)row * j->n_head + (size_t)kh * G) * hd;
-    float *out = j->out + ((size_t)row * j->n_head + (size_t)kh * G) * hd, *wide = sc + j->wide;
+    const float *qr = j->q + ((size_t)row * j->n_head + (size_t)kh0 * G) * hd;
+    float *out = j->out + ((size_t)row * j->n_head + (size_t)kh0 * G) * hd, *wide = sc + j->wide;
     for (int t0 = 0; t0 < len; t0 += P) {
         const int n = len - t0 < P ? len - t0 : P;
-        if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
-        if (j->qk16) {
-            const uint16_t *kp = (const uint16_t *)kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh, 0);
-            for (int g = 0; g < G; g++) j->qk16(qr + (size_t)g * hd, kp, n, j->scale, sc + (size_t)g * j->sc_len + t0);
-            continue;
+        for (int h = 0; h < nkh; h++) {
+            if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
+            float *s = sc + (size_t)h * G * j->sc_len + t0;
+            const float *q = qr + (size_t)h * G * hd;
+            if (j->qk16) {
+                const uint16_t *kp = (const uint16_t *)kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
+                for (int g = 0; g < G; g++) j->qk16(q + (size_t)g * hd, kp, n, j->scale, s + (size_t)g * j->sc_len);
+                continue;
+            }
+            const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, n, wide);
+            for (int g = 0; g < G; g++) j->qk(q + (size_t)g * hd, kp, n, hd, j->scale, s + (size_t)g * j->sc_len);
         }
-        const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh, n, wide);
-        for (int g = 0; g < G; g++) j->qk(qr + (size_t)g * hd, kp, n, hd, j->scale, sc + (size_t)g * j->sc_len + t0);
     }
-    for (int g = 0; g < G; g++) {
+    for (int g = 0; g < GH; g++) {
         float *s = sc + (size_t)g * j->sc_len, mx = -FLT_MAX;
         for (int t = 0; t < len; t++)
             if (s[t] > mx) mx = s[t];
@@ -850,14 +857,18 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
     }
     for (int t0 = 0; t0 < len; t0 += P) {
         const int n = len - t0 < P ? len - t0 : P;
-        if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh, len - t0 - P < P ? len - t0 - P : P);
-        if (j->pv16) {
-            const uint16_t *vp = (const uint16_t *)kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh, 0);
-            for (int g = 0; g < G; g++) j->pv16(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, n);
-            continue;
+        for (int h = 0; h < nkh; h++) {
+            if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
+            const float *p = sc + (size_t)h * G * j->sc_len + t0;
+            float *o = out + (size_t)h * G * hd;
+            if (j->pv16) {
+                const uint16_t *vp = (const uint16_t *)kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
+                for (int g = 0; g < G; g++) j->pv16(o + (size_t)g * hd, p + (size_t)g * j->sc_len, vp, n);
+                continue;
+            }
+            const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, n, wide);
+            for (int g = 0; g < G; g++) j->pv(o + (size_t)g * hd, p + (size_t)g * j->sc_len, vp, n, hd);
         }
-        const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh, n, wide);
-        for (int g = 0; g < G; g++) j->pv(out + (size_t)g * hd, sc + (size_t)g * j->sc_len + t0, vp, n, hd);
     }
 }
 
@@ -955,6 +966,8 @@ static int item_cmp(const void *a_, const void *b_) {
 /* below this much work (~ rows x keys x head_dim) attention runs on the caller */
 enum { ATT_PAR_MIN = 8192 };
 
+static int row_kh_env = -1; /* KILN_CPU_ATT_ROWKH: KV heads per row item (A/B timing) */
+
 /* isa < 0: the reference (every row on the row path, scalar loops) */
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
                       const struct kiln_batch *b, int n_head, float scale, int isa) {
@@ -993,6 +1006,17 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
         n_items += nkv * (isa >= 0 && sq->n >= 2 && rows >= TILE_MIN_ROWS ? (rows + QB - 1) / QB : sq->n);
     }
     struct att_item *items = kiln_malloc(sizeof *items * (size_t)(n_items > 0 ? n_items : 1));
+    /* row items take runs of adjacent KV heads (one contiguous block per
+     * page), halved while there would be fewer items than threads */
+    int row_items = 0, row_kh = nkv;
+    for (int s = 0; s < b->n_seqs; s++)
+        if (!(isa >= 0 && b->seqs[s].n >= 2 && b->seqs[s].n * G >= TILE_MIN_ROWS)) row_items += b->seqs[s].n;
+    if (row_kh_env < 0) {
+        const char *e = getenv("KILN_CPU_ATT_ROWKH");
+        row_kh_env = e ? atoi(e) : 0;
+    }
+    while (row_kh > 1 && row_kh % 2 == 0 && (int64_t)row_items * (nkv / row_kh) < nth) row_kh /= 2;
+    if (row_kh_env > 0 && nkv % row_kh_env == 0) row_kh = row_kh_env;
     n_items = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const struct kiln_seq_view *sq = &b->seqs[s];
@@ -1007,16 +1031,16 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
             }
         } else {
             for (int i = 0; i < sq->n; i++) {
-                int64_t cost = (int64_t)G * (sq->n_past + i + 1) * hd;
-                for (int kh = 0; kh < nkv; kh++) items[n_items++] = (struct att_item){cost, s, kh, sq->start + i, 0, 0};
-                work += cost * nkv;
+                int64_t cost = (int64_t)G * row_kh * (sq->n_past + i + 1) * hd;
+                for (int kh = 0; kh < nkv; kh += row_kh) items[n_items++] = (struct att_item){cost, s, kh, sq->start + i, row_kh, 0};
+                work += cost * (nkv / row_kh);
             }
         }
     }
     qsort(items, (size_t)n_items, sizeof *items, item_cmp);
     j.items = items;
     j.sc_len = (max_len + 31) & ~31;
-    size_t row_len = (size_t)G * j.sc_len;
+    size_t row_len = (size_t)G * row_kh * j.sc_len;
     size_t tile_len = any_tiled ? 2 * (size_t)QB * hd + BK * LMAX + 4 * QB : 0;
     j.wide = ((row_len > tile_len ? row_len : tile_len) + 15) & ~(size_t)15;
     /* 16-bit caches: a page of rows (row path) or a tile's keys and values (tiled) widened */
