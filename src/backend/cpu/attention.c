@@ -31,12 +31,15 @@
  * while one is computed. A subtile stops at its last row's position
  * (causal), so the diagonal costs at most one partly masked tile.
  *
- * Rows (decode: one new token): one work item per (row, KV head): page by
- * page, the scores of the G heads (q . k, head_dim 128 keeps q in
+ * Rows (decode: one new token): one work item per (row, run of adjacent KV
+ * heads; all of them unless that leaves threads idle): page by page, the
+ * scores of each head's G query heads (q . k, head_dim 128 keeps q in
  * registers), an exact max-subtracted softmax per head (as torch), then
  * page by page the p-weighted sums of values (accumulated in registers).
- * A page stays in L1 across the G heads, and the next page is prefetched
- * (pages are a few KB apart: the hardware prefetcher restarts at each).
+ * A page stays in L1 across the G heads; a run of heads reads one
+ * contiguous block per page (a page holds its heads side by side), and the
+ * next page is prefetched (pages are scattered: the hardware prefetcher
+ * restarts at each).
  *
  * Work items of both kinds go to the worker pool (cpu.c) one at a time,
  * longest first (cost ~ rows x keys), so the long causal blocks start first
