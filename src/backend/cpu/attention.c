@@ -199,18 +199,104 @@ static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) 
 }
 
 #if defined(KILN_X86)
+/* The head_dim 128 loops of the row path, one body for every row type the
+ * cache holds: f32 rows, or 16-bit rows whose loads of 8 (AVX2) or 16
+ * (AVX-512) values are widened in registers (F16: vcvtph2ps; BF16:
+ * zero-extend and shift), so a 16-bit page is read once at half the bytes
+ * and its sums are the f32 loops' to the bit. t is a constant in each
+ * caller (the bodies are inlined). */
+enum { KV_F32 = 0, KV_F16, KV_BF16 };
+#define KV_INLINE static inline __attribute__((always_inline))
+
+KV_INLINE KILN_AVX2 __m256 ld8_kv(const void *p, size_t i, int t) {
+    if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return t == KV_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KV_INLINE KILN_AVX2 void qk128_avx2(const float *q, const void *k, int nk, float scale, float *sc, int t) {
+    __m256 qv[16];
+    for (int i = 0; i < 16; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 128;
+        __m256 a0 = _mm256_mul_ps(qv[0], ld8_kv(k, r, t)), a1 = _mm256_mul_ps(qv[1], ld8_kv(k, r + 8, t));
+        for (int i = 2; i < 16; i += 2) {
+            a0 = _mm256_fmadd_ps(qv[i], ld8_kv(k, r + 8 * i, t), a0);
+            a1 = _mm256_fmadd_ps(qv[i + 1], ld8_kv(k, r + 8 * i + 8, t), a1);
+        }
+        sc[j] = kiln_hsum8(_mm256_add_ps(a0, a1)) * scale;
+    }
+}
+
+/* constant-trip loops unrolled, so a[] stays in registers (GCC kept it on
+ * the stack: a store and reload per FMA) */
+KV_INLINE KILN_AVX2 void pv128_avx2(float *o, const float *p, const void *v, int nk, int t) {
+    __m256 a[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int j = 0; j < nk; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, ld8_kv(v, (size_t)j * 128 + 8 * i, t), a[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
+}
+
+KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
+    if (t == KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return t == KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+KV_INLINE KILN_AVX512 void qk128_avx512(const float *q, const void *k, int nk, float scale, float *sc, int t) {
+    __m512 qv[8];
+    for (int i = 0; i < 8; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 128;
+        __m512 a0 = _mm512_mul_ps(qv[0], ld16_kv(k, r, t)), a1 = _mm512_mul_ps(qv[1], ld16_kv(k, r + 16, t));
+        for (int i = 2; i < 8; i += 2) {
+            a0 = _mm512_fmadd_ps(qv[i], ld16_kv(k, r + 16 * i, t), a0);
+            a1 = _mm512_fmadd_ps(qv[i + 1], ld16_kv(k, r + 16 * i + 16, t), a1);
+        }
+        sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+    }
+}
+
+KV_INLINE KILN_AVX512 void pv128_avx512(float *o, const float *p, const void *v, int nk, int t) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
+    for (int j = 0; j < nk; j++) {
+        __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, ld16_kv(v, (size_t)j * 128 + 16 * i, t), a[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
+}
+
+/* the 16-bit row kernels of the table (qk16_fn, pv16_fn) */
+KILN_AVX2 static void qk128_f16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_avx2(q, k, nk, scale, sc, KV_F16);
+}
+KILN_AVX2 static void qk128_bf16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_avx2(q, k, nk, scale, sc, KV_BF16);
+}
+KILN_AVX2 static void pv128_f16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx2(o, p, v, nk, KV_F16); }
+KILN_AVX2 static void pv128_bf16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx2(o, p, v, nk, KV_BF16); }
+KILN_AVX512 static void qk128_f16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_avx512(q, k, nk, scale, sc, KV_F16);
+}
+KILN_AVX512 static void qk128_bf16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
+    qk128_avx512(q, k, nk, scale, sc, KV_BF16);
+}
+KILN_AVX512 static void pv128_f16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx512(o, p, v, nk, KV_F16); }
+KILN_AVX512 static void pv128_bf16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx512(o, p, v, nk, KV_BF16); }
+
 KILN_AVX2 static void qk_avx2(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     if (hd == 128) {
-        __m256 qv[16];
-        for (int i = 0; i < 16; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
-        for (int j = 0; j < nk; j++, k += 128) {
-            __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k)), a1 = _mm256_mul_ps(qv[1], _mm256_loadu_ps(k + 8));
-            for (int i = 2; i < 16; i += 2) {
-                a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k + 8 * i), a0);
-                a1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k + 8 * i + 8), a1);
-            }
-            sc[j] = kiln_hsum8(_mm256_add_ps(a0, a1)) * scale;
-        }
+        qk128_avx2(q, k, nk, scale, sc, KV_F32);
         return;
     }
     for (int j = 0; j < nk; j++, k += hd) {
@@ -244,18 +330,7 @@ KILN_AVX2 static float expsum_avx2(float *sc, int n, float mx) {
 
 KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
-        /* constant-trip loops unrolled, so a[] stays in registers (GCC
-         * kept it on the stack: a store and reload per FMA) */
-        __m256 a[16];
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
-        for (int j = 0; j < nk; j++, v += 128) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
+        pv128_avx2(o, p, v, nk, KV_F32);
         return;
     }
     for (int j = 0; j < nk; j++, v += hd) {
@@ -268,16 +343,7 @@ KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, 
 
 KILN_AVX512 static void qk_avx512(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     if (hd == 128) {
-        __m512 qv[8];
-        for (int i = 0; i < 8; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
-        for (int j = 0; j < nk; j++, k += 128) {
-            __m512 a0 = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k)), a1 = _mm512_mul_ps(qv[1], _mm512_loadu_ps(k + 16));
-            for (int i = 2; i < 8; i += 2) {
-                a0 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), a0);
-                a1 = _mm512_fmadd_ps(qv[i + 1], _mm512_loadu_ps(k + 16 * i + 16), a1);
-            }
-            sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
-        }
+        qk128_avx512(q, k, nk, scale, sc, KV_F32);
         return;
     }
     for (int j = 0; j < nk; j++, k += hd) {
@@ -303,17 +369,7 @@ KILN_AVX512 static float expsum_avx512(float *sc, int n, float mx) {
 
 KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int nk, int hd) {
     if (hd == 128) {
-        /* unrolled: a[] in registers (see pv_avx2) */
-        __m512 a[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
-        for (int j = 0; j < nk; j++, v += 128) {
-            __m512 pj = _mm512_set1_ps(p[j]);
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * i), a[i]);
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
+        pv128_avx512(o, p, v, nk, KV_F32);
         return;
     }
     for (int j = 0; j < nk; j++, v += hd) {
@@ -324,94 +380,6 @@ KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int 
         }
     }
 }
-
-/* The row path on a 16-bit cache at head_dim 128: the loops of qk/pv above
- * with each load of 8 (AVX2) or 16 (AVX-512) values widened in registers
- * (F16: vcvtph2ps; BF16: zero-extend and shift), so a page is read once at
- * half the bytes and the sums are the f32 kernels' to the bit. f16 is a
- * constant in each caller (the bodies are inlined). */
-static inline __attribute__((always_inline)) KILN_AVX2 __m256 ld8_16(const uint16_t *p, int f16) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return f16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline __attribute__((always_inline)) KILN_AVX2 void qk128_16_avx2(const float *q, const uint16_t *k, int nk, float scale,
-                                                                           float *sc, int f16) {
-    __m256 qv[16];
-    for (int i = 0; i < 16; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
-    for (int j = 0; j < nk; j++, k += 128) {
-        __m256 a0 = _mm256_mul_ps(qv[0], ld8_16(k, f16)), a1 = _mm256_mul_ps(qv[1], ld8_16(k + 8, f16));
-        for (int i = 2; i < 16; i += 2) {
-            a0 = _mm256_fmadd_ps(qv[i], ld8_16(k + 8 * i, f16), a0);
-            a1 = _mm256_fmadd_ps(qv[i + 1], ld8_16(k + 8 * i + 8, f16), a1);
-        }
-        sc[j] = kiln_hsum8(_mm256_add_ps(a0, a1)) * scale;
-    }
-}
-
-static inline __attribute__((always_inline)) KILN_AVX2 void pv128_16_avx2(float *o, const float *p, const uint16_t *v, int nk,
-                                                                           int f16) {
-    __m256 a[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
-    for (int j = 0; j < nk; j++, v += 128) {
-        __m256 pj = _mm256_set1_ps(p[j]);
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, ld8_16(v + 8 * i, f16), a[i]);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
-}
-
-static inline __attribute__((always_inline)) KILN_AVX512 __m512 ld16_16(const uint16_t *p, int f16) {
-    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-static inline __attribute__((always_inline)) KILN_AVX512 void qk128_16_avx512(const float *q, const uint16_t *k, int nk, float scale,
-                                                                               float *sc, int f16) {
-    __m512 qv[8];
-    for (int i = 0; i < 8; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
-    for (int j = 0; j < nk; j++, k += 128) {
-        __m512 a0 = _mm512_mul_ps(qv[0], ld16_16(k, f16)), a1 = _mm512_mul_ps(qv[1], ld16_16(k + 16, f16));
-        for (int i = 2; i < 8; i += 2) {
-            a0 = _mm512_fmadd_ps(qv[i], ld16_16(k + 16 * i, f16), a0);
-            a1 = _mm512_fmadd_ps(qv[i + 1], ld16_16(k + 16 * i + 16, f16), a1);
-        }
-        sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
-    }
-}
-
-static inline __attribute__((always_inline)) KILN_AVX512 void pv128_16_avx512(float *o, const float *p, const uint16_t *v, int nk,
-                                                                               int f16) {
-    __m512 a[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
-    for (int j = 0; j < nk; j++, v += 128) {
-        __m512 pj = _mm512_set1_ps(p[j]);
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, ld16_16(v + 16 * i, f16), a[i]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
-}
-
-KILN_AVX2 static void qk128_f16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_16_avx2(q, k, nk, scale, sc, 1);
-}
-KILN_AVX2 static void qk128_bf16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_16_avx2(q, k, nk, scale, sc, 0);
-}
-KILN_AVX2 static void pv128_f16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx2(o, p, v, nk, 1); }
-KILN_AVX2 static void pv128_bf16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx2(o, p, v, nk, 0); }
-KILN_AVX512 static void qk128_f16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_16_avx512(q, k, nk, scale, sc, 1);
-}
-KILN_AVX512 static void qk128_bf16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_16_avx512(q, k, nk, scale, sc, 0);
-}
-KILN_AVX512 static void pv128_f16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx512(o, p, v, nk, 1); }
-KILN_AVX512 static void pv128_bf16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_16_avx512(o, p, v, nk, 0); }
 
 #endif /* KILN_X86 */
 
