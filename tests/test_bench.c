@@ -364,6 +364,22 @@ static void test_inproc(void) {
     CHECK(pp32 > 0 && tg4 > 0 && strstr(js, "\"pp32\": ") && strstr(js, "\"tg4\": "), "%s", js);
     CHECK(bench_decode_bytes(e) > 0 && bench_decode_bytes(e) <= (double)kiln_engine_param_bytes(e));
     free(js);
+    const double mem_plain = cellv(&t, 1, "peak_mem_mib");
+    bt_free(&t);
+
+    /* --roofline: the probe's figures, consistent with the row's GB/s, and
+     * its 64 MiB buffer gone before the memory column is read */
+    CHECK(bench_membw(2, 64 << 20, 2, 16) > 0.1 && bench_membw(2, 0, 2, 16) == -1);
+    po.roofline = 1, po.roofline_mib = 64;
+    CHECK(bench_pptg(e, &po, &t, err, sizeof err) == 0, "%s", err);
+    const double bw = cellv(&t, 1, "membw_gbps"), roof = cellv(&t, 1, "roofline_pct"), gbps = cellv(&t, 1, "gbps");
+    CHECK(bw > 0.1 && roof > 0 && isnan(cellv(&t, 0, "membw_gbps")), "membw %g roofline %g", bw, roof);
+    /* mean of per-repetition ratios against the ratio of means: the same within the repetitions' spread */
+    CHECK(fabs(roof - 100 * gbps / bw) <= 0.5 * roof, "roofline %g%% vs %g / %g", roof, gbps, bw);
+    CHECK(cellv(&t, 1, "peak_mem_mib") < mem_plain + 32, "peak %g MiB with the probe, %g without", cellv(&t, 1, "peak_mem_mib"), mem_plain);
+    js = to_string(&t, BT_JSON);
+    CHECK(strstr(js, "\"tg4_roofline_pct\": ") && strstr(js, "\"tg4_membw_gbps\": "), "%s", js);
+    free(js);
     bt_free(&t);
     kiln_engine_close(e);
 }

@@ -21,7 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu.h" /* cpu_isa(): the load width of the bandwidth probe */
 #include "base/base.h"
+#include "bench/bench.h"
 #include "bench/stats.h"
 #include "engine/sampler.h"
 
@@ -191,6 +193,9 @@ double bench_decode_bytes(const kiln_engine *e) {
 
 /* ==== pp / tg (llama-bench) ==== */
 
+/* the bandwidth probe of --roofline: a few passes (~0.3 s at 20 GB/s) */
+#define BW_PASSES 5
+
 int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table *t, char *err, size_t errlen) {
     const int V = kiln_engine_config(e)->vocab;
     const int cuda = !strcmp(kiln_engine_backend(e), "cuda");
@@ -198,6 +203,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     float *logits = kiln_malloc(sizeof(float) * (size_t)V);
     int reps = o->reps > 0 ? o->reps : 1;
     double *ts = kiln_malloc(sizeof(double) * (size_t)reps), *ttft = kiln_malloc(sizeof(double) * (size_t)reps);
+    double *bw = kiln_malloc(sizeof(double) * (size_t)(reps + 1)), *roof = kiln_malloc(sizeof(double) * (size_t)reps);
     double dbytes = bench_decode_bytes(e);
 
     bt_init(t, "pp-tg", "kiln bench --profile pp-tg", BT_SPREAD_SD);
@@ -210,6 +216,15 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     int c_ts = bt_col(t, "t/s", "tps", BT_NUM, 2, 1);
     int c_ttft = bt_col(t, "TTFT(ms)", "ttft_ms", BT_NUM, 2, 1);
     int c_gbs = bt_col(t, "GB/s", "gbps", BT_NUM, 1, 0);
+    int c_bw = -1, c_roof = -1, bw_width = 16;
+    const int bw_mib = o->roofline_mib > 0 ? o->roofline_mib : BENCH_MEMBW_MIB;
+    if (o->roofline) {
+        c_bw = bt_col(t, "membw(GB/s)", "membw_gbps", BT_NUM, 1, 0);
+        c_roof = bt_col(t, "roofline(%)", "roofline_pct", BT_NUM, 1, 1);
+#if defined(KILN_X86)
+        bw_width = cpu_isa() >= CPU_ISA_AVX512 ? 64 : cpu_isa() >= CPU_ISA_AVX2 ? 32 : 16;
+#endif
+    }
     int c_mem = bt_col(t, cuda ? "GPU mem(MiB)" : "peak RSS(MiB)", "peak_mem_mib", BT_NUM, 0, 0);
     bt_footer(t, "pp<p>: one kiln_seq_eval over p random token ids (seed %llu) in a fresh sequence, last-token logits "
                  "included, no sampling; t/s = p / time. TTFT(ms) = the same eval plus picking the first token (argmax).",
@@ -218,6 +233,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                  "logits included, no sampling; t/s = n / time. GB/s = %.3f GB of weights read per token (all weights but "
                  "the input embedding and unused experts) x t/s.",
               dbytes / 1e9);
+    if (o->roofline)
+        bt_footer(t, "membw: this machine's memory read bandwidth, measured by %d threads with %d-byte loads over a fresh "
+                     "%d MiB buffer (best of %d passes) right before each timed tg repetition and after the last; a "
+                     "repetition's bandwidth is the higher of the two around it. roofline(%%) = GB/s / that bandwidth, "
+                     "mean ± sd over the repetitions.",
+                  o->lab.threads, bw_width, bw_mib, BW_PASSES);
     bt_footer(t, "t/s is the mean ± standard deviation over %d repetitions; %s. Memory: %s.", reps,
               o->warmup ? "one untimed warm-up run of each test first" : "no warm-up",
               cuda ? "GPU memory in use (cudaMemGetInfo total - free) after the test"
@@ -243,7 +264,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
             bench_progress_row(&pr, ++row_i, test, kiln_now());
             int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
             double mem = NAN;
+            const int roofline = o->roofline && pass;
             for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
+                if (roofline && k >= 0 && (bw[k] = bench_membw(o->lab.threads, (size_t)bw_mib << 20, BW_PASSES, bw_width)) <= 0) {
+                    rc = kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", bw_mib);
+                    break;
+                }
                 random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
                 kiln_seq *s = kiln_seq_new(e, err, errlen);
                 if (!s) {
@@ -272,6 +298,14 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 kiln_seq_free(s);
             }
             free(ids);
+            if (rc == 0 && roofline) {
+                if ((bw[reps] = bench_membw(o->lab.threads, (size_t)bw_mib << 20, BW_PASSES, bw_width)) <= 0)
+                    rc = kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", bw_mib);
+                for (int k = 0; k < reps; k++) {
+                    if (bw[k + 1] > bw[k]) bw[k] = bw[k + 1]; /* the higher of the two around rep k (bw[k + 1] is read before it moves) */
+                    roof[k] = 100.0 * dbytes * ts[k] / 1e9 / bw[k];
+                }
+            }
             if (rc) {
                 kiln_err_prefix(err, errlen, "%s", test);
                 break;
@@ -289,6 +323,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
             bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
             if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
             if (pass) bt_set_num(t, r, c_gbs, dbytes * st.mean / 1e9);
+            struct bench_stat sb = {0}, sr = {0};
+            if (roofline) {
+                sb = bench_stat_of(bw, reps), sr = bench_stat_of(roof, reps);
+                bt_set_num(t, r, c_bw, sb.mean);
+                bt_set_range(t, r, c_roof, sr.mean, sr.sd, sr.min, sr.max);
+            }
             bt_set_num(t, r, c_mem, mem / (1 << 20));
             char key[48];
             bt_summary(t, test, st.mean);
@@ -300,6 +340,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
             } else {
                 snprintf(key, sizeof key, "%s_gbps", test);
                 bt_summary(t, key, dbytes * st.mean / 1e9);
+                if (roofline) {
+                    snprintf(key, sizeof key, "%s_membw_gbps", test);
+                    bt_summary(t, key, sb.mean);
+                    snprintf(key, sizeof key, "%s_roofline_pct", test);
+                    bt_summary(t, key, sr.mean);
+                }
             }
             snprintf(key, sizeof key, "%s_mem_mib", test);
             bt_summary(t, key, mem / (1 << 20));
@@ -307,6 +353,6 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
         }
     }
     bench_progress_end(&pr);
-    free(logits), free(ts), free(ttft);
+    free(logits), free(ts), free(ttft), free(bw), free(roof);
     return rc;
 }

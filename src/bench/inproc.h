@@ -25,6 +25,8 @@ struct bench_pptg_opts {
     struct bench_labels lab;
     const char *size_str, *params_str; /* "1.11 GiB", "0.60 B" */
     int progress;
+    int roofline;     /* CPU: measure the memory bandwidth around each tg repetition (bench_membw) */
+    int roofline_mib; /* its buffer (0: BENCH_MEMBW_MIB) */
 };
 
 /* llama-bench's pp and tg tests: table with model | size | params | backend

@@ -55,6 +55,8 @@ static void bench_usage(FILE *f) {
             "  --batches LIST         batch sizes (batch profile; default 1,2,4,8,16)\n"
             "  --max-input N          skip rows with more input tokens (0: none; CPU default for prefix: 2000)\n"
             "  -p LIST, -n LIST       pp-tg prompt lengths (default 512) and decode lengths (default 128)\n"
+            "  --roofline             pp-tg on the CPU: measure the memory bandwidth around each tg repetition\n"
+            "                         and report decode GB/s as a share of it (roofline %%)\n"
             "  --quant Q              weight format, passed to the engine when it supports it\n"
             "  --no-warmup            time the first job too\n"
             "  --seed N               prompt token ids' seed (default 1234)\n"
@@ -248,7 +250,7 @@ done:
 struct cli_opts {
     struct bench_opts b;
     const char *profile, *out_path, *plot_path, *label, *quant, *url, *model_name;
-    int fmt_set, reps_set, out_len_set, max_input_set, progress_set;
+    int fmt_set, reps_set, out_len_set, max_input_set, progress_set, roofline;
     enum bt_format fmt;
     int *pp, n_pp, *tg, n_tg, *inputs, n_inputs, *batches, n_batches;
     int token_range, max_tokens, context;
@@ -316,6 +318,9 @@ static int bench_opt(int argc, char **argv, int *i, struct cli_opts *c, int serv
     else if (!strcmp(a, "--no-warmup")) {
         c->b.warmup = 0;
         c->sv.warmup_requests = 0;
+        return 1;
+    } else if (!serve && !strcmp(a, "--roofline")) {
+        c->roofline = 1;
         return 1;
     } else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress")) {
         c->b.progress = c->sv.progress = !strcmp(a, "--progress");
@@ -480,6 +485,10 @@ int cli_bench(int argc, char **argv) {
 #define NOTE_DEFAULT(...) dn += (size_t)snprintf(defaults + dn, sizeof defaults - dn, __VA_ARGS__)
     if (defaulted_model) NOTE_DEFAULT(" --dummy qwen3-0.6b");
     NOTE_DEFAULT(" --backend %s", backend);
+    if (c.roofline && (!pptg || !cpu)) {
+        fprintf(stderr, "kiln bench: --roofline belongs to --profile pp-tg on the CPU backend (it measures host memory)\n");
+        goto out;
+    }
     if (pptg) {
         if (!c.pp) c.pp = kiln_malloc(sizeof(int)), c.pp[0] = 512, c.n_pp = 1;
         if (!c.tg) c.tg = kiln_malloc(sizeof(int)), c.tg[0] = 128, c.n_tg = 1;
@@ -561,7 +570,7 @@ int cli_bench(int argc, char **argv) {
         snprintf(params_s, sizeof params_s, "%.2f B", np / 1e9);
         struct bench_pptg_opts po = {.pp = c.pp, .n_pp = c.n_pp, .tg = c.tg, .n_tg = c.n_tg, .reps = c.b.reps,
                                      .warmup = c.b.warmup, .seed = c.b.seed, .lab = *lab, .size_str = size_s,
-                                     .params_str = params_s, .progress = c.b.progress};
+                                     .params_str = params_s, .progress = c.b.progress, .roofline = c.roofline};
         prc = bench_pptg(e, &po, &t, err, sizeof err);
     } else {
         struct bench_target tg;
