@@ -40,6 +40,37 @@ void test_base(void) {
     CHECK(bad == 0, "%d f16 codes do not round-trip", bad);
     CHECK(kiln_f16_to_f32(0x3c00) == 1.0f && kiln_f16_to_f32(0xc000) == -2.0f && kiln_f16_to_f32(0x0001) == ldexpf(1, -24));
     CHECK(kiln_f32_to_f16(65520.0f) == 0x7c00, "overflow rounds to inf");
+    /* kiln_widen16: every 16-bit code, in both formats, on the plain path and
+     * (where the CPU has it) the AVX2 one, at lengths around its 8- and
+     * 16-value steps; bit-exact against the scalar conversions (NaN codes
+     * keep their bits: a shift, or F16C's quiet NaN of the same payload) */
+    {
+        enum { N = 65536 + 17 };
+        uint16_t *src = kiln_malloc(sizeof(uint16_t) * N);
+        float *dst = kiln_malloc(sizeof(float) * N);
+        for (int i = 0; i < N; i++) src[i] = (uint16_t)(i * 40503u);
+        const int avx2_max =
+#if defined(__x86_64__)
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+            0;
+#endif
+        const int lens[] = {0, 1, 7, 8, 15, 16, 17, 33, N};
+        for (int avx2 = 0; avx2 <= avx2_max; avx2++)
+            for (int f16 = 0; f16 <= 1; f16++)
+                for (int li = 0; li < (int)(sizeof lens / sizeof *lens); li++) {
+                    const int n = lens[li];
+                    for (int i = 0; i < n + 1 && i < N; i++) dst[i] = -7.0f; /* one past the end must stay */
+                    kiln_widen16(dst, src, (size_t)n, f16, avx2);
+                    int wrong = 0;
+                    for (int i = 0; i < n; i++) {
+                        const float r = f16 ? kiln_f16_to_f32(src[i]) : kiln_bf16_to_f32(src[i]);
+                        wrong += isnan(r) ? !isnan(dst[i]) : memcmp(&r, &dst[i], 4) != 0;
+                    }
+                    CHECK(wrong == 0 && (n == N || dst[n] == -7.0f), "widen16 f16=%d avx2=%d n=%d: %d wrong", f16, avx2, n, wrong);
+                }
+        free(src), free(dst);
+    }
     /* fp8 e4m3fn: known codes */
     CHECK(kiln_fp8e4m3_to_f32(0x38) == 1.0f && kiln_fp8e4m3_to_f32(0x7e) == 448.0f && kiln_fp8e4m3_to_f32(0x01) == ldexpf(1, -9));
     CHECK(kiln_fp8e4m3_to_f32(0xb8) == -1.0f && isnan(kiln_fp8e4m3_to_f32(0x7f)));

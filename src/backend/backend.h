@@ -85,6 +85,10 @@ struct kiln_backend {
     const char *name;
     size_t act_size; /* bytes per activation element */
     void *ctx;       /* backend private state */
+    /* the engine runs one prefill chunk at open (engine.c, warm_up): set by
+     * a backend whose scratch is scarce device memory, sized by the first
+     * forward of a shape */
+    int warm_at_open;
 
     /* memory: NULL on failure; buffers hold activations or KV pages */
     void *(*alloc)(struct kiln_backend *be, size_t bytes);

@@ -14,6 +14,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* ==== errors ==== */
 
@@ -170,6 +173,44 @@ double kiln_now(void) {
 }
 
 /* ==== numbers ==== */
+
+static void widen16_plain(float *dst, const uint16_t *src, size_t n, int f16) {
+    for (size_t i = 0; i < n; i++) dst[i] = f16 ? kiln_f16_to_f32(src[i]) : kiln_bf16_to_f32(src[i]);
+}
+
+#if defined(__x86_64__)
+/* bf16: 16 values per step; each 128-bit lane interleaves zeros below its 8
+ * values (elements 0-3 and 8-11 in lo, 4-7 and 12-15 in hi), and the lane
+ * permutes put them back in order. One CUDA decode step's 152k logits on
+ * the H200 machine's host: 83-90 us with the compiler's SSE2 loop, 22-52
+ * us with this (docs/cuda.md). f16: the F16C conversion, 8 per step. */
+__attribute__((target("avx2,f16c"))) static void widen16_avx2(float *dst, const uint16_t *src, size_t n, int f16) {
+    size_t i = 0;
+    if (f16)
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    else {
+        const __m256i z = _mm256_setzero_si256();
+        for (; i + 16 <= n; i += 16) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
+            const __m256i lo = _mm256_unpacklo_epi16(z, a), hi = _mm256_unpackhi_epi16(z, a);
+            _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256((__m256i *)(dst + i + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+    }
+    widen16_plain(dst + i, src + i, n - i, f16);
+}
+#endif
+
+void kiln_widen16(float *dst, const uint16_t *src, size_t n, int f16, int avx2) {
+#if defined(__x86_64__)
+    if (avx2) {
+        widen16_avx2(dst, src, n, f16);
+        return;
+    }
+#endif
+    (void)avx2;
+    widen16_plain(dst, src, n, f16);
+}
 
 float kiln_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;

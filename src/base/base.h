@@ -94,6 +94,11 @@ static inline uint16_t kiln_f32_to_bf16(float f) {
 
 float kiln_f16_to_f32(uint16_t h);
 uint16_t kiln_f32_to_f16(float f);
+/* n bf16 values (f16 = 0) or f16 values (f16 = 1) to f32, exact. avx2: the
+ * caller has checked that the CPU runs AVX2 and F16C (x86 only; elsewhere
+ * it is ignored). Used for the CUDA backend's logits and the CPU's 16-bit
+ * KV rows. */
+void kiln_widen16(float *dst, const uint16_t *src, size_t n, int f16, int avx2);
 float kiln_fp8e4m3_to_f32(uint8_t b);
 uint8_t kiln_f32_to_fp8e4m3(float f);
 

@@ -89,7 +89,7 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     e->prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 512;
     if (kv_pool_init(&e->kv, e->be, c->n_layer, c->n_head_kv, c->head_dim, page, (tokens + page - 1) / page, kvt, err, errlen))
         goto fail;
-    if (strcmp(e->be->name, "cpu") && warm_up(e, err, errlen)) goto fail;
+    if (e->be->warm_at_open && warm_up(e, err, errlen)) goto fail;
     return e;
 fail:
     kiln_engine_close(e);
@@ -245,7 +245,8 @@ int kiln_seqs_eval_argmax(kiln_seq **seqs, int n_seqs, const int32_t *const *ids
     return seqs_eval(seqs, n_seqs, ids, n, NULL, next, err, errlen);
 }
 
-/* A GPU engine evaluates one whole prefill chunk before it is handed out:
+/* A GPU engine (the backend's warm_at_open) evaluates one whole prefill
+ * chunk before it is handed out:
  * the backend's scratch buffers (attention partials, MoE tables, the batch
  * tables) take their prefill size now, so weights and a KV pool that leave
  * too little device memory for them are an error at start, not a failed

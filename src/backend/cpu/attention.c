@@ -74,27 +74,11 @@ static inline char *kv_at(const struct kv_cache *kv, void *base, int page, int h
     return (char *)base + ((((size_t)page * kv->n_head_kv + head) * kv->page_size + slot) * kv->head_dim) * kv_esize(kv);
 }
 
-static void widen_scalar(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
-    for (size_t i = 0; i < n; i++) dst[i] = t == KILN_DTYPE_F16 ? kiln_f16_to_f32(src[i]) : kiln_bf16_to_f32(src[i]);
-}
-
 static void narrow_scalar(uint16_t *dst, const float *src, size_t n, enum kiln_dtype t) {
     for (size_t i = 0; i < n; i++) dst[i] = t == KILN_DTYPE_F16 ? kiln_f32_to_f16(src[i]) : kiln_f32_to_bf16(src[i]);
 }
 
 #if defined(KILN_X86)
-KILN_AVX2 static void widen_avx2(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
-    size_t i = 0;
-    if (t == KILN_DTYPE_F16)
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    else
-        for (; i + 8 <= n; i += 8) {
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
-            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-        }
-    widen_scalar(dst + i, src + i, n - i, t);
-}
-
 KILN_AVX2 static void narrow_avx2(uint16_t *dst, const float *src, size_t n, enum kiln_dtype t) {
     size_t i = 0;
     if (t == KILN_DTYPE_F16)
@@ -108,7 +92,7 @@ KILN_AVX2 static void narrow_avx2(uint16_t *dst, const float *src, size_t n, enu
 static void widen_neon(float *dst, const uint16_t *src, size_t n, enum kiln_dtype t) {
     size_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, t == KILN_DTYPE_F16 ? kiln_f16x4(src + i) : kiln_bf16x4(src + i));
-    widen_scalar(dst + i, src + i, n - i, t);
+    kiln_widen16(dst + i, src + i, n - i, t == KILN_DTYPE_F16, 0);
 }
 #endif
 
@@ -116,7 +100,7 @@ static void widen_neon(float *dst, const uint16_t *src, size_t n, enum kiln_dtyp
 static void kv_widen(float *dst, const void *src, size_t n, enum kiln_dtype t, int isa) {
 #if defined(KILN_X86)
     if (isa >= CPU_ISA_AVX2) {
-        widen_avx2(dst, src, n, t);
+        kiln_widen16(dst, src, n, t == KILN_DTYPE_F16, 1);
         return;
     }
 #elif defined(KILN_NEON)
@@ -126,7 +110,7 @@ static void kv_widen(float *dst, const void *src, size_t n, enum kiln_dtype t, i
     }
 #endif
     (void)isa;
-    widen_scalar(dst, src, n, t);
+    kiln_widen16(dst, src, n, t == KILN_DTYPE_F16, 0);
 }
 
 /* n f32 values into a cache row of dtype t (F32: a copy) */

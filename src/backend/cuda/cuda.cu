@@ -39,9 +39,6 @@
  */
 #include <pthread.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <unistd.h>
 
 #include <unordered_map>
@@ -191,50 +188,18 @@ struct widen_job {
     size_t n;
 };
 
-static void widen_plain(float *dst, const uint16_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &u, 4);
-    }
-}
-
-#if defined(__x86_64__)
-/* 16 values per step: each 128-bit lane interleaves zeros below its 8
- * values (elements 0-3 and 8-11 in lo, 4-7 and 12-15 in hi), and the lane
- * permutes put them back in order. One decode step's 152k logits on the
- * H200 machine's host: 83-90 us with the compiler's SSE2 loop, 22-52 us
- * with this (2-core build host: 30.8 -> 18.6 us; docs/cuda.md). */
-__attribute__((target("avx2"))) static void widen_avx2(float *dst, const uint16_t *src, size_t n) {
-    size_t i = 0;
-    const __m256i z = _mm256_setzero_si256();
-    for (; i + 16 <= n; i += 16) {
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
-        const __m256i lo = _mm256_unpacklo_epi16(z, a), hi = _mm256_unpackhi_epi16(z, a);
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permute2x128_si256(lo, hi, 0x20));
-        _mm256_storeu_si256((__m256i *)(dst + i + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
-    }
-    widen_plain(dst + i, src + i, n - i);
-}
-#endif
-
 static int widen_avx2_ok = -1; /* set by widen_bf16 before it starts threads */
 
 static void *widen_run(void *arg) {
     const struct widen_job *j = (const struct widen_job *)arg;
-#if defined(__x86_64__)
-    if (widen_avx2_ok) {
-        widen_avx2(j->dst, j->src, j->n);
-        return NULL;
-    }
-#endif
-    widen_plain(j->dst, j->src, j->n);
+    kiln_widen16(j->dst, j->src, j->n, 0, widen_avx2_ok); /* base.c: AVX2 when the host has it */
     return NULL;
 }
 
 static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
     enum { MAX_T = 8 };
 #if defined(__x86_64__)
-    if (widen_avx2_ok < 0) widen_avx2_ok = __builtin_cpu_supports("avx2");
+    if (widen_avx2_ok < 0) widen_avx2_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #else
     widen_avx2_ok = 0;
 #endif
@@ -257,7 +222,6 @@ static void widen_bf16(float *dst, const uint16_t *src, size_t n) {
         if (started & (1 << t)) pthread_join(th[t], NULL);
 }
 
-/* the end of a forward: launch the captured graph, then copy out as f32 */
 /* the end of a forward's queued work: a capture becomes a graph, and a
  * graph (just captured or replayed) is launched; the stream is eager after */
 static void cu_finish(struct cuda_ctx *c) {
@@ -892,6 +856,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
              prop.multiProcessorCount, fr / 1073741824.0, tot / 1073741824.0, c->no_graphs ? ", graphs off" : "");
 
     be->name = "cuda";
+    be->warm_at_open = 1;
     be->act_size = 2;
     be->ctx = c;
     be->alloc = cu_alloc;
