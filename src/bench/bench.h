@@ -97,6 +97,8 @@ void bench_fmt_dur(char *buf, size_t cap, double s);
  * reads it back; NaN where unavailable. */
 void bench_mem_reset_peak(void);
 
+double bench_mem_peak_rss(void);
+
 /* The machine's memory read bandwidth in GB/s (membw.c): `threads` threads
  * sum their slices of a fresh `bytes` buffer with `width`-byte loads (16,
  * 32: AVX2, 64: AVX-512; the caller checks the CPU has them), best of
@@ -104,7 +106,6 @@ void bench_mem_reset_peak(void);
 #define BENCH_MEMBW_MAX_THREADS 256
 #define BENCH_MEMBW_MIB 1024 /* default buffer: well past a server's last-level cache */
 double bench_membw(int threads, size_t bytes, int passes, int width);
-double bench_mem_peak_rss(void);
 
 /* UTC date "YYYY-MM-DD HH:MM UTC" */
 void bench_date(char *buf, size_t cap);

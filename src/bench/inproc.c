@@ -196,6 +196,11 @@ double bench_decode_bytes(const kiln_engine *e) {
 /* the bandwidth probe of --roofline: a few passes (~0.3 s at 20 GB/s) */
 #define BW_PASSES 5
 
+static int probe_bw(double *gbs, const struct bench_pptg_opts *o, int mib, int width, char *err, size_t errlen) {
+    if ((*gbs = bench_membw(o->lab.threads, (size_t)mib << 20, BW_PASSES, width)) > 0) return 0;
+    return kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", mib);
+}
+
 int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table *t, char *err, size_t errlen) {
     const int V = kiln_engine_config(e)->vocab;
     const int cuda = !strcmp(kiln_engine_backend(e), "cuda");
@@ -266,10 +271,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
             double mem = NAN;
             const int roofline = o->roofline && pass;
             for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
-                if (roofline && k >= 0 && (bw[k] = bench_membw(o->lab.threads, (size_t)bw_mib << 20, BW_PASSES, bw_width)) <= 0) {
-                    rc = kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", bw_mib);
-                    break;
-                }
+                if (roofline && k >= 0 && (rc = probe_bw(&bw[k], o, bw_mib, bw_width, err, errlen))) break;
                 random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
                 kiln_seq *s = kiln_seq_new(e, err, errlen);
                 if (!s) {
@@ -298,9 +300,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 kiln_seq_free(s);
             }
             free(ids);
-            if (rc == 0 && roofline) {
-                if ((bw[reps] = bench_membw(o->lab.threads, (size_t)bw_mib << 20, BW_PASSES, bw_width)) <= 0)
-                    rc = kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", bw_mib);
+            if (rc == 0 && roofline && (rc = probe_bw(&bw[reps], o, bw_mib, bw_width, err, errlen)) == 0) {
                 for (int k = 0; k < reps; k++) {
                     if (bw[k + 1] > bw[k]) bw[k] = bw[k + 1]; /* the higher of the two around rep k (bw[k + 1] is read before it moves) */
                     roof[k] = 100.0 * dbytes * ts[k] / 1e9 / bw[k];

@@ -259,10 +259,10 @@ AVX2 static inline __attribute__((always_inline)) __m256 grow_avx2(const uint8_t
  * layout: two groups (128 code bytes) per iteration with no inner loop.
  * The same operations in the same order (a group's first pair times dx is
  * the FMA into a zero sum; even groups into acc0, odd into acc1), so the
- * same floats; the loop control and the prefetch test per pair went, and
- * with them ~15% of a decode's time when the weights stream from DRAM at
- * two threads (a 460 MB code stream in 100 matrices, alternated 12 times:
- * 18.8 -> 21.2 GB/s mean): the vector ports are nearly saturated there. */
+ * same floats; the loop control and the prefetch test per pair went. On
+ * a 460 MB code stream in 100 matrices at two threads (alternated 12
+ * times) 18.8 -> 21.2 GB/s mean, since the vector ports are nearly
+ * saturated there; a whole model's decode moved within the host's spread. */
 AVX2 static inline __attribute__((always_inline)) __m256 grow128_avx2(const uint8_t *q, const float *sb, const __m256i *act2, const float *dx2,
                                                                       const float *sxp, int G) {
     const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
