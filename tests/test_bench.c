@@ -370,6 +370,16 @@ static void test_inproc(void) {
     /* --roofline: the probe's figures, consistent with the row's GB/s, and
      * its 64 MiB buffer gone before the memory column is read */
     CHECK(bench_membw(2, 64 << 20, 2, 16) > 0.1 && bench_membw(2, 0, 2, 16) == -1);
+    {
+        /* one figure per pass, each pattern in turn; the result is their best */
+        static const int streams[] = {1, 2, 4};
+        double g[6] = {0}, mx = 0;
+        const double best = bench_membw_passes(2, 32 << 20, 6, 16, streams, 3, g);
+        for (int k = 0; k < 6; k++) mx = g[k] > mx ? g[k] : mx;
+        CHECK(best > 0.1 && best == mx && g[0] > 0.1 && g[1] > 0.1 && g[5] > 0.1, "best %g of %g %g %g %g %g %g", best, g[0], g[1], g[2], g[3],
+              g[4], g[5]);
+        CHECK(bench_membw_passes(2, 32 << 20, 2, 16, streams, 0, NULL) == -1);
+    }
     po.roofline = 1, po.roofline_mib = 64;
     CHECK(bench_pptg(e, &po, &t, err, sizeof err) == 0, "%s", err);
     const double bw = cellv(&t, 1, "membw_gbps"), roof = cellv(&t, 1, "roofline_pct"), gbps = cellv(&t, 1, "gbps");

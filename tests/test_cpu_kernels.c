@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/qmatmul_internal.h"
 #include "base/base.h"
 #include "test.h"
 
@@ -356,8 +357,57 @@ static void check_split(void) {
     }
 }
 
+/* the decode GEMVs' two-stream row order (CPU_FOR_ROWS2, and the quantized
+ * kernels' QM_ROWS4 / QM_ROWS1 loops): every row of a chunk exactly once,
+ * out[r] from row r, nothing past the end; and cpu_split_chunk's bounds */
+#if defined(KILN_X86)
+#define ROWV(r) _mm256_set1_ps((float)(r) + 1.0f) /* lanes sum to 8 (r + 1) */
+AVX2 static int rows4_bad(int64_t n, int four) {
+    float out[48];
+    for (int i = 0; i < 48; i++) out[i] = -1;
+    if (four) QM_ROWS4(ROWV, n, out);
+    else QM_ROWS1(ROWV, n, out);
+    int bad = 0;
+    for (int64_t r = 0; r < 48; r++) bad += out[r] != (r < n ? 8.0f * (float)(r + 1) : -1.0f);
+    return bad;
+}
+#undef ROWV
+#endif
+
+static void check_rows2(void) {
+    for (int64_t r0 = 0; r0 < 3; r0++)
+        for (int64_t n = 0; n <= 45; n++) {
+            int seen[48] = {0}, bad = 0;
+            int64_t prev = -1, jumps = 0;
+            CPU_FOR_ROWS2(r, r0, r0 + n) {
+                if (r < r0 || r >= r0 + n) bad++;
+                else seen[r]++;
+                jumps += prev >= 0 && r != prev + 1;
+                prev = r;
+            }
+            for (int64_t i = r0; i < r0 + n; i++) bad += seen[i] != 1;
+            /* two streams: every step but the last changes stream (n >= 3) */
+            CHECK(!bad && (n < 3 || jumps >= n - 2), "CPU_FOR_ROWS2 over [%lld, %lld): %d rows not seen once, %lld stream changes", (long long)r0,
+                  (long long)(r0 + n), bad, (long long)jumps);
+        }
+#if defined(KILN_X86)
+    if (cpu_isa_max() >= CPU_ISA_AVX2)
+        for (int64_t n = 0; n <= 45; n++) CHECK(!rows4_bad(n, 1) && !rows4_bad(n, 0), "QM_ROWS4 / QM_ROWS1 over %lld rows", (long long)n);
+#endif
+    char err[256];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    /* ~256 KiB of rows, at most half a thread's run, never 0 */
+    CHECK(cpu_split_chunk(be, 151936, 576) == (256 << 10) / 576, "%lld", (long long)cpu_split_chunk(be, 151936, 576));
+    CHECK(cpu_split_chunk(be, 2048, 576) == 455, "%lld", (long long)cpu_split_chunk(be, 2048, 576));
+    CHECK(cpu_split_chunk(be, 1024, 576) == 256 && cpu_split_chunk(be, 1, 576) == 1 && cpu_split_chunk(be, 100, 0) == 25);
+    be->destroy(be);
+}
+
 void test_cpukernels(void) {
     check_split();
+    check_rows2();
     char err[256];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     CHECK(be != NULL, "%s", err);

@@ -101,11 +101,15 @@ double bench_mem_peak_rss(void);
 
 /* The machine's memory read bandwidth in GB/s (membw.c): `threads` threads
  * sum their slices of a fresh `bytes` buffer with `width`-byte loads (16,
- * 32: AVX2, 64: AVX-512; the caller checks the CPU has them), best of
- * `passes`; -1 if the buffer or a thread could not be had. */
+ * 32: AVX2, 64: AVX-512; the caller checks the CPU has them), each slice
+ * read as 1, 2 or 4 streams by turns, best of `passes`; -1 if the buffer
+ * or a thread could not be had. bench_membw_passes: pass k reads
+ * streams[k % n_streams] streams per slice and its figure goes to gbs[k]
+ * (when gbs is not NULL). */
 #define BENCH_MEMBW_MAX_THREADS 256
 #define BENCH_MEMBW_MIB 1024 /* default buffer: well past a server's last-level cache */
 double bench_membw(int threads, size_t bytes, int passes, int width);
+double bench_membw_passes(int threads, size_t bytes, int passes, int width, const int *streams, int n_streams, double *gbs);
 
 /* UTC date "YYYY-MM-DD HH:MM UTC" */
 void bench_date(char *buf, size_t cap);

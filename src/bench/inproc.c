@@ -193,8 +193,9 @@ double bench_decode_bytes(const kiln_engine *e) {
 
 /* ==== pp / tg (llama-bench) ==== */
 
-/* the bandwidth probe of --roofline: a few passes (~0.3 s at 20 GB/s) */
-#define BW_PASSES 5
+/* the bandwidth probe of --roofline: two passes of each stream pattern
+ * (~0.3 s at 20 GB/s) */
+#define BW_PASSES 6
 
 static int probe_bw(double *gbs, const struct bench_pptg_opts *o, int mib, int width, char *err, size_t errlen) {
     if ((*gbs = bench_membw(o->lab.threads, (size_t)mib << 20, BW_PASSES, width)) > 0) return 0;
@@ -240,7 +241,8 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
               dbytes / 1e9);
     if (o->roofline)
         bt_footer(t, "membw: this machine's memory read bandwidth, measured by %d threads with %d-byte loads over a fresh "
-                     "%d MiB buffer (best of %d passes) right before each timed tg repetition and after the last; a "
+                     "%d MiB buffer, each thread's slice read as 1, 2 or 4 streams (best of %d passes) right before each "
+                     "timed tg repetition and after the last; a "
                      "repetition's bandwidth is the higher of the two around it. roofline(%%) = GB/s / that bandwidth, "
                      "mean ± sd over the repetitions.",
                   o->lab.threads, bw_width, bw_mib, BW_PASSES);

@@ -14,7 +14,12 @@
  * Two ways to hand out items: cpu_parallel_for takes chunks in order from
  * one shared counter; cpu_parallel_for_split (decode GEMVs) gives each
  * thread one contiguous run, walked front to back, and a thread that is done
- * takes chunks off the back of the others' runs. With the shared counter
+ * takes chunks off the back of the others' runs. Near a run's end the
+ * pieces shrink (half of what is left, down to an eighth of a chunk), so
+ * the threads finish together: with 256 KiB chunks (cpu_split_chunk) the
+ * Q4_0 decode of Qwen3-0.6B spent 3.9% of its samples in the workers'
+ * wait and 1.2% in the caller's join, 2.5% and 0.7% with the shrinking
+ * tail. With the shared counter
  * the two threads' chunks interleave and each thread's weight stream breaks
  * at every chunk: decode matmuls of Qwen3-0.6B, 2 threads, Q4_0 8.8 -> 6.0
  * ms per token's worth, BF16 (with the one-row GEMV) 21 -> 16.6 ms.
@@ -89,8 +94,17 @@ static void pool_work(struct cpu_pool *p, int tid) {
             for (;;) {
                 uint64_t b = v & lo, e = v >> 32, nb, ne;
                 if (b >= e) break;
-                if (k == 0) nb = b + c < e ? b + c : e, ne = e;
-                else nb = b, ne = e - b > c ? e - c : b;
+                /* a chunk, or half of what is left once that is under two
+                 * chunks (at least an eighth of one): the last pieces of a
+                 * run are small, so the threads finish together */
+                uint64_t take = c;
+                if (e - b < 2 * c) {
+                    take = (e - b) / 2;
+                    if (take < c / 8) take = c / 8;
+                    if (take < 1) take = 1;
+                }
+                if (k == 0) nb = b + take < e ? b + take : e, ne = e;
+                else nb = b, ne = e - b > take ? e - take : b;
                 if (!atomic_compare_exchange_weak_explicit(&r->be, &v, nb | ne << 32, memory_order_relaxed, memory_order_relaxed))
                     continue; /* v reloaded */
                 if (k == 0) p->fn(p->arg, (int64_t)b, (int64_t)nb, tid);
@@ -200,6 +214,14 @@ void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_ran
 
 void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg) {
     parallel_for(be, n, chunk, fn, arg, n < ((int64_t)1 << 32)); /* runs are packed in 32-bit halves */
+}
+
+int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes) {
+    enum { CHUNK_BYTES = 256 << 10 };
+    const int64_t nt = cpu_n_threads(be), half_run = (rows + 2 * nt - 1) / (2 * nt);
+    int64_t c = (int64_t)(CHUNK_BYTES / (row_bytes ? row_bytes : 1));
+    if (c > half_run) c = half_run;
+    return c < 1 ? 1 : c;
 }
 
 /* several split jobs as one: the tasks' items are laid end to end, so each

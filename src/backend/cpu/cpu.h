@@ -96,6 +96,25 @@ struct cpu_task {
 void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, int64_t chunk);
 int cpu_n_threads(struct kiln_backend *be);
 
+/* The decode GEMVs' share of that contract: the chunk (rows) of a split
+ * job over `rows` rows of `row_bytes` each: ~256 KiB of weights, but at most
+ * half a thread's run, so every thread's run is two calls or more and a
+ * late thread's second half can still be taken by another.
+ *
+ * Inside a chunk, a GEMV walks its rows as two streams, CPU_FOR_ROWS2:
+ * r0, h, r0 + 1, h + 1, ... (h the chunk's midpoint), so each core keeps two
+ * far-apart sequential streams in flight instead of one; each row is
+ * computed as before, so results do not change. On this repository's 2-core
+ * test host (2 threads, AVX2, 32-byte loads): a plain read of one stream per
+ * thread 20.6-25.5 GB/s, two 22.8-30.1; the Q4_0 decode over 250 MB of
+ * 1.2-19 MB matrices 84-89% -> 92-102% of the one-stream read with 256 KiB
+ * chunks (64 KiB before: two streams then gained only 2-4 points; 16 KiB
+ * chunks lost 15-20). docs/cpu.md has the runs. */
+int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes);
+#define CPU_FOR_ROWS2(r, r0, r1)                                                                            \
+    for (int64_t k2_ = 0, h2_ = ((r1) - (r0) + 1) / 2, r = (r0);                                           \
+         k2_ < (r1) - (r0) && ((r = (r0) + (k2_ & 1 ? h2_ + k2_ / 2 : k2_ / 2)), 1); k2_++)
+
 /* f32 view of a small prepared tensor (norm weight, bias) */
 static inline const float *cpu_vec(const struct ktensor *t) { return (const float *)t->be; }
 

@@ -235,28 +235,34 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 
 #endif /* KILN_X86 */
 
-/* Decode GEMV, one activation row: the weight rows are read in order, one
- * row at a time (a single sequential stream per thread), 64 weights per step
+/* Decode GEMV, one activation row: the weight rows are read one row at a
+ * time, a chunk as two sequential streams (CPU_FOR_ROWS2, cpu.h), 64 weights per step
  * into 4 independent accumulators, with a software prefetch GEMV_PFD bytes
- * ahead of the stream; the first GEMV_PFD bytes of a run are prefetched on
- * entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
+ * ahead of the stream; the first GEMV_PFD bytes of both streams are
+ * prefetched on entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
  * (4 interleaved streams, no prefetch) 21-24 GB/s, one row + 4 KiB prefetch
  * 33-37 GB/s, a plain read 37-39. */
 #define GEMV_PFD 4096
 typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias,
                          float *out);
 
-static inline void gemv_pf_start(const uint8_t *p, size_t bytes) {
-    if (bytes > GEMV_PFD) bytes = GEMV_PFD;
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+/* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS2) */
+static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1) {
+    const int64_t h = (r1 - r0 + 1) / 2;
+    for (int s = 0; s < 2; s++) {
+        const uint8_t *p = W + (size_t)(r0 + s * h) * rb;
+        size_t bytes = (size_t)(s ? r1 - r0 - h : h) * rb;
+        if (bytes > GEMV_PFD) bytes = GEMV_PFD;
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    }
 }
 
 #if defined(KILN_X86)
 #define GEMV1_AVX512(NAME, WT, LOAD, LOADM)                                                                       \
     AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,        \
                             const float *bias, float *out) {                                                      \
-        gemv_pf_start(W + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);                                               \
-        for (int64_t r = r0; r < r1; r++) {                                                                       \
+        gemv_pf_start(W, rb, r0, r1);                                                                             \
+        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                           \
             int i = 0;                                                                                            \
@@ -287,9 +293,9 @@ GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
 #define GEMV1_AVX2(NAME, WT, LOAD, SCALAR)                                                                        \
     AVX2 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,          \
                           const float *bias, float *out) {                                                        \
-        gemv_pf_start(W + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);                                               \
+        gemv_pf_start(W, rb, r0, r1);                                                                             \
         const int n32 = n_in & ~31;                                                                               \
-        for (int64_t r = r0; r < r1; r++) {                                                                       \
+        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                           \
             for (int i = 0; i < n32; i += 32) {                                                                   \
@@ -355,9 +361,9 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
 #define GEMV1_NEON(NAME, WT, LOAD, SCALAR)                                                                        \
     static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias, \
                      float *out) {                                                                                \
-        gemv_pf_start(W + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);                                               \
+        gemv_pf_start(W, rb, r0, r1);                                                                             \
         const int n32 = n_in & ~31;                                                                               \
-        for (int64_t r = r0; r < r1; r++) {                                                                       \
+        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             float32x4_t a[8];                                                                                     \
             for (int u = 0; u < 8; u++) a[u] = vdupq_n_f32(0);                                                    \
@@ -750,9 +756,8 @@ static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
 }
 
 /* count linears of one dtype and width sharing x (one for a plain matmul):
- * their rows laid end to end, one contiguous run per thread (each thread
- * one sequential stream), stolen from in chunks of ~64 KiB of weights (at
- * least 16 rows, ~16+ per thread) by a thread that is done with its own */
+ * their rows laid end to end, one contiguous run per thread, walked and
+ * stolen from in chunks of cpu_split_chunk (~256 KiB of weights) */
 static void gemv(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n,
                  cpu_dot_fn dot) {
     struct mm_job j[MULTI_MAX];
@@ -766,10 +771,7 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
         t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
         rows += w->n_out;
     }
-    int64_t chunk = (int64_t)(65536 / (j[0].rb ? j[0].rb : 1));
-    int64_t per = rows / (cpu_n_threads(be) * 16);
-    if (chunk > per) chunk = per;
-    if (chunk < 16) chunk = 16;
+    const int64_t chunk = cpu_split_chunk(be, rows, (size_t)ws[0]->n_in * dtype_size(ws[0]->w.dtype));
     if (count == 1) cpu_parallel_for_split(be, rows, chunk, gemv_rows, &j[0]);
     else cpu_parallel_for_split_tasks(be, t, count, chunk);
 }

@@ -282,7 +282,7 @@ AVX512 static float fused_grp1_lut_512(const struct qgrp *g, int r, const float 
 AVX512 static void lut128_rows_512(const struct qgrp *g, int64_t r0, int64_t r1, const float *xl, const float *bias, float *out) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const int ng = g->n_group;
-    for (int64_t r = r0; r < r1; r++) {
+    CPU_FOR_ROWS2(r, r0, r1) {
         const uint8_t *q = g->q + (size_t)r * g->row_bytes;
         const float *sb = g->sb + (size_t)r * ng * 2;
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
@@ -386,7 +386,7 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
     }
-    for (int64_t r = r0; r < r1; r++) {
+    CPU_FOR_ROWS2(r, r0, r1) {
         float o[4];
         if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
         else if (j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && j->p->grp.bits == 4) o[0] = fused_grp1_q4_512(&j->p->grp, (int)r, xs[0]);
@@ -541,6 +541,13 @@ static int exact_lut(const struct xjob *j) {
     return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
 }
 
+/* bytes the fused decode reads per row: FP8 codes, or GPTQ / AWQ codes and group scale pairs */
+static size_t x_row_bytes(const struct qlinear *w) {
+    const struct qprep *p = w->be;
+    if (w->fmt == KILN_WFMT_FP8) return (size_t)w->n_in;
+    return p->grp.row_bytes + sizeof(float) * 2 * (size_t)p->grp.n_group;
+}
+
 #endif
 
 void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
@@ -567,7 +574,7 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
             j.xl = xl;
             j.lut128 = lut128_ok(&p->grp);
         }
-        cpu_parallel_for_split(be, N, chunk * 4, x_fused_rows, &j);
+        cpu_parallel_for_split(be, N, cpu_split_chunk(be, N, x_row_bytes(w)), x_fused_rows, &j);
     } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
         cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
         j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
@@ -618,7 +625,9 @@ int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, 
         }
         t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, ((64 << 10) / ((int64_t)K * 4) + 1) * 4);
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
+    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, x_row_bytes(ws[0])));
     return 1;
 #endif
 }

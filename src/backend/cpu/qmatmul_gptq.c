@@ -201,7 +201,7 @@ VNNI static void grows128_vnni(const struct qgrp *g, int64_t r0, int64_t r1, con
                                const float *bias, float *out) {
     const __m512i m4 = _mm512_set1_epi8(15);
     const int G = g->n_group;
-    for (int64_t r = r0; r < r1; r++) {
+    CPU_FOR_ROWS2(r, r0, r1) {
         const uint8_t *q = g->q + (size_t)r * g->row_bytes;
         const float *sb = g->sb + (size_t)r * G * 2;
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), accb = _mm512_setzero_ps();
@@ -308,6 +308,9 @@ AVX2 static void grows_avx2(const struct qgrp *g, int64_t r0, int64_t r1, const 
 }
 #endif /* KILN_X86 */
 
+/* bytes a decode reads per row: the codes and the group scale pairs */
+static size_t g_row_bytes(const struct qgrp *g) { return g->row_bytes + sizeof(float) * 2 * (size_t)g->n_group; }
+
 static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct gjob *j = arg;
     const struct qgrp *g = j->g;
@@ -323,13 +326,13 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         return;
     }
     if (j->n == 1 && j->vnni) {
-        for (int64_t r = r0; r < r1; r++)
+        CPU_FOR_ROWS2(r, r0, r1)
             j->out[r] = gdot1_vnni(g->q + (size_t)r * g->row_bytes, g->sb + (size_t)r * j->G * 2, j->act4, j->dx4, j->sx, j->nb, j->G, j->gs) +
                         (j->bias ? j->bias[r] : 0.0f);
         return;
     }
 #endif
-    for (int64_t r = r0; r < r1; r++) {
+    CPU_FOR_ROWS2(r, r0, r1) {
         const float b = j->bias ? j->bias[r] : 0.0f;
         for (int t = 0; t < j->n; t++) {
             const struct q8a *a = j->xa + (size_t)t * j->nb;
@@ -591,7 +594,7 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
     gact_setup(be, &j, out, x, w, n); /* never the GEMM here (no VNNI) */
 #endif
     {
-        cpu_parallel_for_split(be, j.N, (int64_t)(64 << 10) / (int64_t)j.g->row_bytes + 1, g_rows, &j);
+        cpu_parallel_for_split(be, j.N, cpu_split_chunk(be, j.N, g_row_bytes(j.g)), g_rows, &j);
     }
     free(xperm);
 }
@@ -615,6 +618,8 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         }
         t[i] = (struct cpu_task){g_rows, &g[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, (int64_t)(64 << 10) / (int64_t)g[0].g->row_bytes + 1);
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
+    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, g_row_bytes(g[0].g)));
     return 1;
 }

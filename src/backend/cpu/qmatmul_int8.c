@@ -290,14 +290,14 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             return;
         }
         if (j->act2) {
-            for (int64_t r = r0; r < r1; r++) out[r] = qm_dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+            CPU_FOR_ROWS2(r, r0, r1) out[r] = qm_dot1z_q4_0(W + (size_t)r * rb, j->corr2, j->act2, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
             return;
         }
-        for (int64_t r = r0; r < r1; r++) out[r] = j->dot1v(W + (size_t)r * rb, j->corr, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
+        CPU_FOR_ROWS2(r, r0, r1) out[r] = j->dot1v(W + (size_t)r * rb, j->corr, j->xd, j->xa, nblk) + (bias ? bias[r] : 0.0f);
         return;
     }
 #endif
-    for (int64_t r = r0; r < r1; r++) {
+    CPU_FOR_ROWS2(r, r0, r1) {
         float b = j->bias ? j->bias[r] : 0.0f;
         const uint8_t *row = W + (size_t)r * j->rb;
         for (int t = 0; t < j->n; t += NX) {
@@ -467,8 +467,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #endif
 }
 
-/* rows per chunk of the decode's split runs: ~64 KiB of weights */
-static int64_t int8_chunk(const struct ijob *j) { return (int64_t)(64 << 10) / (int64_t)j->rb + 1; }
+
 
 void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     struct ijob j;
@@ -485,8 +484,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #endif
     {
         /* one contiguous run of rows per thread (cpu_parallel_for_split),
-         * stolen from in chunks of ~64 KiB of weights */
-        cpu_parallel_for_split(be, j.N, int8_chunk(&j), i_rows, &j);
+         * walked and stolen from in chunks of cpu_split_chunk */
+        cpu_parallel_for_split(be, j.N, cpu_split_chunk(be, j.N, j.rb), i_rows, &j);
     }
 }
 
@@ -507,6 +506,8 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         }
         t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, int8_chunk(&j[0]));
+    int64_t rows = 0;
+    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
+    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, j[0].rb));
     return 1;
 }

@@ -197,34 +197,43 @@ AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
-/* The decode row kernels' loop: rows 0 .. n-1 in order, one at a time (a
- * sequential stream: interleaving 2 or 4 rows' steps defeated the hardware
- * prefetcher, 24 -> 10 GB/s on one core), ROW(r) giving row r's sum as 8
- * lanes, out[r] its total in kiln_hsum8x4's order. Looping in the kernel
+/* The decode row kernels' loop over a chunk of rows 0 .. n-1: ROW(r) gives
+ * row r's sum as 8 lanes, out[r] its total in kiln_hsum8x4's order. Each
+ * row is one sequential pass (interleaving the steps of 2 or 4 adjacent
+ * rows defeated the hardware prefetcher, 24 -> 10 GB/s on one core); the
+ * rows come in a two-stream order (CPU_FOR_ROWS2, cpu.h): QM_ROWS4 takes
+ * rows 0, h, 1, h + 1, then 2, h + 2, 3, h + 3, ... (h even). Looping in the kernel
  * instead of a call per row hoists the constants and the reduction: with
  * K = 1024 (4 steps of 8 blocks per row) a call per row ran at 39.5 GMAC/s
  * on one core in L2, against 48 for K = 4096.
  * QM_ROWS4 reduces four rows at a time; QM_ROWS1 each row on its own (the
  * same order per row, so results do not depend on how rows are split across
- * threads). AVX2 kernels take QM_ROWS4 (Q4_0 on one core, in L2 48.7
- * against 43.0 GMAC/s, from DRAM 40.7-42.2 against 36.9-38.6), the AVX-512
- * ones QM_ROWS1 (there QM_ROWS4 ran 8% slower from DRAM: Q4_0 K = 1024, 34-35
- * against 41-42 GMAC/s; in L2 both 52). */
+ * threads or chunks). AVX2 kernels take QM_ROWS4 (Q4_0 on one core, in L2
+ * 48.7 against 43.0 GMAC/s, from DRAM 40.7-42.2 against 36.9-38.6), the
+ * AVX-512 ones QM_ROWS1 (there QM_ROWS4 ran 8% slower from DRAM: Q4_0
+ * K = 1024, 34-35 against 41-42 GMAC/s; in L2 both 52). */
 #define QM_ROWS4(ROW, n, out)                                                                               \
     do {                                                                                                    \
-        int64_t r_ = 0;                                                                                     \
-        for (; r_ + 4 <= (n); r_ += 4) {                                                                    \
-            const __m256 v0_ = ROW(r_), v1_ = ROW(r_ + 1), v2_ = ROW(r_ + 2), v3_ = ROW(r_ + 3);            \
-            _mm_storeu_ps((out) + r_, kiln_hsum8x4(v0_, v1_, v2_, v3_));                                    \
+        const int64_t h_ = ((n) / 2) & ~(int64_t)1;                                                         \
+        int64_t a_ = 0, b_ = h_;                                                                            \
+        for (; a_ + 2 <= h_ && b_ + 2 <= (n); a_ += 2, b_ += 2) {                                           \
+            const __m256 v0_ = ROW(a_), v2_ = ROW(b_), v1_ = ROW(a_ + 1), v3_ = ROW(b_ + 1);                \
+            const __m128 s_ = kiln_hsum8x4(v0_, v1_, v2_, v3_);                                             \
+            _mm_storel_pi((__m64 *)((out) + a_), s_);                                                       \
+            _mm_storeh_pi((__m64 *)((out) + b_), s_);                                                       \
         }                                                                                                   \
-        for (; r_ < (n); r_++) {                                                                            \
-            const __m256 v_ = ROW(r_);                                                                      \
-            (out)[r_] = _mm_cvtss_f32(kiln_hsum8x4(v_, v_, v_, v_));                                        \
+        for (; a_ < h_; a_++) {                                                                             \
+            const __m256 v_ = ROW(a_);                                                                      \
+            (out)[a_] = _mm_cvtss_f32(kiln_hsum8x4(v_, v_, v_, v_));                                        \
+        }                                                                                                   \
+        for (; b_ < (n); b_++) {                                                                            \
+            const __m256 v_ = ROW(b_);                                                                      \
+            (out)[b_] = _mm_cvtss_f32(kiln_hsum8x4(v_, v_, v_, v_));                                        \
         }                                                                                                   \
     } while (0)
 #define QM_ROWS1(ROW, n, out)                                                                               \
     do {                                                                                                    \
-        for (int64_t r_ = 0; r_ < (n); r_++) {                                                              \
+        CPU_FOR_ROWS2(r_, 0, (n)) {                                                                         \
             const __m256 v_ = ROW(r_);                                                                      \
             (out)[r_] = _mm_cvtss_f32(kiln_hsum8x4(v_, v_, v_, v_));                                        \
         }                                                                                                   \
