@@ -362,7 +362,31 @@ static void test_inproc(void) {
         if (!strcmp(t.summary[i].k, "tg4")) tg4 = t.summary[i].v;
     }
     CHECK(pp32 > 0 && tg4 > 0 && strstr(js, "\"pp32\": ") && strstr(js, "\"tg4\": "), "%s", js);
-    CHECK(bench_decode_bytes(e) > 0 && bench_decode_bytes(e) <= (double)kiln_engine_param_bytes(e));
+    CHECK(kiln_engine_decode_bytes(e) > 0 && kiln_engine_decode_bytes(e) <= (double)kiln_engine_param_bytes(e));
+    {
+        /* the bytes behind GB/s, per tensor: a tied GPTQ-int4 model reads all
+         * of its bytes (BF16 embedding as lm_head, int4 layers); the untied
+         * BF16 MoE fixture all but its embedding table and the 2 unused of
+         * its experts' thirds per layer (3 x dim x moe_ffn x 2 bytes each) */
+        struct kiln_engine_opts qo = {.model = FIXTURES "/quant/gptq-int4-g128-sym", .backend = "cpu", .max_total_tokens = 64};
+        kiln_engine *q = kiln_engine_open(&qo, err, sizeof err);
+        CHECK(q != NULL, "%s", err);
+        if (q) CHECK(kiln_engine_decode_bytes(q) == (double)kiln_engine_param_bytes(q), "%g vs %lld", kiln_engine_decode_bytes(q), (long long)kiln_engine_param_bytes(q));
+        kiln_engine_close(q);
+        qo.model = FIXTURES "/qwen3-moe-tiny";
+        q = kiln_engine_open(&qo, err, sizeof err);
+        CHECK(q != NULL, "%s", err);
+        if (q) {
+            const struct kiln_config *c = kiln_engine_config(q);
+            double skip = 2.0 * c->vocab * c->dim;
+            for (int l = 0; l < c->n_layer; l++)
+                if (c->layer_moe && c->layer_moe[l]) skip += 2.0 * 3 * c->dim * c->moe_ffn * (c->n_expert - c->n_expert_used);
+            CHECK(!c->tie_embed && c->n_expert > c->n_expert_used && c->n_expert_used > 0);
+            CHECK(fabs(kiln_engine_decode_bytes(q) - (kiln_engine_param_bytes(q) - skip)) < 1, "%g vs %g", kiln_engine_decode_bytes(q),
+                  kiln_engine_param_bytes(q) - skip);
+        }
+        kiln_engine_close(q);
+    }
     free(js);
     const double mem_plain = cellv(&t, 1, "peak_mem_mib");
     bt_free(&t);

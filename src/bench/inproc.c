@@ -179,18 +179,6 @@ void bench_inproc_free(struct bench_target *t) {
     t->ctx = NULL;
 }
 
-double bench_decode_bytes(const kiln_engine *e) {
-    const struct kiln_config *c = kiln_engine_config(e);
-    double bytes = (double)kiln_engine_param_bytes(e), params = (double)kiln_engine_n_params(e);
-    if (params <= 0) return bytes;
-    double per = bytes / params, skip = 0;
-    if (!c->tie_embed) skip += (double)c->vocab * c->dim;
-    if (c->n_expert > 0 && c->layer_moe)
-        for (int l = 0; l < c->n_layer; l++)
-            if (c->layer_moe[l]) skip += 3.0 * c->dim * c->moe_ffn * (c->n_expert - c->n_expert_used);
-    return (params - skip) * per;
-}
-
 /* ==== pp / tg (llama-bench) ==== */
 
 /* the bandwidth probe of --roofline: two passes of each stream pattern
@@ -210,7 +198,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     int reps = o->reps > 0 ? o->reps : 1;
     double *ts = kiln_malloc(sizeof(double) * (size_t)reps), *ttft = kiln_malloc(sizeof(double) * (size_t)reps);
     double *bw = kiln_malloc(sizeof(double) * (size_t)(reps + 1)), *roof = kiln_malloc(sizeof(double) * (size_t)reps);
-    double dbytes = bench_decode_bytes(e);
+    double dbytes = kiln_engine_decode_bytes(e);
 
     bt_init(t, "pp-tg", "kiln bench --profile pp-tg", BT_SPREAD_SD);
     int c_model = bt_col(t, "model", "model", BT_STR, 0, 0);

@@ -12,10 +12,6 @@
 void bench_inproc_target(struct bench_target *t, kiln_engine *e, int max_tokens, int chunk);
 void bench_inproc_free(struct bench_target *t);
 
-/* Bytes of weights read per decode token: every weight except the input
- * embedding table (one row is read) and, for MoE, the experts a token does
- * not use; assumes the same bytes per parameter everywhere. */
-double bench_decode_bytes(const kiln_engine *e);
 
 struct bench_pptg_opts {
     const int *pp, *tg; /* -p and -n lists (0 entries are skipped) */

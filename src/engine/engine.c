@@ -113,6 +113,8 @@ int64_t kiln_engine_param_bytes(const kiln_engine *e) { return model_n_bytes(&e-
 void kiln_engine_weight_format(const kiln_engine *e, char *buf, size_t len) { model_main_format(&e->model, buf, len); }
 int64_t kiln_engine_n_params(const kiln_engine *e) { return model_n_params(&e->model); }
 
+double kiln_engine_decode_bytes(const kiln_engine *e) { return model_decode_bytes(&e->model); }
+
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id) {
     const struct kiln_config *c = &e->model.cfg;
     for (int i = 0; i < c->n_eos; i++)

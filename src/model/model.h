@@ -79,6 +79,11 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
 /* Total parameters and stored bytes of the weights. */
 int64_t model_n_params(const struct kiln_model *m);
 int64_t model_n_bytes(const struct kiln_model *m);
+/* the weight bytes a one-token decode step reads: every linear (lm_head's
+ * being the embedding when tied), the norm vectors, for MoE n_used /
+ * n_expert of each layer's expert bytes; not an untied embedding table, of
+ * which one row is read */
+double model_decode_bytes(const struct kiln_model *m);
 /* Prints one line per weight format: "  GPTQ-int4-g128   196 linears  1.23 GiB"
  * (stored bytes, plus what the backend repacked at load). */
 /* the weight format holding most of the linears' bytes, e.g. "Q4_0", "BF16", "GPTQ-int4-g128" */

@@ -14,15 +14,15 @@
  * Two ways to hand out items: cpu_parallel_for takes chunks in order from
  * one shared counter; cpu_parallel_for_split (decode GEMVs) gives each
  * thread one contiguous run, walked front to back, and a thread that is done
- * takes chunks off the back of the others' runs. Near a run's end the
- * pieces shrink (half of what is left, down to an eighth of a chunk), so
- * the threads finish together: with 256 KiB chunks (cpu_split_chunk) the
- * Q4_0 decode of Qwen3-0.6B spent 3.9% of its samples in the workers'
- * wait and 1.2% in the caller's join, 2.5% and 0.7% with the shrinking
- * tail. With the shared counter
+ * takes chunks off the back of the others' runs. With the shared counter
  * the two threads' chunks interleave and each thread's weight stream breaks
  * at every chunk: decode matmuls of Qwen3-0.6B, 2 threads, Q4_0 8.8 -> 6.0
- * ms per token's worth, BF16 (with the one-row GEMV) 21 -> 16.6 ms.
+ * ms per token's worth, BF16 (with the one-row GEMV) 21 -> 16.6 ms. Near a
+ * run's end the split's pieces shrink (half of what is left, down to an
+ * eighth of a chunk), so the threads finish together: with 256 KiB chunks
+ * (cpu_split_chunk) the Q4_0 decode of Qwen3-0.6B spent 3.9% of its samples
+ * in the workers' wait and 1.2% in the caller's join, 2.5% and 0.7% with
+ * the shrinking tail.
  */
 #include "backend/cpu/cpu.h"
 
@@ -84,7 +84,7 @@ static inline void cpu_relax(void) {
 
 static void pool_work(struct cpu_pool *p, int tid) {
     if (p->split) {
-        /* own run front to back, so its owner reads one sequential stream;
+        /* own run front to back, so its owner reads its weights in order;
          * then chunks off the back of the others' runs, so as not to cut
          * into their owners' streams until the two meet */
         const uint64_t lo = 0xffffffffu, c = (uint64_t)p->chunk;

@@ -81,9 +81,10 @@ typedef void (*cpu_range_fn)(void *arg, int64_t begin, int64_t end, int tid);
 void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
 /* the same, but [0, n) is first cut into one contiguous run per thread,
  * which its thread walks front to back in chunks; a thread whose run is
- * done takes chunks from the others' runs. For weight-streaming decode
- * kernels: each thread reads one sequential stream (interleaved chunks of
- * the shared counter break both threads' streams at every chunk). */
+ * done takes chunks from the others' runs (the pieces shrink near a run's
+ * end). For weight-streaming decode kernels: each thread reads its own
+ * stretch of the weights front to back (interleaved chunks of the shared
+ * counter break both threads' streams at every chunk). */
 void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
 /* several split jobs run as one pool job (one start and one join): their
  * items are laid end to end, in order, and cut into one run per thread as
@@ -106,9 +107,9 @@ int cpu_n_threads(struct kiln_backend *be);
  * far-apart sequential streams in flight instead of one; each row is
  * computed as before, so results do not change. On this repository's 2-core
  * test host (2 threads, AVX2, 32-byte loads): a plain read of one stream per
- * thread 20.6-25.5 GB/s, two 22.8-30.1; the Q4_0 decode over 250 MB of
- * 1.2-19 MB matrices 84-89% -> 92-102% of the one-stream read with 256 KiB
- * chunks (64 KiB before: two streams then gained only 2-4 points; 16 KiB
+ * thread 20.6-25.5 GB/s, two 22.8-30.1; the Q4_0 decode over 256 MB of
+ * 1.2-19 MB matrices 84-95% -> 90-104% of the one-stream read with 256 KiB
+ * chunks (with 64 KiB chunks two streams gained only 2-4 points; 16 KiB
  * chunks lost 15-20). docs/cpu.md has the runs. */
 int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes);
 #define CPU_FOR_ROWS2(r, r0, r1)                                                                            \
