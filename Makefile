@@ -28,7 +28,7 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpat
 endif
 endif
 
-.PHONY: all cpu arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench clean help format
+.PHONY: all cpu arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench clean help format
 all: $(BUILD)/kiln $(BUILD)/test-kiln
 
 cpu:
@@ -92,6 +92,11 @@ fuzz:                           ## libFuzzer targets for the parsers (clang); FU
 bench: $(BUILD)/kiln            ## the default benchmark (profile a on --dummy qwen3-0.6b)
 	./$(BUILD)/kiln bench
 
+gemv-bench: $(BUILD)/gemv-bench ## the CPU decode GEMV against the bandwidth probe, per matrix size (tools/gemv_bench.c)
+
+$(BUILD)/gemv-bench: $(BUILD)/tools/gemv_bench.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
 format:                         ## clang-format every C source
 	clang-format -i $(SRC) $(TEST_SRC) $(shell find src -name '*.h')
 
@@ -109,6 +114,7 @@ help:                           ## this list
 	@echo "  make test-cuda  CUDA op/model tests on a GPU machine"
 	@echo "  make fuzz       run the libFuzzer targets (FUZZ_TIME seconds each, default 60)"
 	@echo "  make bench      kiln bench with its defaults"
+	@echo "  make gemv-bench the CPU decode GEMV per matrix size against the bandwidth probe (build/gemv-bench)"
 	@echo "  make format     clang-format the sources"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
