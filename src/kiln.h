@@ -42,6 +42,10 @@ const struct kiln_config *kiln_engine_config(const kiln_engine *e);
 /* the KV pool's capacity in tokens */
 int kiln_engine_max_tokens(const kiln_engine *e);
 const char *kiln_engine_backend(const kiln_engine *e);
+/* The vector load width (bytes) of the backend's weight-streaming kernels
+ * now, for a bandwidth probe that reads as they do; 0 where that does not
+ * apply (CUDA). */
+int kiln_engine_load_width(const kiln_engine *e);
 /* The model directory, or NULL for dummy weights (no tokenizer then). */
 const char *kiln_engine_model_dir(const kiln_engine *e);
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id);

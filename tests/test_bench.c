@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "base/base.h"
 #include "bench/bench.h"
 #include "bench/http.h"
@@ -363,6 +364,16 @@ static void test_inproc(void) {
     }
     CHECK(pp32 > 0 && tg4 > 0 && strstr(js, "\"pp32\": ") && strstr(js, "\"tg4\": "), "%s", js);
     CHECK(kiln_engine_decode_bytes(e) > 0 && kiln_engine_decode_bytes(e) <= (double)kiln_engine_param_bytes(e));
+    {
+        /* the probe reads with the kernels' load width: 16 on the scalar path, 32 AVX2, 64 AVX-512 */
+        const int saved = cpu_isa();
+        CHECK(cpu_set_isa(CPU_ISA_SCALAR) == CPU_ISA_SCALAR && kiln_engine_load_width(e) == 16, "%d", kiln_engine_load_width(e));
+#if defined(KILN_X86)
+        if (cpu_isa_max() >= CPU_ISA_AVX2) CHECK(cpu_set_isa(CPU_ISA_AVX2) == CPU_ISA_AVX2 && kiln_engine_load_width(e) == 32);
+        if (cpu_isa_max() >= CPU_ISA_AVX512) CHECK(cpu_set_isa(CPU_ISA_AVX512) == CPU_ISA_AVX512 && kiln_engine_load_width(e) == 64);
+#endif
+        cpu_set_isa(saved);
+    }
     {
         /* the bytes behind GB/s, per tensor: a tied GPTQ-int4 model reads all
          * of its bytes (BF16 embedding as lm_head, int4 layers); the untied

@@ -84,10 +84,7 @@ int main(int argc, char **argv) {
     }
     float *x = kiln_malloc(sizeof(float) * (size_t)K), *y = kiln_malloc(sizeof(float) * (size_t)Ns[NS - 1]);
     for (int i = 0; i < K; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.1f;
-    int width = 16;
-#if defined(KILN_X86)
-    width = cpu_isa() >= CPU_ISA_AVX512 ? 64 : cpu_isa() >= CPU_ISA_AVX2 ? 32 : 16;
-#endif
+    const int width = be->load_width(be);
     printf("%s, K = %d, %d threads, %s, ~%.0f MB of distinct matrices per size, 2 sweeps\n", fmt, K, nt, cpu_isa_name(cpu_isa()), total / 1e6);
     for (int p = 0; p < passes; p++) {
         const double bw = bench_membw(nt, (size_t)1 << 30, 6, width);

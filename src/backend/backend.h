@@ -90,6 +90,11 @@ struct kiln_backend {
      * forward of a shape */
     int warm_at_open;
 
+    /* the width in bytes of the vector loads its weight-streaming kernels
+     * use now (the CPU: 16, 32 with AVX2, 64 with AVX-512), for a bandwidth
+     * probe that reads as they do; NULL where that does not apply */
+    int (*load_width)(struct kiln_backend *be);
+
     /* memory: NULL on failure; buffers hold activations or KV pages */
     void *(*alloc)(struct kiln_backend *be, size_t bytes);
     void (*free)(struct kiln_backend *be, void *p);

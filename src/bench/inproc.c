@@ -21,7 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/cpu/cpu.h" /* cpu_isa(): the load width of the bandwidth probe */
 #include "base/base.h"
 #include "bench/bench.h"
 #include "bench/stats.h"
@@ -215,9 +214,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     if (o->roofline) {
         c_bw = bt_col(t, "membw(GB/s)", "membw_gbps", BT_NUM, 1, 0);
         c_roof = bt_col(t, "roofline(%)", "roofline_pct", BT_NUM, 1, 1);
-#if defined(KILN_X86)
-        bw_width = cpu_isa() >= CPU_ISA_AVX512 ? 64 : cpu_isa() >= CPU_ISA_AVX2 ? 32 : 16;
-#endif
+        if (kiln_engine_load_width(e) > 0) bw_width = kiln_engine_load_width(e);
     }
     int c_mem = bt_col(t, cuda ? "GPU mem(MiB)" : "peak RSS(MiB)", "peak_mem_mib", BT_NUM, 0, 0);
     bt_footer(t, "pp<p>: one kiln_seq_eval over p random token ids (seed %llu) in a fresh sequence, last-token logits "

@@ -107,6 +107,8 @@ void kiln_engine_close(kiln_engine *e) {
 const struct kiln_config *kiln_engine_config(const kiln_engine *e) { return &e->model.cfg; }
 const char *kiln_engine_backend(const kiln_engine *e) { return e->be->name; }
 
+int kiln_engine_load_width(const kiln_engine *e) { return e->be->load_width ? e->be->load_width(e->be) : 0; }
+
 int kiln_engine_max_tokens(const kiln_engine *e) { return e->max_tokens; }
 const char *kiln_engine_model_dir(const kiln_engine *e) { return strncmp(e->model.path, "dummy:", 6) ? e->model.path : NULL; }
 int64_t kiln_engine_param_bytes(const kiln_engine *e) { return model_n_bytes(&e->model); }

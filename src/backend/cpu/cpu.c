@@ -349,6 +349,15 @@ static int cpu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     return 0;
 }
 
+static int cpu_load_width(struct kiln_backend *be) {
+    (void)be;
+#if defined(KILN_X86)
+    return cpu_isa() >= CPU_ISA_AVX512 ? 64 : cpu_isa() >= CPU_ISA_AVX2 ? 32 : 16;
+#else
+    return 16; /* NEON and scalar: 16-byte vectors */
+#endif
+}
+
 static void cpu_destroy(struct kiln_backend *be) {
     struct cpu_ctx *c = be->ctx;
     pool_destroy(c->pool);
@@ -370,6 +379,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->name = "cpu";
     be->act_size = sizeof(float);
     be->ctx = c;
+    be->load_width = cpu_load_width;
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->memzero = cpu_memzero;
