@@ -4,7 +4,7 @@
  * measured the way `kiln bench --profile pp-tg --roofline` measures it
  * (src/bench/membw.c), with each stream pattern shown on its own:
  *
- *   cc -O2 -Isrc -o /tmp/membw tools/membw.c src/bench/membw.c -lpthread
+ *   cc -O2 -Isrc -o /tmp/membw tools/membw.c src/bench/membw.c src/base/base.c -lpthread -lm
  *   /tmp/membw [threads] [MiB] [passes per pattern] [load width: 16|32|64]
  *
  * Each thread sums its slice of a fresh buffer much larger than the

@@ -209,12 +209,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     int c_ts = bt_col(t, "t/s", "tps", BT_NUM, 2, 1);
     int c_ttft = bt_col(t, "TTFT(ms)", "ttft_ms", BT_NUM, 2, 1);
     int c_gbs = bt_col(t, "GB/s", "gbps", BT_NUM, 1, 0);
-    int c_bw = -1, c_roof = -1, bw_width = 16;
+    const int load_width = kiln_engine_load_width(e);
+    int c_bw = -1, c_roof = -1, bw_width = load_width > 0 ? load_width : 16;
     const int bw_mib = o->roofline_mib > 0 ? o->roofline_mib : BENCH_MEMBW_MIB;
     if (o->roofline) {
         c_bw = bt_col(t, "membw(GB/s)", "membw_gbps", BT_NUM, 1, 0);
         c_roof = bt_col(t, "roofline(%)", "roofline_pct", BT_NUM, 1, 1);
-        if (kiln_engine_load_width(e) > 0) bw_width = kiln_engine_load_width(e);
     }
     int c_mem = bt_col(t, cuda ? "GPU mem(MiB)" : "peak RSS(MiB)", "peak_mem_mib", BT_NUM, 0, 0);
     bt_footer(t, "pp<p>: one kiln_seq_eval over p random token ids (seed %llu) in a fresh sequence, last-token logits "

@@ -12,7 +12,6 @@
 void bench_inproc_target(struct bench_target *t, kiln_engine *e, int max_tokens, int chunk);
 void bench_inproc_free(struct bench_target *t);
 
-
 struct bench_pptg_opts {
     const int *pp, *tg; /* -p and -n lists (0 entries are skipped) */
     int n_pp, n_tg;

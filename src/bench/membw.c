@@ -26,8 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
+#include "base/base.h"
 #include "bench/bench.h"
 
 struct bw_slice {
@@ -72,12 +72,6 @@ static void *bw_thread(void *arg) {
     return NULL;
 }
 
-static double bw_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* one pass of every thread over its slice; 0, or -1 if a thread could not start */
 static int bw_pass(struct bw_slice *sl, int threads, int fill) {
     pthread_t th[BENCH_MEMBW_MAX_THREADS];
@@ -109,13 +103,13 @@ double bench_membw_passes(int threads, size_t bytes, int passes, int width, cons
         for (int k = 0; k < passes; k++) {
             const int S = streams[k % n_streams] < 1 ? 1 : streams[k % n_streams];
             for (int t = 0; t < threads; t++) sl[t].streams = S;
-            double t0 = bw_now();
+            double t0 = kiln_now();
             if (bw_pass(sl, threads, 0)) {
                 best = -1;
                 break;
             }
             /* the bytes read: each slice's S parts of whole 256-byte steps */
-            double g = (double)(per / (size_t)S / 256 * 256 * (size_t)S) * threads / (bw_now() - t0) / 1e9;
+            double g = (double)(per / (size_t)S / 256 * 256 * (size_t)S) * threads / (kiln_now() - t0) / 1e9;
             if (gbs) gbs[k] = g;
             if (g > best) best = g;
         }

@@ -363,22 +363,17 @@ int64_t model_n_bytes(const struct kiln_model *m) {
 }
 
 double model_decode_bytes(const struct kiln_model *m) {
-    const struct kiln_config *c = &m->cfg;
-    struct count v = {0, 0};
-    each_vector((struct kiln_model *)m, count_vec, &v);
-    /* the embedding table: one row read (untied), or read whole as lm_head (tied, counted there) */
-    if (m->embed.data) v.bytes -= m->embed.rows * (int64_t)quant_row_bytes(m->embed.dtype, m->embed.cols);
-    double b = (double)v.bytes + (double)quant_linear_bytes(&m->lm_head);
-    for (int l = 0; m->layers && l < c->n_layer; l++) {
-        const struct layer *L = &m->layers[l];
-        const struct qlinear *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->moe.router};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->w.data) b += (double)quant_linear_bytes(ws[i]);
+    /* model_n_bytes counts the embedding once (as lm_head when tied, which
+     * reads it whole), so: less an untied embedding table (one row read),
+     * less the unused share of every layer's experts */
+    double b = (double)model_n_bytes(m);
+    if (!m->cfg.tie_embed && m->embed.data) b -= (double)m->embed.rows * quant_row_bytes(m->embed.dtype, m->embed.cols);
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
+        const struct moe_ffn *f = &m->layers[l].moe;
         double ex = 0;
-        for (int x = 0; L->moe.gate && x < L->moe.n_expert; x++)
-            ex += (double)quant_linear_bytes(&L->moe.gate[x]) + (double)quant_linear_bytes(&L->moe.up[x]) +
-                  (double)quant_linear_bytes(&L->moe.down[x]);
-        if (L->moe.n_expert > 0) b += ex * L->moe.n_used / L->moe.n_expert;
+        for (int x = 0; f->gate && x < f->n_expert; x++)
+            ex += (double)quant_linear_bytes(&f->gate[x]) + (double)quant_linear_bytes(&f->up[x]) + (double)quant_linear_bytes(&f->down[x]);
+        if (f->n_expert > 0) b -= ex * (f->n_expert - f->n_used) / f->n_expert;
     }
     return b;
 }

@@ -243,11 +243,11 @@ static void tasks_range(void *arg, int64_t b, int64_t e, int tid) {
     }
 }
 
-void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, int64_t chunk) {
+void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, size_t row_bytes) {
     struct task_set s = {t, count};
     int64_t n = 0;
     for (int i = 0; i < count; i++) n += t[i].n;
-    cpu_parallel_for_split(be, n, chunk, tasks_range, &s);
+    cpu_parallel_for_split(be, n, cpu_split_chunk(be, n, row_bytes), tasks_range, &s);
 }
 
 /* ==== memory ==== */

@@ -86,15 +86,16 @@ void cpu_parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_ran
  * stretch of the weights front to back (interleaved chunks of the shared
  * counter break both threads' streams at every chunk). */
 void cpu_parallel_for_split(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg);
-/* several split jobs run as one pool job (one start and one join): their
- * items are laid end to end, in order, and cut into one run per thread as
- * above; fn of each task gets its own item numbers */
+/* several decode GEMVs run as one split job (one start and one join): their
+ * rows (items) are laid end to end, in order, and cut into one run per
+ * thread as above, in chunks of cpu_split_chunk(all rows, row_bytes); fn of
+ * each task gets its own item numbers */
 struct cpu_task {
     cpu_range_fn fn;
     void *arg;
     int64_t n;
 };
-void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, int64_t chunk);
+void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, size_t row_bytes);
 int cpu_n_threads(struct kiln_backend *be);
 
 /* The decode GEMVs' share of that contract: the chunk (rows) of a split

@@ -771,9 +771,8 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
         t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
         rows += w->n_out;
     }
-    const int64_t chunk = cpu_split_chunk(be, rows, (size_t)ws[0]->n_in * dtype_size(ws[0]->w.dtype));
-    if (count == 1) cpu_parallel_for_split(be, rows, chunk, gemv_rows, &j[0]);
-    else cpu_parallel_for_split_tasks(be, t, count, chunk);
+    if (count == 1) cpu_parallel_for_split(be, rows, cpu_split_chunk(be, rows, j[0].rb), gemv_rows, &j[0]);
+    else cpu_parallel_for_split_tasks(be, t, count, j[0].rb);
 }
 
 /* ==== the op ==== */

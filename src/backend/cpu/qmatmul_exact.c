@@ -543,9 +543,7 @@ static int exact_lut(const struct xjob *j) {
 
 /* bytes the fused decode reads per row: FP8 codes, or GPTQ / AWQ codes and group scale pairs */
 static size_t x_row_bytes(const struct qlinear *w) {
-    const struct qprep *p = w->be;
-    if (w->fmt == KILN_WFMT_FP8) return (size_t)w->n_in;
-    return p->grp.row_bytes + sizeof(float) * 2 * (size_t)p->grp.n_group;
+    return w->fmt == KILN_WFMT_FP8 ? (size_t)w->n_in : qm_grp_row_bytes(&((const struct qprep *)w->be)->grp);
 }
 
 #endif
@@ -625,9 +623,7 @@ int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, 
         }
         t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
     }
-    int64_t rows = 0;
-    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
-    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, x_row_bytes(ws[0])));
+    cpu_parallel_for_split_tasks(be, t, count, x_row_bytes(ws[0]));
     return 1;
 #endif
 }

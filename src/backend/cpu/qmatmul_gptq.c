@@ -308,9 +308,6 @@ AVX2 static void grows_avx2(const struct qgrp *g, int64_t r0, int64_t r1, const 
 }
 #endif /* KILN_X86 */
 
-/* bytes a decode reads per row: the codes and the group scale pairs */
-static size_t g_row_bytes(const struct qgrp *g) { return g->row_bytes + sizeof(float) * 2 * (size_t)g->n_group; }
-
 static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct gjob *j = arg;
     const struct qgrp *g = j->g;
@@ -594,7 +591,7 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
     gact_setup(be, &j, out, x, w, n); /* never the GEMM here (no VNNI) */
 #endif
     {
-        cpu_parallel_for_split(be, j.N, cpu_split_chunk(be, j.N, g_row_bytes(j.g)), g_rows, &j);
+        cpu_parallel_for_split(be, j.N, cpu_split_chunk(be, j.N, qm_grp_row_bytes(j.g)), g_rows, &j);
     }
     free(xperm);
 }
@@ -618,8 +615,6 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         }
         t[i] = (struct cpu_task){g_rows, &g[i], ws[i]->n_out};
     }
-    int64_t rows = 0;
-    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
-    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, g_row_bytes(g[0].g)));
+    cpu_parallel_for_split_tasks(be, t, count, qm_grp_row_bytes(g[0].g));
     return 1;
 }

@@ -467,8 +467,6 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #endif
 }
 
-
-
 void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     struct ijob j;
 #if defined(KILN_X86)
@@ -506,8 +504,6 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         }
         t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
     }
-    int64_t rows = 0;
-    for (int i = 0; i < count; i++) rows += ws[i]->n_out;
-    cpu_parallel_for_split_tasks(be, t, count, cpu_split_chunk(be, rows, j[0].rb));
+    cpu_parallel_for_split_tasks(be, t, count, j[0].rb);
     return 1;
 }

@@ -55,6 +55,10 @@ extern float qm_fp8_lut[256];
 #define L128_PF1 2048
 #define L128_PF2 32768
 
+/* bytes a decode reads per repacked GPTQ / AWQ row: the codes and the
+ * group scale pairs (the split's chunk size) */
+static inline size_t qm_grp_row_bytes(const struct qgrp *g) { return g->row_bytes + sizeof(float) * 2 * (size_t)g->n_group; }
+
 /* ==== the per-call buffer and per-thread scratch ==== */
 
 /* 64-byte aligned, aborts on failure */
