@@ -27,6 +27,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
+#include "engine/engine_internal.h"
 #include "format/config.h"
 #include "format/gguf.h"
 #include "format/quant.h"
@@ -691,6 +692,92 @@ static void test_isa_dispatch(void) {
     cpu_set_isa(saved);
 }
 
+/* ==== scratch memory that cannot be had ====
+ *
+ * Every scratch allocation of a forward, one at a time, is made to fail
+ * (cpu_test_fail_scratch: the k-th allocation from now, k = 1, 2, ...) in
+ * a 12-token prefill and two decode steps, per instruction set and weight
+ * format (the dense and int8 GEMMs and row kernels, the GPTQ act-order
+ * permutation, the exact FP8 path, MoE, attention, RoPE). An eval whose
+ * allocation failed must fail with the out-of-memory message and leave
+ * the sequence as it was; the same eval again must then give the logits of
+ * a run that never failed, bit for bit; and an eval during which the armed
+ * failure did not happen must succeed with those logits (so no allocation
+ * goes unreported, and the loop ends). */
+static void scratch_oom_one(const struct kiln_engine_opts *o, const char *name, int isa) {
+    char err[512];
+    kiln_engine *e = kiln_engine_open(o, err, sizeof err);
+    CHECK(e != NULL, "%s: %s", name, err);
+    if (!e) return;
+    struct kiln_backend *be = e->be;
+    const int V = kiln_engine_config(e)->vocab;
+    const int n_in[3] = {12, 1, 1}, off[3] = {0, 12, 13};
+    float *want = kiln_malloc(sizeof(float) * 3 * (size_t)V), *got = kiln_malloc(sizeof(float) * (size_t)V);
+    kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+    int rc = 0;
+    for (int t = 0; t < 3 && !rc; t++) rc = kiln_seq_eval(s, prompt + off[t], n_in[t], want + (size_t)t * V, 0, err, sizeof err);
+    CHECK(rc == 0, "%s: %s", name, err);
+    kiln_seq_truncate(s, 0);
+    int failures = 0;
+    for (int t = 0; t < 3 && !rc; t++) {
+        const int len = kiln_seq_len(s);
+        for (int k = 1;; k++) {
+            if (k > 500) {
+                CHECK(0, "%s isa %d step %d: more than 500 allocations in one eval", name, isa, t);
+                break;
+            }
+            cpu_test_fail_scratch(be, k);
+            rc = kiln_seq_eval(s, prompt + off[t], n_in[t], got, 0, err, sizeof err);
+            const int fired = cpu_test_fail_fired(be);
+            cpu_test_fail_scratch(be, 0); /* disarmed */
+            if (!fired) {
+                CHECK(rc == 0 && !memcmp(got, want + (size_t)t * V, sizeof(float) * (size_t)V),
+                      "%s isa %d step %d: an eval without a failed allocation: rc %d (%s) or other logits", name, isa, t, rc,
+                      rc ? err : "");
+                break;
+            }
+            failures++;
+            CHECK(rc == -1 && strstr(err, "out of memory") && kiln_seq_len(s) == len,
+                  "%s isa %d step %d: allocation %d failed: rc %d, \"%s\", length %d (was %d)", name, isa, t, k, rc, rc ? err : "",
+                  kiln_seq_len(s), len);
+            rc = kiln_seq_eval(s, prompt + off[t], n_in[t], got, 0, err, sizeof err);
+            CHECK(rc == 0 && !memcmp(got, want + (size_t)t * V, sizeof(float) * (size_t)V),
+                  "%s isa %d step %d: the eval again after allocation %d failed: rc %d (%s) or other logits", name, isa, t, k, rc,
+                  rc ? err : "");
+            if (rc) break;
+            kiln_seq_truncate(s, len);
+        }
+    } /* the eval that ended the loop took the sequence on to the next step */
+    CHECK(failures > 0, "%s isa %d: no scratch allocation was made", name, isa);
+    kiln_seq_free(s);
+    free(want), free(got);
+    kiln_engine_close(e);
+}
+
+static void test_scratch_oom(void) {
+    static const struct {
+        const char *quant, *dtype, *dir;
+    } fmts[] = {{NULL, "bf16", NULL},      {NULL, "f32", NULL},        {"q8_0", NULL, NULL}, {"q4_0", NULL, NULL},
+                {"gptq-int4", NULL, NULL}, {"gptq-int8", NULL, NULL},  {"awq", NULL, NULL},  {"fp8", NULL, NULL},
+                {"q4_k", NULL, NULL},      {NULL, NULL, "micro-moe"}, {NULL, NULL, "gptq-int4-g32-asym-act"}};
+    const int saved = cpu_isa();
+    for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
+        CHECK(cpu_set_isa(isa) == isa);
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            char dir[512];
+            struct kiln_engine_opts o = {.dummy = QDIR "/micro/config.json", .dummy_dtype = fmts[f].dtype, .backend = "cpu",
+                                         .quant = fmts[f].quant, .quant_group = 32, .max_total_tokens = 64, .n_threads = 2};
+            if (fmts[f].quant && strstr(fmts[f].quant, "_k")) o.dummy = QDIR "/gguf/kmix-ref/config.json";
+            if (fmts[f].dir) {
+                snprintf(dir, sizeof dir, QDIR "/%s", fmts[f].dir);
+                o.dummy = NULL, o.model = dir;
+            }
+            scratch_oom_one(&o, fmts[f].dir ? fmts[f].dir : fmts[f].quant ? fmts[f].quant : fmts[f].dtype, isa);
+        }
+    }
+    cpu_set_isa(saved);
+}
+
 /* ==== quality: KL(P_bf16 || P_quant) and top-1 agreement ====
  *
  * Not a check: with KILN_QUANT_QUALITY=DIR[,DIR...] set, every model DIR is
@@ -851,4 +938,5 @@ void test_quant(void) {
     test_gguf_qwen3_tokenizer();
     test_dummy();
     test_isa_dispatch();
+    test_scratch_oom();
 }

@@ -960,7 +960,8 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
         if (sq->n_past + sq->n > max_len) max_len = sq->n_past + sq->n;
         n_items += nkv * (isa >= 0 && sq->n >= 2 && rows >= TILE_MIN_ROWS ? (rows + QB - 1) / QB : sq->n);
     }
-    struct att_item *items = kiln_malloc(sizeof *items * (size_t)(n_items > 0 ? n_items : 1));
+    struct att_item *items = cpu_scratch_alloc(be, sizeof *items * (size_t)(n_items > 0 ? n_items : 1));
+    if (!items) return; /* reported by cpu_error */
     /* row items take runs of adjacent KV heads (one contiguous block per
      * page), halved while there would be fewer items than threads */
     int row_items = 0, row_kh = nkv;
@@ -1001,8 +1002,8 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     /* 16-bit caches: a page of rows (row path) or a tile's keys and values (tiled) widened */
     size_t wide_len = kv->dtype == KILN_DTYPE_F32 ? 0 : (size_t)hd * (kv->page_size > 2 * BK ? kv->page_size : 2 * BK);
     j.scr_len = (j.wide + wide_len + 15) & ~(size_t)15;
-    if (posix_memalign((void **)&j.scratch, 64, sizeof(float) * j.scr_len * (size_t)nth)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
-    cpu_parallel_for(be, n_items, work >= ATT_PAR_MIN ? 1 : n_items, att_items, &j);
+    if ((j.scratch = cpu_scratch_alloc(be, sizeof(float) * j.scr_len * (size_t)nth)))
+        cpu_parallel_for(be, n_items, work >= ATT_PAR_MIN ? 1 : n_items, att_items, &j);
     free(j.scratch);
     free(items);
 }

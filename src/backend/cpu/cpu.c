@@ -150,7 +150,10 @@ static struct cpu_pool *pool_create(int n) {
     struct cpu_pool *p = kiln_calloc(1, sizeof *p);
     p->n = n;
     p->th = kiln_calloc((size_t)(n > 1 ? n - 1 : 1), sizeof *p->th);
-    if (posix_memalign((void **)&p->run, 64, sizeof *p->run * (size_t)n)) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
+    if (posix_memalign((void **)&p->run, 64, sizeof *p->run * (size_t)n)) {
+        free(p->th), free(p);
+        return NULL;
+    }
     memset(p->run, 0, sizeof *p->run * (size_t)n);
     for (int i = 1; i < n; i++) {
         void **a = kiln_malloc(2 * sizeof(void *));
@@ -176,6 +179,46 @@ static void pool_destroy(struct cpu_pool *p) {
 }
 
 int cpu_n_threads(struct kiln_backend *be) { return ((struct cpu_ctx *)be->ctx)->pool->n; }
+
+void *cpu_scratch_alloc(struct kiln_backend *be, size_t bytes) {
+    struct cpu_ctx *c = be->ctx;
+    void *p = NULL;
+    if (c->fail_next > 0 && --c->fail_next == 0) c->fail_fired = 1;
+    else if (posix_memalign(&p, 64, bytes ? bytes : 64)) p = NULL;
+    if (!p) c->fault_bytes += bytes ? bytes : 64;
+    return p;
+}
+
+void **cpu_scratch_threads(struct kiln_backend *be, size_t bytes) {
+    const int n = cpu_n_threads(be);
+    void **scr = cpu_scratch_alloc(be, sizeof(void *) * (size_t)n);
+    if (!scr) return NULL;
+    for (int i = 0; i < n; i++)
+        if (!(scr[i] = cpu_scratch_alloc(be, bytes))) {
+            while (i--) free(scr[i]);
+            free(scr);
+            return NULL;
+        }
+    return scr;
+}
+
+void cpu_scratch_threads_free(struct kiln_backend *be, void **scr) {
+    if (!scr) return;
+    for (int i = 0; i < cpu_n_threads(be); i++) free(scr[i]);
+    free(scr);
+}
+
+void cpu_test_fail_scratch(struct kiln_backend *be, int n) {
+    struct cpu_ctx *c = be->ctx;
+    free(c->scratch), c->scratch = NULL, c->scratch_cap = 0;
+    free(c->qscratch), c->qscratch = NULL, c->qscratch_cap = 0;
+    free(c->rope_cs), c->rope_cs = NULL, c->rope_cap = 0;
+    free(c->rope_pos), c->rope_pos = NULL, c->rope_pos_cap = 0;
+    c->rope_of = NULL;
+    c->fail_next = n, c->fail_fired = 0;
+}
+
+int cpu_test_fail_fired(struct kiln_backend *be) { return ((struct cpu_ctx *)be->ctx)->fail_fired; }
 
 static void parallel_for(struct kiln_backend *be, int64_t n, int64_t chunk, cpu_range_fn fn, void *arg, int split) {
     struct cpu_pool *p = ((struct cpu_ctx *)be->ctx)->pool;
@@ -345,8 +388,20 @@ static void cpu_release_rope(struct kiln_backend *be, struct rope *r) {
 }
 
 static int cpu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
-    (void)be, (void)b;
+    (void)b;
+    ((struct cpu_ctx *)be->ctx)->fault_bytes = 0;
     return 0;
+}
+
+static int cpu_error(struct kiln_backend *be, char *err, size_t errlen) {
+    struct cpu_ctx *c = be->ctx;
+    if (!c->fault_bytes) return 0;
+    const size_t b = c->fault_bytes;
+    c->fault_bytes = 0;
+    return kiln_errf(err, errlen,
+                     "cpu: out of memory: %.1f MiB of scratch for this batch could not be allocated; the batch failed, "
+                     "nothing else changed. A smaller prefill chunk (--chunk; kiln serve: --chunked-prefill-size) needs less",
+                     b / 1048576.0);
 }
 
 static int cpu_load_width(struct kiln_backend *be) {
@@ -370,12 +425,15 @@ static void cpu_destroy(struct kiln_backend *be) {
 }
 
 struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen) {
-    (void)err, (void)errlen;
     struct kiln_backend *be = kiln_calloc(1, sizeof *be);
     struct cpu_ctx *c = kiln_calloc(1, sizeof *c);
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     omp_set_num_threads(c->n_threads); /* for the OpenMP loops outside this backend (weight loading and conversion: load.c, gptq.c, quant.c) */
-    c->pool = pool_create(c->n_threads);
+    if (!(c->pool = pool_create(c->n_threads))) {
+        free(c), free(be);
+        kiln_errf(err, errlen, "cpu: out of memory for the thread pool");
+        return NULL;
+    }
     be->name = "cpu";
     be->act_size = sizeof(float);
     be->ctx = c;
@@ -394,6 +452,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->release_linear = cpu_release_linear;
     be->release_rope = cpu_release_rope;
     be->begin = cpu_begin;
+    be->error = cpu_error;
     be->matmul = cpu_matmul;
     be->matmul_multi = cpu_matmul_multi;
     be->kv_write = cpu_kv_write;

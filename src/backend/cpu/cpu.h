@@ -27,6 +27,10 @@ struct cpu_ctx {
     size_t rope_cap, rope_pos_cap;
     int rope_n, rope_hd;
     const struct rope *rope_of;
+    /* scratch that could not be allocated since the forward began (bytes),
+     * and a test hook: that many more allocations fail (cpu_scratch_alloc) */
+    size_t fault_bytes;
+    int fail_next, fail_fired;
 };
 
 /* The architecture's vector kernels: x86 (AVX2 / AVX-512, each function
@@ -97,6 +101,23 @@ struct cpu_task {
 };
 void cpu_parallel_for_split_tasks(struct kiln_backend *be, const struct cpu_task *t, int count, size_t row_bytes);
 int cpu_n_threads(struct kiln_backend *be);
+
+/* Scratch memory for one op of a forward, 64-byte aligned, freed with
+ * free(). When it cannot be had the op that asked skips its work, the bytes
+ * are recorded, and the `error` op (which the model calls after the
+ * forward) fails the forward with a message; the engine then fails that
+ * batch and goes on, and the next forward tries again. Nothing aborts (the
+ * CUDA backend does the same with device memory). Only the calling thread
+ * allocates: a parallel job gets its per-thread buffers up front
+ * (cpu_scratch_threads). cpu_test_fail_scratch(be, n), for tests: the
+ * n-th allocation from now (n >= 1) fails, once, and the buffers kept
+ * between calls are dropped so that the next forward allocates them again;
+ * cpu_test_fail_fired says whether that failure has happened. */
+void *cpu_scratch_alloc(struct kiln_backend *be, size_t bytes);
+void **cpu_scratch_threads(struct kiln_backend *be, size_t bytes); /* cpu_n_threads buffers, or NULL */
+void cpu_scratch_threads_free(struct kiln_backend *be, void **scr);
+void cpu_test_fail_scratch(struct kiln_backend *be, int n);
+int cpu_test_fail_fired(struct kiln_backend *be);
 
 /* The decode GEMVs' share of that contract: the chunk (rows) of a split
  * job over `rows` rows of `row_bytes` each: ~256 KiB of weights, but at most

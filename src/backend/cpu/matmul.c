@@ -648,8 +648,8 @@ static float *scratch(struct kiln_backend *be, size_t floats) {
     struct cpu_ctx *c = be->ctx;
     if (floats > c->scratch_cap) {
         free(c->scratch);
-        c->scratch = NULL;
-        if (posix_memalign((void **)&c->scratch, 64, floats * sizeof(float))) kiln_fatal("cpu: out of memory", __FILE__, __LINE__);
+        c->scratch_cap = 0;
+        if (!(c->scratch = cpu_scratch_alloc(be, floats * sizeof(float)))) return NULL; /* reported by cpu_error */
         c->scratch_cap = floats;
     }
     return c->scratch;
@@ -722,7 +722,7 @@ static void gemm(struct kiln_backend *be, float *out, const float *x, const stru
     const size_t xp_sz = ((size_t)n_tb * j.MR * j.n_in + 15) & ~(size_t)15;
     j.wp_sz = ((size_t)j.NR * j.n_in + 15) & ~(size_t)15;
     int nth = cpu_n_threads(be);
-    j.xp = scratch(be, xp_sz + (size_t)nth * j.wp_sz);
+    if (!(j.xp = scratch(be, xp_sz + (size_t)nth * j.wp_sz))) return;
     j.wp = j.xp + xp_sz;
     cpu_parallel_for(be, n_tb, 4, gemm_pack_x, &j);
     /* output panels in small contiguous runs: each thread streams its own

@@ -57,19 +57,19 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
     float *out = out_;
     const float *x = x_;
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
-    float *logits = kiln_malloc(sizeof(float) * (size_t)n * E);
-    int *sel = kiln_malloc(sizeof(int) * (size_t)n * K);
-    float *wsel = kiln_malloc(sizeof(float) * (size_t)n * K);
+    /* one scratch block: logits [n][E] | sel, wsel [n][K] | rows, rw [n] | xg, y [n][dim] | g, u [n][F] */
+    const size_t nn = (size_t)n, fl = sizeof(float);
+    float *logits = cpu_scratch_alloc(be, fl * nn * ((size_t)E + 2 * K + 2 + 2 * (size_t)dim + 2 * (size_t)F));
+    if (!logits) return; /* reported by cpu_error */
+    int *sel = (int *)(logits + nn * E);
+    float *wsel = (float *)(sel + nn * K);
+    int *rows = (int *)(wsel + nn * K);
+    float *rw = (float *)(rows + nn), *xg = rw + nn, *y = xg + nn * dim, *g = y + nn * dim, *u = g + nn * F;
     cpu_matmul(be, logits, x, &m->router, n);
     struct route_job rj = {logits, wsel, sel, E, K, m->norm_topk};
     cpu_parallel_for(be, n, 8, route_rows, &rj);
 
     memset(out, 0, sizeof(float) * (size_t)n * dim);
-    int *rows = kiln_malloc(sizeof(int) * (size_t)n);
-    float *rw = kiln_malloc(sizeof(float) * (size_t)n);
-    float *xg = kiln_malloc(sizeof(float) * (size_t)n * dim);
-    float *g = kiln_malloc(sizeof(float) * (size_t)n * F), *u = kiln_malloc(sizeof(float) * (size_t)n * F);
-    float *y = kiln_malloc(sizeof(float) * (size_t)n * dim);
     for (int e = 0; e < E; e++) {
         int c = 0;
         for (int i = 0; i < n; i++)
@@ -90,6 +90,5 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
             for (int d = 0; d < dim; d++) o[d] += rw[j] * yr[d];
         }
     }
-    free(rows), free(rw), free(xg), free(g), free(u), free(y);
-    free(logits), free(sel), free(wsel);
+    free(logits);
 }

@@ -246,14 +246,17 @@ static const float *rope_table(struct kiln_backend *be, const struct rope *rope,
     if (c->rope_of == rope && c->rope_hd == head_dim && c->rope_n == b->n_tokens &&
         !memcmp(c->rope_pos, b->pos, sizeof(int32_t) * (size_t)b->n_tokens))
         return c->rope_cs;
+    c->rope_of = NULL; /* valid again once filled below */
     if (need > c->rope_cap) {
         free(c->rope_cs);
-        c->rope_cs = kiln_malloc(sizeof(float) * need);
+        c->rope_cap = 0;
+        if (!(c->rope_cs = cpu_scratch_alloc(be, sizeof(float) * need))) return NULL; /* reported by cpu_error */
         c->rope_cap = need;
     }
     if ((size_t)b->n_tokens > c->rope_pos_cap) {
         free(c->rope_pos);
-        c->rope_pos = kiln_malloc(sizeof(int32_t) * (size_t)b->n_tokens);
+        c->rope_pos_cap = 0;
+        if (!(c->rope_pos = cpu_scratch_alloc(be, sizeof(int32_t) * (size_t)b->n_tokens))) return NULL;
         c->rope_pos_cap = (size_t)b->n_tokens;
     }
     const float *inv = rope->be;
@@ -301,7 +304,7 @@ static void cpu_qk_norm_rope(struct kiln_backend *be, void *q_, void *k_, const 
 #else
     j.rope = (void)isa, rope_scalar;
 #endif
-    cpu_parallel_for(be, b->n_tokens, rows_chunk((int64_t)(n_head + n_head_kv) * head_dim), qk_norm_rope_rows, &j);
+    if (j.cs) cpu_parallel_for(be, b->n_tokens, rows_chunk((int64_t)(n_head + n_head_kv) * head_dim), qk_norm_rope_rows, &j);
 }
 
 static void swiglu_scalar(float *out, const float *g, const float *u, size_t n) {

@@ -100,17 +100,19 @@ void cpu_qrelease_linear(struct qlinear *w) {
 
 /* ==== shared by the paths ==== */
 
-void qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n) {
+int qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n) {
     struct cpu_ctx *c = be->ctx;
     size_t tot = 0;
     for (int i = 0; i < n; i++) tot += (sz[i] + 63) & ~(size_t)63;
     if (tot > c->qscratch_cap) {
         free(c->qscratch);
-        c->qscratch = amalloc(tot);
+        c->qscratch_cap = 0;
+        if (!(c->qscratch = cpu_scratch_alloc(be, tot))) return -1; /* reported by cpu_error */
         c->qscratch_cap = tot;
     }
     char *p = c->qscratch;
     for (int i = 0; i < n; i++) ptr[i] = sz[i] ? p : NULL, p += (sz[i] + 63) & ~(size_t)63;
+    return 0;
 }
 
 #if defined(KILN_X86)

@@ -353,8 +353,7 @@ struct xjob {
     /* GEMM (prefill): */
     float *xp;         /* activations packed in tiles of MR tokens, [tile][K][MR] */
     int MR, NR, ntile;
-    void **scr;        /* per-thread scratch */
-    size_t scr_bytes;
+    void **scr;        /* per-thread scratch (cpu_scratch_threads) */
 };
 
 /* dequantizes row r of any exact-path format into y[K] */
@@ -401,7 +400,7 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 
 static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
-    float *y = thread_scratch(j->scr, tid, j->scr_bytes);
+    float *y = j->scr[tid];
     cpu_dot_fn dot = cpu_dot_for(KILN_DTYPE_F32);
     for (int64_t r = r0; r < r1; r++) {
         dequant_row(j, (int)r, y);
@@ -505,7 +504,7 @@ AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
 static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct xjob *j = arg;
     const int K = j->K, NR = j->NR, MR = j->MR;
-    float *wp = thread_scratch(j->scr, tid, j->scr_bytes), *y = wp + (size_t)K * NR;
+    float *wp = j->scr[tid], *y = wp + (size_t)K * NR;
     for (int64_t pi = p0; pi < p1; pi++) {
         const int r0 = (int)pi * NR, nr = j->N - r0 < NR ? j->N - r0 : NR;
         for (int i0 = 0; i0 < NR; i0 += 8) {
@@ -550,10 +549,10 @@ static size_t x_row_bytes(const struct qlinear *w) {
 
 void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
-    const int K = w->n_in, N = w->n_out, nt = cpu_n_threads(be);
+    const int K = w->n_in, N = w->n_out;
     float *xperm = NULL;
     if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && p->grp.perm) {
-        xperm = kiln_malloc(sizeof(float) * (size_t)n * K);
+        if (!(xperm = cpu_scratch_alloc(be, sizeof(float) * (size_t)n * K))) return; /* reported by cpu_error */
         for (int t = 0; t < n; t++)
             for (int k = 0; k < K; k++) xperm[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
         x = xperm;
@@ -563,34 +562,34 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
     /* rows per chunk: ~64 KiB of dequantized weights */
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
 #if defined(KILN_X86)
-    if (exact_fused(&j)) { /* decode: fused, no scratch */
-        if (exact_lut(&j)) {
-            float *xl;
-            const size_t sz = sizeof(float) * (size_t)K;
-            qm_buf_get(be, &sz, (void **)&xl, 1);
-            lut_order_512(xl, x, K);
-            j.xl = xl;
-            j.lut128 = lut128_ok(&p->grp);
+    if (exact_fused(&j)) { /* decode: fused, no scratch but the reordered x of the lookup kernels */
+        float *xl = NULL;
+        const size_t sz = sizeof(float) * (size_t)K;
+        if (!exact_lut(&j) || !qm_buf_get(be, &sz, (void **)&xl, 1)) {
+            if (xl) {
+                lut_order_512(xl, x, K);
+                j.xl = xl;
+                j.lut128 = lut128_ok(&p->grp);
+            }
+            cpu_parallel_for_split(be, N, cpu_split_chunk(be, N, x_row_bytes(w)), x_fused_rows, &j);
         }
-        cpu_parallel_for_split(be, N, cpu_split_chunk(be, N, x_row_bytes(w)), x_fused_rows, &j);
     } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
         cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
         j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
         j.ntile = (n + j.MR - 1) / j.MR;
-        j.xp = amalloc(sizeof(float) * (size_t)j.ntile * j.MR * K);
-        j.scr = kiln_calloc((size_t)nt, sizeof(void *));
-        cpu_parallel_for(be, j.ntile, 1, x_pack, &j);
-        j.scr_bytes = sizeof(float) * ((size_t)K * j.NR + 8 * (size_t)K);
-        cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
+        j.xp = cpu_scratch_alloc(be, sizeof(float) * (size_t)j.ntile * j.MR * K);
+        j.scr = j.xp ? cpu_scratch_threads(be, sizeof(float) * ((size_t)K * j.NR + 8 * (size_t)K)) : NULL;
+        if (j.scr) {
+            cpu_parallel_for(be, j.ntile, 1, x_pack, &j);
+            cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
+        }
         free(j.xp);
-        free_scratch(j.scr, nt);
+        cpu_scratch_threads_free(be, j.scr);
     } else
 #endif
     { /* row dots on dequantized rows (NEON: matmul.c's dot) */
-        j.scr = kiln_calloc((size_t)nt, sizeof(void *));
-        j.scr_bytes = sizeof(float) * (size_t)K;
-        cpu_parallel_for(be, N, chunk, x_rows, &j);
-        free_scratch(j.scr, nt);
+        if ((j.scr = cpu_scratch_threads(be, sizeof(float) * (size_t)K))) cpu_parallel_for(be, N, chunk, x_rows, &j);
+        cpu_scratch_threads_free(be, j.scr);
     }
     free(xperm);
 }
@@ -615,7 +614,7 @@ int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, 
         if (exact_lut(&j[i])) {
             if (!xl) {
                 const size_t sz = sizeof(float) * (size_t)K;
-                qm_buf_get(be, &sz, (void **)&xl, 1);
+                if (qm_buf_get(be, &sz, (void **)&xl, 1)) return 1; /* skipped; reported by cpu_error */
                 lut_order_512(xl, x, K);
             }
             j[i].xl = xl;

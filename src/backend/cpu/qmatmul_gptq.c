@@ -69,8 +69,7 @@ struct gjob {
     const float *x;
     int n, K, N, nb, G, gs, isa, vnni;
     int NT, ntile;
-    void **scr;
-    size_t scr_bytes;
+    void **scr; /* per-thread panels (cpu_scratch_threads) */
 };
 
 /* integer dot of one 32-block of 4-bit codes with one activation block */
@@ -468,7 +467,7 @@ AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const floa
 
 static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct gjob *j = arg;
-    uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    uint8_t *P = j->scr[tid];
     const int R = j->vnni ? 16 : 8, NT = j->NT;
     for (int64_t pi = p0; pi < p1; pi++) {
         const int r0 = (int)pi * R, nr = j->N - r0 < R ? j->N - r0 : R;
@@ -508,7 +507,8 @@ static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
 
 /* everything of a call before its parallel part (x quantized into the
  * backend's buffer, SX, the VNNI decode vectors); returns whether it is
- * the GEMM. x must already be in qgrp's (act-order) order. */
+ * the GEMM (1 or 0), or -1 when the buffer could not grow. x must already
+ * be in qgrp's (act-order) order. */
 static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
     struct gjob j = {.g = &p->grp, .out = out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .x = x, .n = n, .K = w->n_in,
@@ -523,7 +523,7 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
                           dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb : 0};
     void *ptr[4];
-    qm_buf_get(be, sz, ptr, 4);
+    if (qm_buf_get(be, sz, ptr, 4)) return -1; /* reported by cpu_error */
     j.xa = ptr[0], j.sx = ptr[1];
 #if defined(KILN_NEON)
     cpu_isa_note(j.isa, 0); /* gdot_neon / gdot_dotprod */
@@ -572,25 +572,23 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
     float *xperm = NULL;
     if (p->grp.perm) {
         const int K = w->n_in;
-        xperm = kiln_malloc(sizeof(float) * (size_t)n * K);
+        if (!(xperm = cpu_scratch_alloc(be, sizeof(float) * (size_t)n * K))) return; /* reported by cpu_error */
         for (int t = 0; t < n; t++)
             for (int k = 0; k < K; k++) xperm[(size_t)t * K + k] = x[(size_t)t * K + p->grp.perm[k]];
         x = xperm;
     }
     struct gjob j;
+    const int gemm = gact_setup(be, &j, out, x, w, n); /* never the GEMM without AVX2 */
+    if (gemm < 0) {
+        /* reported by cpu_error */
 #if defined(KILN_X86)
-    if (gact_setup(be, &j, out, x, w, n)) {
-        const int nthr = cpu_n_threads(be);
-        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
+    } else if (gemm) {
         const int R = j.vnni ? 16 : 8;
-        j.scr_bytes = (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G;
-        cpu_parallel_for(be, (j.N + R - 1) / R, 1, g_gemm_panels, &j);
-        free_scratch(j.scr, nthr);
-    } else
-#else
-    gact_setup(be, &j, out, x, w, n); /* never the GEMM here (no VNNI) */
+        if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G)))
+            cpu_parallel_for(be, (j.N + R - 1) / R, 1, g_gemm_panels, &j);
+        cpu_scratch_threads_free(be, j.scr);
 #endif
-    {
+    } else {
         cpu_parallel_for_split(be, j.N, cpu_split_chunk(be, j.N, qm_grp_row_bytes(j.g)), g_rows, &j);
     }
     free(xperm);
@@ -606,7 +604,9 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         const struct qprep *p = ws[i]->be;
         if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in) return 0;
     }
-    if (gact_setup(be, &g[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+    const int gemm = gact_setup(be, &g[0], outs[0], x, ws[0], n);
+    if (gemm < 0) return 1; /* skipped; reported by cpu_error */
+    if (gemm) return 0;     /* not reached: the GEMM was ruled out above */
     for (int i = 0; i < count; i++) {
         if (i) {
             g[i] = g[0];

@@ -239,8 +239,7 @@ struct ijob {
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
-    void **scr;
-    size_t scr_bytes;
+    void **scr; /* per-thread panels (cpu_scratch_threads) */
 };
 
 struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int K, int NT, int isa) {
@@ -318,7 +317,7 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 #if defined(KILN_X86)
 static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct ijob *j = arg;
-    uint8_t *P = thread_scratch(j->scr, tid, j->scr_bytes);
+    uint8_t *P = j->scr[tid];
     for (int64_t pi = p0; pi < p1; pi++) {
         const int r0 = (int)pi * j->R, nr = j->N - r0 < j->R ? j->N - r0 : j->R;
         qm_pack_i8(P, j->w->w.data, j->rb, r0, nr, j->nb, j->R, j->mode);
@@ -342,7 +341,7 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 /* everything of an int8 matmul before its parallel part: the kernels for
  * w's dtype, the activations quantized (once, into the backend's buffer)
  * and, for the VNNI decode, the per-block vectors; returns whether it is
- * the GEMM */
+ * the GEMM (1 or 0), or -1 when the buffer could not grow */
 static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
     const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
@@ -365,7 +364,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #endif
     j.dot1 = j.dot;
     const size_t sz = sizeof *j.xa * (size_t)n * nb;
-    qm_buf_get(be, &sz, (void **)&j.xa, 1);
+    if (qm_buf_get(be, &sz, (void **)&j.xa, 1)) return -1;
     cpu_parallel_for(be, n, (16384 + K - 1) / K, i_quant, &j);
     *jp = j;
     return 0;
@@ -404,7 +403,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
                               dec || j.dec2 ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
-        qm_buf_get(be, sz, ptr, 5);
+        if (qm_buf_get(be, sz, ptr, 5)) return -1;
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
@@ -469,16 +468,13 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 
 void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     struct ijob j;
+    const int gemm = int8_setup(be, &j, out, x, w, n);
+    if (gemm < 0) return; /* reported by cpu_error */
 #if defined(KILN_X86)
-    if (int8_setup(be, &j, out, x, w, n)) {
-        const int nthr = cpu_n_threads(be);
-        j.scr = kiln_calloc((size_t)nthr, sizeof(void *));
-        j.scr_bytes = (size_t)j.nb * 36 * j.R;
-        cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
-        free_scratch(j.scr, nthr);
+    if (gemm) {
+        if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * 36 * j.R))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        cpu_scratch_threads_free(be, j.scr);
     } else
-#else
-    int8_setup(be, &j, out, x, w, n);
 #endif
     {
         /* one contiguous run of rows per thread (cpu_parallel_for_split),
@@ -495,7 +491,9 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     if (isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN) return 0;
     for (int i = 1; i < count; i++)
         if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
-    if (int8_setup(be, &j[0], outs[0], x, ws[0], n)) return 0; /* not reached: the GEMM was ruled out above */
+    const int gemm = int8_setup(be, &j[0], outs[0], x, ws[0], n);
+    if (gemm < 0) return 1; /* skipped; reported by cpu_error */
+    if (gemm) return 0;     /* not reached: the GEMM was ruled out above */
     for (int i = 0; i < count; i++) {
         if (i) {
             j[i] = j[0];

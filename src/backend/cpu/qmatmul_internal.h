@@ -59,35 +59,17 @@ extern float qm_fp8_lut[256];
  * group scale pairs (the split's chunk size) */
 static inline size_t qm_grp_row_bytes(const struct qgrp *g) { return g->row_bytes + sizeof(float) * 2 * (size_t)g->n_group; }
 
-/* ==== the per-call buffer and per-thread scratch ==== */
-
-/* 64-byte aligned, aborts on failure */
-static inline void *amalloc(size_t bytes) {
-    void *p = NULL;
-    KILN_CHECK(posix_memalign(&p, 64, bytes ? bytes : 64) == 0);
-    return p;
-}
+/* ==== the per-call buffer ==== */
 
 /* The backend's reusable buffer for one call's activation-side arrays
  * (quantized / reordered x and the decode kernels' per-block vectors), cut
  * into 64-byte aligned pieces: qm_buf_get(be, sizes, ptrs, n) sets ptr[i]
  * to a piece of sz[i] bytes (NULL for 0). Only the calling thread uses it
  * (matmuls are not nested), so decode does not pay for 3-5 allocations per
- * matmul; the pieces live until the next call. */
-void qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n);
-
-/* scr[tid], allocated (64-byte aligned) at its first use */
-static inline void *thread_scratch(void **scr, int tid, size_t bytes) {
-    if (!scr[tid]) {
-        scr[tid] = amalloc(bytes);
-    }
-    return scr[tid];
-}
-
-static inline void free_scratch(void **scr, int nt) {
-    for (int i = 0; i < nt; i++) free(scr[i]);
-    free(scr);
-}
+ * matmul; the pieces live until the next call. -1 when it cannot grow (the
+ * caller skips its work; cpu_error reports it). The GEMMs' per-thread
+ * panels come from cpu_scratch_threads (cpu.h), allocated before the job. */
+int qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n);
 
 /* whether the CPU has AVX-512 VNNI (with VL and BW) / VBMI, whatever
  * KILN_CPU_ISA says: callers also check cpu_isa() >= CPU_ISA_AVX512 */

@@ -148,7 +148,7 @@ static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
     return kiln_errf(err, errlen,
                      "cuda: out of device memory: %.1f MiB of scratch for this batch could not be allocated (%.1f MiB free "
                      "of %.1f); the batch failed, nothing else changed. A lower --mem-fraction or --max-total-tokens, or a "
-                     "smaller --prefill-chunk, leaves room for it",
+                     "smaller prefill chunk (--chunk; kiln serve: --chunked-prefill-size), leaves room for it",
                      c->fault_bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0);
 }
 
