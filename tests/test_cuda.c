@@ -414,8 +414,13 @@ static void attention_case(struct pair *p, const char *what, int n_seqs, const i
  * with the CPU ops: the attention output and both caches (v is an exact
  * copy). Its q and k buffers stay unroped there, so they are not compared. */
 long kiln_cuda_fused_att_count(void) __attribute__((weak));
+long kiln_cuda_att_pre_count(void) __attribute__((weak));
 
-static void fused_att_case(struct pair *p, const char *what, int S, const int *n_past, int nh, int nkv, int hd) {
+/* gemv: a GEMV (on the GPU only, into a buffer nothing reads) is the launch
+ * just before the fused attention, as the q/k/v projection is in a layer:
+ * then the kernel reads the cached keys before its wait (R.pre); without
+ * it the launch before is phase 0's KV write, and it must not */
+static void fused_att_case(struct pair *p, const char *what, int S, const int *n_past, int nh, int nkv, int hd, int gemv) {
     const int P = 16;
     char msg[200];
     struct rope2 R = rope2_make(p, hd);
@@ -459,6 +464,10 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             void *oc, *og;
             oc = alloc_both(p, &og, nq);
             const long runs0 = kiln_cuda_fused_att_count ? kiln_cuda_fused_att_count() : 0;
+            const long pre0 = kiln_cuda_att_pre_count ? kiln_cuda_att_pre_count() : 0;
+            struct lin2 L = lin_make(p, 256, 1024, 0);
+            void *xg, *yg, *xc = alloc_both(p, &xg, 1024), *yc = alloc_both(p, &yg, 256);
+            if (gemv) p->gpu->matmul(p->gpu, yg, xg, &L.g, 1); /* queued; launched by the next op's flush */
             struct kiln_backend *be[2] = {p->cpu, p->gpu};
             for (int i = 0; i < 2; i++) {
                 const int g = i == 1;
@@ -470,6 +479,12 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             static const char *const sw[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", NULL};
             if (kiln_cuda_fused_att_count && switches_on(sw))
                 CHECK(kiln_cuda_fused_att_count() - runs0 == 1, "%s: the fused row kernel did not run", what);
+            static const char *const sw_pre[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_PRE", NULL};
+            if (kiln_cuda_att_pre_count && switches_on(sw_pre))
+                CHECK(kiln_cuda_att_pre_count() - pre0 == gemv, "%s: keys read before the wait %ld times, expected %d", what,
+                      kiln_cuda_att_pre_count() - pre0, gemv);
+            free_both(p, xc, xg), free_both(p, yc, yg);
+            lin_free(p, &L);
             snprintf(msg, sizeof msg, "%s: output", what);
             check_rel(p, msg, oc, og, nq, TOL_OP2);
             free_both(p, oc, og);
@@ -488,9 +503,16 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
 
 static void test_fused_attention(struct pair *p) {
     const int past4[] = {0, 5, 200, 470}, past2[] = {31, 16}, past1[] = {100};
-    fused_att_case(p, "decode step (norm + rope + KV write + attention), 4 seqs, 32/8 heads of 128", 4, past4, 32, 8, 128);
-    fused_att_case(p, "decode step, 2 seqs at page ends, 14/2 heads of 64", 2, past2, 14, 2, 64);
-    fused_att_case(p, "decode step, 1 seq, 16/4 heads of 256", 1, past1, 16, 4, 256);
+    for (int gemv = 0; gemv < 2; gemv++) {
+        const char *after = gemv ? ", after a GEMV (keys read before the wait)" : "";
+        char what[3][200];
+        snprintf(what[0], sizeof what[0], "decode step (norm + rope + KV write + attention), 4 seqs, 32/8 heads of 128%s", after);
+        snprintf(what[1], sizeof what[1], "decode step, 2 seqs at page ends, 14/2 heads of 64%s", after);
+        snprintf(what[2], sizeof what[2], "decode step, 1 seq, 16/4 heads of 256%s", after);
+        fused_att_case(p, what[0], 4, past4, 32, 8, 128, gemv);
+        fused_att_case(p, what[1], 2, past2, 14, 2, 64, gemv);
+        fused_att_case(p, what[2], 1, past1, 16, 4, 256, gemv);
+    }
 }
 
 static void test_attention(struct pair *p) {

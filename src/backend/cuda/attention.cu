@@ -132,6 +132,7 @@ struct att_rope {
     const float *qw, *kw, *inv_freq; /* q_norm / k_norm weights (NULL: no norm), RoPE frequencies */
     const int *pos;
     float af, eps;
+    int pre; /* the batch tables and the first cached keys are read before the wait (see k_att_rows) */
 };
 
 /* One head in a warp, lane l holding elements [l E, l E + E) (E = HD / 32,
@@ -167,35 +168,66 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
  * and of those the one of the KV group's first q head writes both into the
  * cache (no block of this launch reads that slot from the cache; one new
  * token per sequence, so no other row needs it). This replaces the
- * k_qk_norm_rope_v launch of the layer. */
+ * k_qk_norm_rope_v launch of the layer.
+ * R.pre: the batch tables, the RoPE angles and the warp's first 4 cached
+ * keys and values are read before griddepcontrol.wait, so those DRAM reads
+ * overlap the previous kernel instead of following it; only q and the new
+ * token's k and v wait. Allowed when the launch just before is a GEMV
+ * (attention_fused checks it): a GEMV releases this kernel only after its
+ * own wait, so every kernel before it has finished, and it writes neither
+ * the cache nor the tables (uploaded before the step). The cached keys
+ * read are those of earlier steps; this launch writes only the new slot,
+ * which none of its blocks reads from the cache. */
 template <int HD, bool ROPE>
 __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
                                                   const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
                                                   const int *__restrict__ row_seq, const int *__restrict__ row_t,
                                                   const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                   int P, float sl2, int n_split, int *__restrict__ done, att_rope R) {
-    pdl_wait();
     constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL;
+    const bool pre = ROPE && R.pre;
+    if (!pre) pdl_wait();
     const int rh = blockIdx.x, row = rh / n_head, h = rh % n_head, kh = h / (n_head / nkv), sp = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = row_seq[row], len = row_t[row] + 1, poff = seq[4 * s + 3];
     const int chunk = (len + n_split - 1) / n_split, beg = sp * chunk, end = min(len, beg + chunk);
     const bool act = lane < LANES;
-    float qv[EPL], o[EPL], kn[EPL], vn[EPL];
-    const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
     const int tn = len - 1; /* the new token (ROPE) */
     const bool has_new = ROPE && beg <= tn && tn < end;
+    /* a warp step's 4 consecutive keys from the cache (the new one comes from registers) */
+    float kx[4][EPL], vx[4][EPL];
+    auto load4 = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int t = t0 + u;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
+            if (!(has_new && t == tn) && t < end && act) {
+                const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
+            }
+        }
+    };
+    float cn[EPL], sn[EPL];
     if constexpr (ROPE) {
-        static_assert(HD >= 64, "fused RoPE: a head spans the warp");
-        float cn[EPL], sn[EPL];
         const float p = (float)R.pos[row];
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             sincosf(p * R.inv_freq[(lane * EPL + e) % (HD / 2)], &sn[e], &cn[e]);
             cn[e] *= R.af, sn[e] *= R.af;
         }
+    }
+    if (pre) {
+        load4(beg + warp * 4);
+        pdl_wait();
+    }
+    float qv[EPL], o[EPL], kn[EPL], vn[EPL];
+    const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
+    if constexpr (ROPE) {
+        static_assert(HD >= 64, "fused RoPE: a head spans the warp");
         att_norm_rope<EPL, HD>(qv, R.qw, R.eps, cn, sn, lane);
         if (has_new) {
             const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
@@ -216,21 +248,12 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
     for (int t0 = beg + warp * 4; t0 < end; t0 += 16) {
-        float kx[4][EPL], vx[4][EPL];
+        if (!pre || t0 != beg + warp * 4) load4(t0); /* else loaded before the wait */
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int t = t0 + u;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
-            if (has_new && t == tn) {
+        for (int u = 0; u < 4; u++)
+            if (has_new && t0 + u == tn)
 #pragma unroll
                 for (int e = 0; e < EPL; e++) kx[u][e] = kn[e], vx[u][e] = vn[e];
-            } else if (t < end && act) {
-                const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
-            }
-        }
         att_step4<EPL>(qv, kx, vx, end - t0, m, l, o);
     }
     __shared__ float sm[4], sl[4], so[4][HD];
@@ -614,10 +637,13 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     CU_LAUNCHED();
 }
 
-/* launches of the fused row kernel below (tests read it) */
-static long fused_att_runs;
+/* launches of the fused row kernel below, and of those the ones that read
+ * before the wait (tests read them) */
+static long fused_att_runs, att_pre_runs;
 extern "C" long kiln_cuda_fused_att_count(void);
 extern "C" long kiln_cuda_fused_att_count(void) { return fused_att_runs; }
+extern "C" long kiln_cuda_att_pre_count(void);
+extern "C" long kiln_cuda_att_pre_count(void) { return att_pre_runs; }
 
 /* the held rope + KV write (cu_kv_write) done inside the row kernel, when
  * this attention reads that q and that layer's cache and takes the rows
@@ -627,14 +653,16 @@ static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const s
     if (!c->pkv.on || !c->prope.on || c->n_pend || c->padd.on || c->pnorm.on || q != c->prope.q || c->prope.n_head != n_head || c->prope.n_tok != c->n_tokens ||
         c->pkv.kc != (bf16 *)kv->k[layer] || c->use_flash || cu_attention_gqa_takes(c, kv, n_head))
         return 0;
-    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps};
+    /* reads before the wait only right after a GEMV (k_att_rows, R.pre) */
+    const int pre = !c->no_att_pre && c->gemv_seq && c->gemv_seq == cu_launch_seq;
+    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps, pre};
     c->pkv.on = 0, c->prope.on = 0;
-    fused_att_runs++;
+    fused_att_runs++, att_pre_runs += pre;
     switch (kv->head_dim) {
     case 64: launch_rows<64, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
     case 128: launch_rows<128, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
     case 256: launch_rows<256, true>(c, out, q, kv, layer, n_head, sl2, R); return 1;
-    default: c->pkv.on = 1, c->prope.on = 1, fused_att_runs--; return 0;
+    default: c->pkv.on = 1, c->prope.on = 1, fused_att_runs--, att_pre_runs -= pre; return 0;
     }
 }
 

@@ -62,6 +62,7 @@ static int prof_on;
 static double prof_t0, prof_issue, prof_wait, prof_copy;
 static long prof_n;
 int cu_pdl = 1;
+unsigned long cu_launch_seq;
 extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
 static std::unordered_map<void *, size_t> buf_sizes;
@@ -848,6 +849,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
     const char *pr = getenv("KILN_CUDA_PROFILE");
     prof_on = pr && !strcmp(pr, "1");
+    const char *ap = getenv("KILN_CUDA_ATT_PRE");
+    c->no_att_pre = ap && !strcmp(ap, "0");
     const char *pdl = getenv("KILN_CUDA_PDL");
     cu_pdl = !(pdl && !strcmp(pdl, "0")) && prop.major >= 9;
     size_t fr = 0, tot = 0;

@@ -150,6 +150,8 @@ struct cuda_ctx {
     /* host copies of the batch's shape, for launch decisions */
     int n_tokens, n_seqs, n_out, max_seq_n, max_len;
     int use_flash; /* this batch's attention takes the flash kernel (cu_begin: a long chunk, or a short one over a long context) */
+    unsigned long gemv_seq; /* cu_launch_seq right after the last GEMV launch (attention.cu: what ran just before) */
+    int no_att_pre;         /* KILN_CUDA_ATT_PRE=0: decode attention loads its keys after the wait */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
@@ -321,6 +323,9 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
  * KILN_CUDA_PDL=0 turns PDL off.
  */
 extern int cu_pdl;
+/* launches so far (cu_launch counts them): an op can tell what was launched
+ * just before it */
+extern unsigned long cu_launch_seq;
 
 __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -337,6 +342,7 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = cu_pdl ? 1 : 0;
+    cu_launch_seq++;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     if (e != cudaSuccess) {
         fprintf(stderr, "kiln: CUDA launch failed: %s (%s): grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared memory\n",

@@ -473,6 +473,7 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
             if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
             else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
             CU_LAUNCHED();
+            c->gemv_seq = cu_launch_seq;
             return;
         }
     }
@@ -504,6 +505,7 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
     }
 #undef GEMV_CASE
     CU_LAUNCHED();
+    c->gemv_seq = cu_launch_seq; /* wait-then-release (k_gemv, k_gemv_s): attention.cu's pre-wait loads rely on it */
 }
 
 template <typename OutT>
