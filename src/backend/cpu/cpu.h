@@ -28,7 +28,8 @@ struct cpu_ctx {
     int rope_n, rope_hd;
     const struct rope *rope_of;
     /* scratch that could not be allocated since the forward began (bytes),
-     * and a test hook: that many more allocations fail (cpu_scratch_alloc) */
+     * and a test hook: the fail_next-th allocation from now fails, and
+     * fail_fired says it has (cpu_scratch_alloc, cpu_test_fail_scratch) */
     size_t fault_bytes;
     int fail_next, fail_fired;
 };

@@ -57,14 +57,16 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
     float *out = out_;
     const float *x = x_;
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
-    /* one scratch block: logits [n][E] | sel, wsel [n][K] | rows, rw [n] | xg, y [n][dim] | g, u [n][F] */
-    const size_t nn = (size_t)n, fl = sizeof(float);
-    float *logits = cpu_scratch_alloc(be, fl * nn * ((size_t)E + 2 * K + 2 + 2 * (size_t)dim + 2 * (size_t)F));
-    if (!logits) return; /* reported by cpu_error */
-    int *sel = (int *)(logits + nn * E);
-    float *wsel = (float *)(sel + nn * K);
-    int *rows = (int *)(wsel + nn * K);
-    float *rw = (float *)(rows + nn), *xg = rw + nn, *y = xg + nn * dim, *g = y + nn * dim, *u = g + nn * F;
+    /* one scratch block of 4-byte words, each array 64-byte aligned:
+     * logits [n][E] | sel, wsel [n][K] | rows, rw [n] | xg, y [n][dim] | g, u [n][F] */
+    const size_t nn = (size_t)n, len[9] = {nn * E, nn * K, nn * K, nn, nn, nn * dim, nn * dim, nn * F, nn * F};
+    size_t at[9], words = 0;
+    for (int i = 0; i < 9; i++) at[i] = words, words += (len[i] + 15) & ~(size_t)15;
+    float *base = cpu_scratch_alloc(be, sizeof(float) * words);
+    if (!base) return; /* reported by cpu_error */
+    float *logits = base + at[0], *wsel = base + at[2], *rw = base + at[4], *xg = base + at[5], *y = base + at[6], *g = base + at[7],
+          *u = base + at[8];
+    int *sel = (int *)(base + at[1]), *rows = (int *)(base + at[3]);
     cpu_matmul(be, logits, x, &m->router, n);
     struct route_job rj = {logits, wsel, sel, E, K, m->norm_topk};
     cpu_parallel_for(be, n, 8, route_rows, &rj);
@@ -90,5 +92,5 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
             for (int d = 0; d < dim; d++) o[d] += rw[j] * yr[d];
         }
     }
-    free(logits);
+    free(base);
 }

@@ -305,8 +305,10 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
  * launch (PDL, sm_90): a kernel's blocks may be scheduled while the previous
  * kernel drains, and wait in pdl_wait() until its results are visible. That
  * hides most of the launch gap between the ~10 small kernels of a decode
- * layer. Every kernel starts with pdl_wait() before reading anything it does
- * not own for good (only the GEMVs read ahead: their weights).
+ * layer. Every kernel starts with pdl_wait() before reading anything another
+ * kernel may still write. Read ahead of the wait: the GEMVs' weights
+ * (gemm.cu), and decode attention's batch tables and cached keys when a GEMV
+ * was the launch just before it (attention.cu, k_att_rows).
  * pdl_wait() lets the next kernel launch first and then waits: a norm, an
  * attention or a router kernel between two GEMVs releases the second GEMV at
  * its own start, so that GEMV's blocks take SM slots as the first one's
