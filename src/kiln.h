@@ -64,7 +64,9 @@ void kiln_seq_free(kiln_seq *s);
 int kiln_seq_len(const kiln_seq *s);
 /* Appends n tokens (a prompt in chunks, or one decode token). logits, if
  * not NULL, receives the last token's logits [vocab], or every new token's
- * [n][vocab] when all_rows is set. */
+ * [n][vocab] when all_rows is set. -1 with err if a forward fails (e.g. the
+ * backend is out of scratch memory): the chunks evaluated before it stay,
+ * the rest is not appended and its KV pages go back to the pool. */
 int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all_rows, char *err, size_t errlen);
 /* Several sequences in one forward (continuous batching in its simplest
  * form): sequence i appends n[i] tokens ids[i]; logits[i*vocab..] receives

@@ -700,10 +700,10 @@ static void test_isa_dispatch(void) {
  * format (the dense and int8 GEMMs and row kernels, the GPTQ act-order
  * permutation, the exact FP8 path, MoE, attention, RoPE). An eval whose
  * allocation failed must fail with the out-of-memory message and leave
- * the sequence as it was; the same eval again must then give the logits of
- * a run that never failed, bit for bit; and an eval during which the armed
- * failure did not happen must succeed with those logits (so no allocation
- * goes unreported, and the loop ends). */
+ * the sequence and the KV pool as they were; the same eval again must then
+ * give the logits of a run that never failed, bit for bit; and an eval
+ * during which the armed failure did not happen must succeed with those
+ * logits (so no allocation goes unreported, and the loop ends). */
 static void scratch_oom_one(const struct kiln_engine_opts *o, const char *name, int isa) {
     char err[512];
     kiln_engine *e = kiln_engine_open(o, err, sizeof err);
@@ -720,7 +720,7 @@ static void scratch_oom_one(const struct kiln_engine_opts *o, const char *name, 
     kiln_seq_truncate(s, 0);
     int failures = 0;
     for (int t = 0; t < 3 && !rc; t++) {
-        const int len = kiln_seq_len(s);
+        const int len = kiln_seq_len(s), free0 = kv_pool_n_free(&e->kv);
         for (int k = 1;; k++) {
             if (k > 500) {
                 CHECK(0, "%s isa %d step %d: more than 500 allocations in one eval", name, isa, t);
@@ -737,9 +737,9 @@ static void scratch_oom_one(const struct kiln_engine_opts *o, const char *name, 
                 break;
             }
             failures++;
-            CHECK(rc == -1 && strstr(err, "out of memory") && kiln_seq_len(s) == len,
-                  "%s isa %d step %d: allocation %d failed: rc %d, \"%s\", length %d (was %d)", name, isa, t, k, rc, rc ? err : "",
-                  kiln_seq_len(s), len);
+            CHECK(rc == -1 && strstr(err, "out of memory") && kiln_seq_len(s) == len && kv_pool_n_free(&e->kv) == free0,
+                  "%s isa %d step %d: allocation %d failed: rc %d, \"%s\", length %d (was %d), free KV pages %d (were %d)", name,
+                  isa, t, k, rc, rc ? err : "", kiln_seq_len(s), len, kv_pool_n_free(&e->kv), free0);
             rc = kiln_seq_eval(s, prompt + off[t], n_in[t], got, 0, err, sizeof err);
             CHECK(rc == 0 && !memcmp(got, want + (size_t)t * V, sizeof(float) * (size_t)V),
                   "%s isa %d step %d: the eval again after allocation %d failed: rc %d (%s) or other logits", name, isa, t, k, rc,

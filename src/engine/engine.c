@@ -195,6 +195,11 @@ int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all
         rc = model_forward(&e->model, &e->kv.cache, &b, out, err, errlen);
         if (rc == 0) s->len += m;
     }
+    if (rc) { /* give back the pages reserved for the chunks that did not go in */
+        const int P = e->kv.cache.page_size, keep = (s->len + P - 1) / P;
+        for (int p = keep; p < s->n_pages; p++) kv_pool_release(&e->kv, s->pages[p]);
+        if (s->n_pages > keep) s->n_pages = keep;
+    }
     free(pos);
     free(rows);
     return rc;
