@@ -236,6 +236,8 @@ struct ijob {
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_rowsq_q4_0) */
     int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
+    int deck;      /* Q4_K decode (qm_rowsk_q4_k): xd and xs */
+    float *xs;     /* per block: the activation scale x the code sum */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -268,6 +270,12 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct ijob *j = arg;
     const uint8_t *W = j->w->w.data;
 #if defined(KILN_X86)
+    if (j->n == 1 && j->deck) {
+        qm_rowsk_q4_k(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xs, j->xa, j->nblk, j->out + r0);
+        if (j->bias)
+            for (int64_t r = r0; r < r1; r++) j->out[r] += j->bias[r];
+        return;
+    }
     if (j->n == 1 && j->dec2) {
         const size_t rb = j->rb;
         if (j->w->w.dtype == KILN_DTYPE_Q4_0) qm_rowsa_q4_0(W + (size_t)r0 * rb, rb, r1 - r0, j->act2, j->xd, j->cs, j->xa, j->nblk, j->out + r0);
@@ -398,15 +406,22 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
+    /* Q4_K decode on AVX2 and up (the AVX-512 machines take it too) */
+    j.deck = !gemm && n == 1 && j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_K;
     {
-        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, dec || j.dec2 ? sizeof(__m256i) * (size_t)nb : 0,
-                              dec || j.dec2 ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+        const int vecs = dec || j.dec2 || j.deck;
+        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, vecs ? sizeof(__m256i) * (size_t)nb : 0,
+                              vecs ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         if (qm_buf_get(be, sz, ptr, 5)) return -1;
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (j.deck) {
+        j.xs = (float *)j.corr, j.corr = NULL;
+        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.xs[b] = j.xa[b].d * (float)j.xa[b].sum;
+    }
     if (j.dec2) {
         j.cs = (float *)j.corr, j.corr = NULL;
         for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.cs[b] = (float)(-8 * j.xa[b].sum);

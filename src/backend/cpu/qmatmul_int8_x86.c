@@ -533,7 +533,53 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
     return _mm256_add_ps(acc0, acc1);
 }
 #undef BS
+
+/* Q4_K decode (one activation row), a superblock (256 weights, 144 bytes)
+ * per step. The 8 six-bit scales and 8 mins are unpacked with four 32-bit
+ * masks (bytes 0-3 hold scales 0-3 and the top bits of scales 4-7, bytes
+ * 4-7 mins 0-3 and the top bits of mins 4-7, bytes 8-11 the low nibbles of
+ * scales 4-7 and mins 4-7), converted as one vector each: the sub-block
+ * scales d sc_s xd_b enter as one vector per superblock (vpermps per
+ * sub-block), and the mins part dmin m_s xd_b sum_b as one FMA with xs_b =
+ * xd_b sum_b, precomputed per call. A sub-block's 32 codes meet their
+ * activations in one maddubs + madd. The same products as dot_q4_k_avx2,
+ * summed in another order. */
+AVX2 static inline __attribute__((always_inline)) __m256 rowk_q4_k(const uint8_t *w, const float *xd, const float *xs,
+                                                                   const struct q8a *a, int nsb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    for (int i = 0; i < nsb; i++, w += 144) {
+        PF8(w, 144);
+        uint32_t u[3];
+        memcpy(u, w + 4, 12);
+        const uint32_t s03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
+        const uint32_t s47 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)s47 << 32 | s03))));
+        const __m256 mi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m47 << 32 | m03))));
+        const __m256 dd = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(h2f_c(w))), _mm256_loadu_ps(xd + 8 * i));
+        mn = _mm256_fmadd_ps(_mm256_mul_ps(mi, _mm256_set1_ps(h2f_c(w + 2))), _mm256_loadu_ps(xs + 8 * i), mn);
+        const uint8_t *qs = w + 16;
+        const struct q8a *x = a + 8 * i;
+        #pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, XQS(x + 2 * c)), one16);
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, XQS(x + 2 * c + 1)), one16);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(2 * c)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(2 * c + 1)), acc1);
+        }
+    }
+    return _mm256_sub_ps(_mm256_add_ps(acc0, acc1), mn);
+}
 #undef PF8
+#define ROW_Q4K(r) rowk_q4_k(W + (size_t)(r) * rb, xd, xs, a, nsb)
+AVX2 void qm_rowsk_q4_k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb,
+                        float *out) {
+    QM_ROWS4(ROW_Q4K, n, out);
+}
+#undef ROW_Q4K
 #define ROW_Q8(r) rowa_q8_0(W + (size_t)(r) * rb, xd, a, nb)
 #define ROW_Q4(r) rowa_q4_0(W + (size_t)(r) * rb, (const __m256i *)act2, xd, cs, a, nb)
 AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out) { QM_ROWS4(ROW_Q8, n, out); }

@@ -227,6 +227,9 @@ VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd,
 AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out);
 AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb,
                         float *out);
+/* Q4_K decode: xd per 32-block the activation scale, xs that times the block's code sum */
+AVX2 void qm_rowsk_q4_k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb,
+                        float *out);
 VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
 VNNI void qm_rowsw_q8_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a,
                         int nb, float *out);
