@@ -236,7 +236,7 @@ struct ijob {
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_rowsq_q4_0) */
     int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
-    int deck;      /* Q4_K decode (qm_rowsk_q4_k): xd and xs */
+    int deck;      /* Q4_K (qm_rowsk_q4_k, qm_dotk_q4_k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
 #endif
     /* GEMM */
@@ -313,6 +313,13 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             float o[NX];
             for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
             if (nx == 1 && j->dot1) o[0] = j->dot1(row, as[0], j->nblk);
+#if defined(KILN_X86)
+            else if (j->deck) {
+                const float *xd[NX], *xs[NX];
+                for (int i = 0; i < nx; i++) xd[i] = j->xd + (size_t)(t + i) * j->nb, xs[i] = j->xs + (size_t)(t + i) * j->nb;
+                qm_dotk_q4_k(row, as, xd, xs, nx, j->nblk, o);
+            }
+#endif
             else if (j->isa >= CPU_ISA_AVX2) j->dotx(row, as, nx, j->nblk, o);
             else
                 for (int i = 0; i < nx; i++) o[i] = j->dot(row, as[i], j->nblk);
@@ -406,12 +413,14 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
-    /* Q4_K decode on AVX2 and up (the AVX-512 machines take it too) */
-    j.deck = !gemm && n == 1 && j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_K;
+    /* Q4_K on AVX2 and up (the AVX-512 machines take it too), every n (it has no GEMM) */
+    j.deck = !gemm && j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_K;
     {
-        const int vecs = dec || j.dec2 || j.deck;
-        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb, vecs ? sizeof(__m256i) * (size_t)nb : 0,
-                              vecs ? sizeof(float) * (size_t)nb : 0, dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+        const int vecs = dec || j.dec2;
+        const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb,
+                              vecs ? sizeof(__m256i) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb : 0,
+                              vecs ? sizeof(float) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb : 0,
+                              dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         if (qm_buf_get(be, sz, ptr, 5)) return -1;
@@ -420,7 +429,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
     if (j.deck) {
         j.xs = (float *)j.corr, j.corr = NULL;
-        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.xs[b] = j.xa[b].d * (float)j.xa[b].sum;
+        for (size_t b = 0; b < (size_t)n * nb; b++) j.xd[b] = j.xa[b].d, j.xs[b] = j.xa[b].d * (float)j.xa[b].sum;
     }
     if (j.dec2) {
         j.cs = (float *)j.corr, j.corr = NULL;

@@ -574,6 +574,59 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowk_q4_k(const uint8_t
     return _mm256_sub_ps(_mm256_add_ps(acc0, acc1), mn);
 }
 #undef PF8
+
+/* Q4_K over nx <= 4 activation rows (prefill's row dots): rowk_q4_k's
+ * superblock step with the scales unpacked once for the nx rows; each row
+ * brings its own xd / xs (per call, [token][block]) and its mins part is
+ * taken off its accumulator per superblock */
+AVX2 static inline __attribute__((always_inline)) void dotk_q4_k_(const uint8_t *w, const struct q8a *const *a, const float *const *xd,
+                                                                  const float *const *xs, int nx, int nsb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    for (int i = 0; i < nsb; i++, w += 144) {
+        uint32_t u[3];
+        memcpy(u, w + 4, 12);
+        const uint32_t s03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
+        const uint32_t s47 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)s47 << 32 | s03)))),
+                                        _mm256_set1_ps(h2f_c(w)));
+        const __m256 mi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m47 << 32 | m03)))),
+                                        _mm256_set1_ps(h2f_c(w + 2)));
+        __m256 dd[NX];
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            dd[j] = _mm256_mul_ps(sc, _mm256_loadu_ps(xd[j] + 8 * i));
+            acc[j] = _mm256_fnmadd_ps(mi, _mm256_loadu_ps(xs[j] + 8 * i), acc[j]);
+        }
+        const uint8_t *qs = w + 16;
+        #pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) {
+                const struct q8a *x = a[j] + 8 * i + 2 * c;
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, XQS(x)), one16);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, XQS(x + 1)), one16);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(dd[j], _mm256_set1_epi32(2 * c)), acc[j]);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(dd[j], _mm256_set1_epi32(2 * c + 1)), acc[j]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+AVX2 void qm_dotk_q4_k(const uint8_t *w, const struct q8a *const *a, const float *const *xd, const float *const *xs, int nx, int nsb,
+                       float *out) {
+    switch (nx) {
+    case 1: dotk_q4_k_(w, a, xd, xs, 1, nsb, out); break;
+    case 2: dotk_q4_k_(w, a, xd, xs, 2, nsb, out); break;
+    case 3: dotk_q4_k_(w, a, xd, xs, 3, nsb, out); break;
+    default: dotk_q4_k_(w, a, xd, xs, 4, nsb, out); break;
+    }
+}
 #define ROW_Q4K(r) rowk_q4_k(W + (size_t)(r) * rb, xd, xs, a, nsb)
 AVX2 void qm_rowsk_q4_k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb,
                         float *out) {
