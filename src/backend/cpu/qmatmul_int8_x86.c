@@ -534,37 +534,56 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
 }
 #undef BS
 
-/* Q4_K decode (one activation row), a superblock (256 weights, 144 bytes)
- * per step. The 8 six-bit scales and 8 mins are unpacked with four 32-bit
- * masks (bytes 0-3 hold scales 0-3 and the top bits of scales 4-7, bytes
- * 4-7 mins 0-3 and the top bits of mins 4-7, bytes 8-11 the low nibbles of
- * scales 4-7 and mins 4-7), converted as one vector each: the sub-block
- * scales d sc_s xd_b enter as one vector per superblock (vpermps per
- * sub-block), and the mins part dmin m_s xd_b sum_b as one FMA with xs_b =
- * xd_b sum_b, precomputed per call. A sub-block's 32 codes meet their
- * activations in one maddubs + madd. The same products as dot_q4_k_avx2,
- * summed in another order. */
-AVX2 static inline __attribute__((always_inline)) __m256 rowk_q4_k(const uint8_t *w, const float *xd, const float *xs,
-                                                                   const struct q8a *a, int nsb) {
+/* Q4_K / Q5_K decode (one activation row), a superblock (256 weights, 144
+ * or 176 bytes) per step. The 8 six-bit scales and 8 mins are unpacked with
+ * four 32-bit masks (bytes 0-3 hold scales 0-3 and the top bits of scales
+ * 4-7, bytes 4-7 mins 0-3 and the top bits of mins 4-7, bytes 8-11 the low
+ * nibbles of scales 4-7 and mins 4-7), converted as one vector each: the
+ * sub-block scales d sc_s xd_b enter as one vector per superblock (vpermps
+ * per sub-block), and the mins part dmin m_s xd_b sum_b as one FMA with
+ * xs_b = xd_b sum_b, precomputed per call. A sub-block's 32 codes (Q5_K:
+ * with bit 4 from the 32-byte plane qh, bit 2c / 2c+1 of byte l for weight
+ * l of sub-block 2c / 2c+1) meet their activations in one maddubs + madd.
+ * The same products as dot_q4_k_avx2 / dot_q5_k_avx2, summed in another
+ * order. */
+AVX2 static inline __attribute__((always_inline)) void kq_scales(const uint8_t *w, __m256 *sc, __m256 *mi) {
+    uint32_t u[3];
+    memcpy(u, w + 4, 12);
+    const uint32_t s03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
+    const uint32_t s47 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    *sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)s47 << 32 | s03)))),
+                        _mm256_set1_ps(h2f_c(w)));
+    *mi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m47 << 32 | m03)))),
+                        _mm256_set1_ps(h2f_c(w + 2)));
+}
+/* the codes of sub-blocks 2c (lo) and 2c + 1 (hi) as unsigned bytes */
+AVX2 static inline __attribute__((always_inline)) void kq_codes(const uint8_t *w, int q5, int c, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(w + (q5 ? 48 : 16) + 32 * c));
+    *lo = _mm256_and_si256(b, m4), *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+    if (q5) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 16)), m1 = _mm256_set1_epi8(1);
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4));
+    }
+}
+AVX2 static inline __attribute__((always_inline)) __m256 rowk_qk(const uint8_t *w, const float *xd, const float *xs, const struct q8a *a,
+                                                                 int nsb, int q5) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
-    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    for (int i = 0; i < nsb; i++, w += 144) {
-        PF8(w, 144);
-        uint32_t u[3];
-        memcpy(u, w + 4, 12);
-        const uint32_t s03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
-        const uint32_t s47 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-        const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)s47 << 32 | s03))));
-        const __m256 mi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m47 << 32 | m03))));
-        const __m256 dd = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(h2f_c(w))), _mm256_loadu_ps(xd + 8 * i));
-        mn = _mm256_fmadd_ps(_mm256_mul_ps(mi, _mm256_set1_ps(h2f_c(w + 2))), _mm256_loadu_ps(xs + 8 * i), mn);
-        const uint8_t *qs = w + 16;
+    const __m256i one16 = _mm256_set1_epi16(1);
+    const int bs = q5 ? 176 : 144;
+    for (int i = 0; i < nsb; i++, w += bs) {
+        PF8(w, bs);
+        __m256 sc, mi;
+        kq_scales(w, &sc, &mi);
+        const __m256 dd = _mm256_mul_ps(sc, _mm256_loadu_ps(xd + 8 * i));
+        mn = _mm256_fmadd_ps(mi, _mm256_loadu_ps(xs + 8 * i), mn);
         const struct q8a *x = a + 8 * i;
         #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            __m256i lo, hi;
+            kq_codes(w, q5, c, &lo, &hi);
             const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, XQS(x + 2 * c)), one16);
             const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, XQS(x + 2 * c + 1)), one16);
             acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(2 * c)), acc0);
@@ -575,36 +594,28 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowk_q4_k(const uint8_t
 }
 #undef PF8
 
-/* Q4_K over nx <= 4 activation rows (prefill's row dots): rowk_q4_k's
+/* Q4_K / Q5_K over nx <= 4 activation rows (prefill's row dots): rowk_qk's
  * superblock step with the scales unpacked once for the nx rows; each row
  * brings its own xd / xs (per call, [token][block]) and its mins part is
  * taken off its accumulator per superblock */
-AVX2 static inline __attribute__((always_inline)) void dotk_q4_k_(const uint8_t *w, const struct q8a *const *a, const float *const *xd,
-                                                                  const float *const *xs, int nx, int nsb, float *out) {
+AVX2 static inline __attribute__((always_inline)) void dotk_qk_(const uint8_t *w, const struct q8a *const *a, const float *const *xd,
+                                                                const float *const *xs, int nx, int nsb, int q5, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    for (int i = 0; i < nsb; i++, w += 144) {
-        uint32_t u[3];
-        memcpy(u, w + 4, 12);
-        const uint32_t s03 = u[0] & 0x3f3f3f3fu, m03 = u[1] & 0x3f3f3f3fu;
-        const uint32_t s47 = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-        const uint32_t m47 = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-        const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)s47 << 32 | s03)))),
-                                        _mm256_set1_ps(h2f_c(w)));
-        const __m256 mi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)m47 << 32 | m03)))),
-                                        _mm256_set1_ps(h2f_c(w + 2)));
-        __m256 dd[NX];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    const int bs = q5 ? 176 : 144;
+    for (int i = 0; i < nsb; i++, w += bs) {
+        __m256 sc, mi, dd[NX];
+        kq_scales(w, &sc, &mi);
         #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
             dd[j] = _mm256_mul_ps(sc, _mm256_loadu_ps(xd[j] + 8 * i));
             acc[j] = _mm256_fnmadd_ps(mi, _mm256_loadu_ps(xs[j] + 8 * i), acc[j]);
         }
-        const uint8_t *qs = w + 16;
         #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            __m256i lo, hi;
+            kq_codes(w, q5, c, &lo, &hi);
             #pragma GCC unroll 4
             for (int j = 0; j < nx; j++) {
                 const struct q8a *x = a[j] + 8 * i + 2 * c;
@@ -618,21 +629,29 @@ AVX2 static inline __attribute__((always_inline)) void dotk_q4_k_(const uint8_t 
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
-AVX2 void qm_dotk_q4_k(const uint8_t *w, const struct q8a *const *a, const float *const *xd, const float *const *xs, int nx, int nsb,
-                       float *out) {
+AVX2 void qm_dotk_qk(const uint8_t *w, const struct q8a *const *a, const float *const *xd, const float *const *xs, int nx, int nsb, int q5,
+                     float *out) {
+#define DOTK_CASE(NXC)                                                                 \
+    if (q5) dotk_qk_(w, a, xd, xs, NXC, nsb, 1, out);                                  \
+    else dotk_qk_(w, a, xd, xs, NXC, nsb, 0, out);                                     \
+    break;
     switch (nx) {
-    case 1: dotk_q4_k_(w, a, xd, xs, 1, nsb, out); break;
-    case 2: dotk_q4_k_(w, a, xd, xs, 2, nsb, out); break;
-    case 3: dotk_q4_k_(w, a, xd, xs, 3, nsb, out); break;
-    default: dotk_q4_k_(w, a, xd, xs, 4, nsb, out); break;
+    case 1: DOTK_CASE(1)
+    case 2: DOTK_CASE(2)
+    case 3: DOTK_CASE(3)
+    default: DOTK_CASE(4)
     }
+#undef DOTK_CASE
 }
-#define ROW_Q4K(r) rowk_q4_k(W + (size_t)(r) * rb, xd, xs, a, nsb)
-AVX2 void qm_rowsk_q4_k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb,
-                        float *out) {
-    QM_ROWS4(ROW_Q4K, n, out);
+#define ROW_Q4K(r) rowk_qk(W + (size_t)(r) * rb, xd, xs, a, nsb, 0)
+#define ROW_Q5K(r) rowk_qk(W + (size_t)(r) * rb, xd, xs, a, nsb, 1)
+AVX2 void qm_rowsk_qk(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb, int q5,
+                      float *out) {
+    if (q5) QM_ROWS4(ROW_Q5K, n, out);
+    else QM_ROWS4(ROW_Q4K, n, out);
 }
 #undef ROW_Q4K
+#undef ROW_Q5K
 #define ROW_Q8(r) rowa_q8_0(W + (size_t)(r) * rb, xd, a, nb)
 #define ROW_Q4(r) rowa_q4_0(W + (size_t)(r) * rb, (const __m256i *)act2, xd, cs, a, nb)
 AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nb, float *out) { QM_ROWS4(ROW_Q8, n, out); }
