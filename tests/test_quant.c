@@ -214,7 +214,8 @@ static void test_qgemm(void) {
         const char *fmt;
         int N, K, f32act, group, asym; /* asym: 1 random zero points, 2 and act-order (a random g_idx) */
     } cs[] = {{"q8_0", 37, 320, 0, 64, 0},      {"q4_0", 37, 320, 0, 64, 0},      {"q8_0", 53, 96, 0, 64, 0},  {"q4_0", 16, 64, 0, 64, 0},
-              {"q4_k", 21, 512, 0, 64, 0},      {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
+              {"q4_k", 21, 512, 0, 64, 0},      {"q5_k", 21, 512, 0, 64, 0},      {"q6_k", 21, 512, 0, 64, 0},
+              {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
               {"gptq-int4", 40, 384, 0, 128, 0}, {"awq", 24, 512, 0, 256, 0},     {"q4_0", 45, 1056, 0, 64, 0},
               /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */

@@ -157,31 +157,38 @@ AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q5_k_avx2)
 
+/* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)
+ * once, and a 32-weight block's pair of scales reaches its lanes by one
+ * vpermps shared by the nx rows (lanes 0-3 of the madd sum weights 0-15,
+ * lanes 4-7 weights 16-31); each row then multiplies by its block's
+ * activation scale. The same f32 products as the scalar-scale version
+ * (d sc, then x its scale), bit for bit. */
 AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32), one16 = _mm256_set1_epi16(1);
     for (int i = 0; i < nsb; i++, w += 210) {
-        const int8_t *sc = (const int8_t *)(w + 192);
-        const float d = h2f_c(w + 208);
+        const __m256 d = _mm256_set1_ps(h2f_c(w + 208));
+        const __m128i s16 = _mm_loadu_si128((const __m128i *)(w + 192));
+        const __m256 sv[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)), d),
+                              _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))), d)};
         for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
             __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
             __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+            #pragma GCC unroll 4
             for (int s4 = 0; s4 < 4; s4++) {
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s4), m3);
                 __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s4], _mm256_slli_epi16(hi, 4)), m32); /* -32..31 */
                 __m256i aq = _mm256_sign_epi8(q, q);
-                float s0 = d * sc[8 * h + 2 * s4], s1 = d * sc[8 * h + 2 * s4 + 1];
+                const __m256 sc = _mm256_permutevar8x32_ps(sv[h], _mm256_setr_epi32(2 * s4, 2 * s4, 2 * s4, 2 * s4, 2 * s4 + 1, 2 * s4 + 1,
+                                                                                    2 * s4 + 1, 2 * s4 + 1));
                 #pragma GCC unroll 4
                 for (int j = 0; j < nx; j++) {
                     const struct q8a *x = &a[j][8 * i + 4 * h + s4];
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), q)),
-                                                  _mm256_set1_epi16(1));
-                    /* i32 lanes 0-3 sum weights 0-15 (scale 2s), lanes 4-7 weights 16-31 (scale 2s+1) */
-                    float t0 = s0 * x->d, t1 = s1 * x->d;
-                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_setr_ps(t0, t0, t0, t0, t1, t1, t1, t1), acc[j]);
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), q)), one16);
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sc, _mm256_set1_ps(x->d)), acc[j]);
                 }
             }
         }
