@@ -388,9 +388,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = qm_dot_q8_0_avx2; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = qm_dot_q4_0_avx2; break;
     case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar, j.dotx = qm_dot_q4_1_avx2; break;
-    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.dotx = qm_dot_q5_k_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break; /* on AVX2: qm_*_qk (j.deck) */
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = qm_dot_q6_k_avx2, j.nblk = K / 256; break;
-    default: j.dot = dot_q4_k_scalar, j.dotx = qm_dot_q4_k_avx2, j.nblk = K / 256; break;
+    default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break; /* Q4_K; on AVX2: qm_*_qk (j.deck) */
     }
     const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
     if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q8_0)

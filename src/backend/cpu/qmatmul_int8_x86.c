@@ -75,44 +75,6 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q4_0_avx2)
 
-/* Q4_K / Q5_K: the sub-block pair (sb, sb + 1) of a superblock, its weights
- * as unsigned bytes lo (sub-block sb) and hi (sb + 1), against activation
- * blocks b and b + 1 of each of the nx rows; scales and mins from the
- * superblock's packed 6-bit table sc, the mins' part summed apart */
-AVX2 static inline __attribute__((always_inline)) void kq_pair_avx2(__m256 *acc, float *mins, const struct q8a *const *a, int nx,
-                                                                     int b, float d, float dmin, int sb, const uint8_t *sc,
-                                                                     __m256i lo, __m256i hi) {
-    int s0, m0, s1, m1;
-    k4_scale_min(sb, sc, &s0, &m0);
-    k4_scale_min(sb + 1, sc, &s1, &m1);
-    #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) {
-        const struct q8a *a0 = &a[j][b], *a1 = a0 + 1;
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s0 * a0->d), dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)a0->qs)), acc[j]);
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * s1 * a1->d), dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)a1->qs)), acc[j]);
-        mins[j] += dmin * (m0 * a0->d * (float)a0->sum + m1 * a1->d * (float)a1->sum);
-    }
-}
-
-AVX2 static inline __attribute__((always_inline)) void dot_q4_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
-    __m256 acc[NX];
-    float mins[NX] = {0};
-    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int i = 0; i < nsb; i++, w += 144) {
-        float d = h2f_c(w), dmin = h2f_c(w + 2);
-        const uint8_t *qs = w + 16;
-        for (int c = 0; c < 4; c++) {
-            __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
-}
-QDOTX_BY_NX(dot_q4_k_avx2)
-
 AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
     __m256 acc[NX];
     float off[NX] = {0};
@@ -133,29 +95,6 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
 }
 QDOTX_BY_NX(dot_q4_1_avx2)
-
-AVX2 static inline __attribute__((always_inline)) void dot_q5_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
-    __m256 acc[NX];
-    float mins[NX] = {0};
-    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m1 = _mm256_set1_epi8(1);
-    for (int i = 0; i < nsb; i++, w += 176) {
-        float d = h2f_c(w), dmin = h2f_c(w + 2);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 16));
-        const uint8_t *qs = w + 48;
-        for (int c = 0; c < 4; c++) {
-            __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            /* bit 2c / 2c+1 of qh[l] is bit 4 of the low / high sub-block's weight l */
-            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4);
-            __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4);
-            __m256i lo = _mm256_or_si256(_mm256_and_si256(b, m4), h0), hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), h1);
-            kq_pair_avx2(acc, mins, a, nx, 8 * i + 2 * c, d, dmin, 2 * c, w + 4, lo, hi);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - mins[j];
-}
-QDOTX_BY_NX(dot_q5_k_avx2)
 
 /* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)
  * once, and a 32-weight block's pair of scales reaches its lanes by one
@@ -551,8 +490,9 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
  * xs_b = xd_b sum_b, precomputed per call. A sub-block's 32 codes (Q5_K:
  * with bit 4 from the 32-byte plane qh, bit 2c / 2c+1 of byte l for weight
  * l of sub-block 2c / 2c+1) meet their activations in one maddubs + madd.
- * The same products as dot_q4_k_avx2 / dot_q5_k_avx2, summed in another
- * order. */
+ * The same products as dot_q4_k_scalar / dot_q5_k_scalar, summed in
+ * another order. These are the Q4_K / Q5_K kernels on x86 at every n (the
+ * K formats have no int8 GEMM). */
 AVX2 static inline __attribute__((always_inline)) void kq_scales(const uint8_t *w, __m256 *sc, __m256 *mi) {
     uint32_t u[3];
     memcpy(u, w + 4, 12);

@@ -155,8 +155,6 @@ enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2 };
 AVX2 void qm_dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
-AVX2 void qm_dot_q4_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
-AVX2 void qm_dot_q5_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
 /* The int8 GEMM: qm_pack_i8 repacks R rows from r0 (nr real ones) of W
