@@ -133,19 +133,23 @@ kiln_seq *kiln_seq_new(kiln_engine *e, char *err, size_t errlen) {
     return s;
 }
 
+/* gives back the pages past those that n tokens need */
+static void seq_trim_pages(kiln_seq *s, int n) {
+    const int P = s->e->kv.cache.page_size, keep = (n + P - 1) / P;
+    for (int i = keep; i < s->n_pages; i++) kv_pool_release(&s->e->kv, s->pages[i]);
+    if (s->n_pages > keep) s->n_pages = keep;
+}
+
 void kiln_seq_truncate(kiln_seq *s, int n) {
     if (n < 0) n = 0;
     if (n >= s->len) return;
-    int P = s->e->kv.cache.page_size, keep = (n + P - 1) / P;
-    for (int i = keep; i < s->n_pages; i++) kv_pool_release(&s->e->kv, s->pages[i]);
-    s->n_pages = keep;
+    seq_trim_pages(s, n);
     s->len = n;
 }
 
 void kiln_seq_free(kiln_seq *s) {
     if (!s) return;
-    /* every page it holds, also those reserved past len by a forward that failed */
-    for (int i = 0; i < s->n_pages; i++) kv_pool_release(&s->e->kv, s->pages[i]);
+    seq_trim_pages(s, 0);
     free(s->pages);
     free(s);
 }
@@ -195,11 +199,7 @@ int kiln_seq_eval(kiln_seq *s, const int32_t *ids, int n, float *logits, int all
         rc = model_forward(&e->model, &e->kv.cache, &b, out, err, errlen);
         if (rc == 0) s->len += m;
     }
-    if (rc) { /* give back the pages reserved for the chunks that did not go in */
-        const int P = e->kv.cache.page_size, keep = (s->len + P - 1) / P;
-        for (int p = keep; p < s->n_pages; p++) kv_pool_release(&e->kv, s->pages[p]);
-        if (s->n_pages > keep) s->n_pages = keep;
-    }
+    if (rc) seq_trim_pages(s, s->len); /* the pages reserved for the chunks that did not go in */
     free(pos);
     free(rows);
     return rc;
@@ -214,12 +214,10 @@ static int seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, con
         if (seqs[i]->e != e || n[i] <= 0) return kiln_errf(err, errlen, "kiln_seqs_eval: bad sequence %d", i);
         total += n[i];
     }
-    int *old_pages = kiln_malloc(sizeof(int) * (size_t)n_seqs);
     int32_t *tok = kiln_malloc(sizeof(int32_t) * (size_t)total), *pos = kiln_malloc(sizeof(int32_t) * (size_t)total);
     int32_t *rows = kiln_malloc(sizeof(int32_t) * (size_t)n_seqs);
     struct kiln_seq_view *v = kiln_malloc(sizeof *v * (size_t)n_seqs);
     int rc = 0, i, r = 0;
-    for (i = 0; i < n_seqs; i++) old_pages[i] = seqs[i]->n_pages;
     for (i = 0; i < n_seqs && rc == 0; i++) rc = seq_reserve(seqs[i], n[i], err, errlen);
     if (rc == 0) {
         for (i = 0; i < n_seqs; i++) {
@@ -233,14 +231,10 @@ static int seqs_eval(kiln_seq **seqs, int n_seqs, const int32_t *const *ids, con
         rc = model_forward(&e->model, &e->kv.cache, &b, logits, err, errlen);
     }
     for (i = 0; i < n_seqs; i++) {
-        if (rc == 0) {
-            seqs[i]->len += n[i];
-        } else { /* give back pages reserved for this step */
-            for (int p = old_pages[i]; p < seqs[i]->n_pages; p++) kv_pool_release(&e->kv, seqs[i]->pages[p]);
-            seqs[i]->n_pages = old_pages[i];
-        }
+        if (rc == 0) seqs[i]->len += n[i];
+        else seq_trim_pages(seqs[i], seqs[i]->len); /* give back pages reserved for this step */
     }
-    free(old_pages), free(tok), free(pos), free(rows), free(v);
+    free(tok), free(pos), free(rows), free(v);
     return rc;
 }
 
