@@ -208,13 +208,18 @@ void cpu_scratch_threads_free(struct kiln_backend *be, void **scr) {
     free(scr);
 }
 
-void cpu_test_fail_scratch(struct kiln_backend *be, int n) {
-    struct cpu_ctx *c = be->ctx;
+/* the buffers kept from one call to the next, freed (they grow again on use) */
+static void drop_kept_scratch(struct cpu_ctx *c) {
     free(c->scratch), c->scratch = NULL, c->scratch_cap = 0;
     free(c->qscratch), c->qscratch = NULL, c->qscratch_cap = 0;
     free(c->rope_cs), c->rope_cs = NULL, c->rope_cap = 0;
     free(c->rope_pos), c->rope_pos = NULL, c->rope_pos_cap = 0;
     c->rope_of = NULL;
+}
+
+void cpu_test_fail_scratch(struct kiln_backend *be, int n) {
+    struct cpu_ctx *c = be->ctx;
+    drop_kept_scratch(c);
     c->fail_next = n, c->fail_fired = 0;
 }
 
@@ -416,10 +421,7 @@ static int cpu_load_width(struct kiln_backend *be) {
 static void cpu_destroy(struct kiln_backend *be) {
     struct cpu_ctx *c = be->ctx;
     pool_destroy(c->pool);
-    free(c->scratch);
-    free(c->qscratch);
-    free(c->rope_cs);
-    free(c->rope_pos);
+    drop_kept_scratch(c);
     free(be->ctx);
     free(be);
 }
