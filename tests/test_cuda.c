@@ -215,29 +215,79 @@ static void test_matmul(struct pair *p) {
     }
 }
 
-static void test_norms(struct pair *p) {
-    const int n = 5, dim = 4096;
+/* the two CUDA buffers hold the same bits (n activations) */
+static int same_bits(struct kiln_backend *a, const void *ba, struct kiln_backend *b, const void *bb, size_t n) {
+    float *u = kiln_malloc(n * 4), *v = kiln_malloc(n * 4);
+    a->read(a, u, ba, n);
+    b->read(b, v, bb, n);
+    int same = memcmp(u, v, n * 4) == 0;
+    free(u), free(v);
+    return same;
+}
+
+/* rmsnorm, add_rmsnorm with out aliasing y (as a layer calls it) and the
+ * in-place rmsnorm (the final norm) on n rows of dim, against the CPU; and
+ * bit for bit against old, a CUDA backend on the two-pass kernel only
+ * (KILN_CUDA_NORM_R=0; the register kernel keeps its arithmetic) */
+static void norms_case(struct pair *p, struct kiln_backend *old, int n, int dim) {
+    char err[256], what[96];
     struct vec2 w = vec_make(p, 1, dim, 0.5f, 1.f);
+    struct ktensor wo = w.c;
+    wo.be = NULL;
+    CHECK(old->prepare_tensor(old, &wo, err, sizeof err) == 0, "%s", err);
     float *x = rand_vec((size_t)n * dim, 2.f), *y = rand_vec((size_t)n * dim, 1.f);
-    void *xc, *xg, *yc, *yg, *oc, *og;
+    const size_t sz = (size_t)n * dim * 2;
+    void *xc, *xg, *yc, *yg, *oc, *og, *xo = old->alloc(old, sz), *yo = old->alloc(old, sz), *oo = old->alloc(old, sz);
     put(p, &xc, &xg, x, (size_t)n * dim);
     put(p, &yc, &yg, y, (size_t)n * dim);
+    old->write(old, xo, x, (size_t)n * dim);
+    old->write(old, yo, y, (size_t)n * dim);
     oc = alloc_both(p, &og, (size_t)n * dim);
     p->cpu->rmsnorm(p->cpu, oc, xc, &w.c, n, dim, 1e-6f);
     p->gpu->rmsnorm(p->gpu, og, xg, &w.g, n, dim, 1e-6f);
-    check_rel(p, "rmsnorm 5x4096", oc, og, (size_t)n * dim, TOL_OP);
-    /* fused add + norm, output aliasing y as the model does */
+    old->rmsnorm(old, oo, xo, &wo, n, dim, 1e-6f);
+    snprintf(what, sizeof what, "rmsnorm %dx%d", n, dim);
+    check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP);
+    CHECK(same_bits(p->gpu, og, old, oo, (size_t)n * dim), "%s: not the two-pass kernel's bits", what);
     p->cpu->add_rmsnorm(p->cpu, xc, yc, yc, &w.c, n, dim, 1e-6f);
     p->gpu->add_rmsnorm(p->gpu, xg, yg, yg, &w.g, n, dim, 1e-6f);
-    check_rel(p, "add_rmsnorm: x + y", xc, xg, (size_t)n * dim, TOL_OP);
-    check_rel(p, "add_rmsnorm: norm (out aliases y)", yc, yg, (size_t)n * dim, TOL_OP);
-    /* in place, as the final norm is */
+    old->add_rmsnorm(old, xo, yo, yo, &wo, n, dim, 1e-6f);
+    snprintf(what, sizeof what, "add_rmsnorm %dx%d: x + y", n, dim);
+    check_rel(p, what, xc, xg, (size_t)n * dim, TOL_OP);
+    CHECK(same_bits(p->gpu, xg, old, xo, (size_t)n * dim), "%s: not the two-pass kernel's bits", what);
+    snprintf(what, sizeof what, "add_rmsnorm %dx%d: norm (out aliases y)", n, dim);
+    check_rel(p, what, yc, yg, (size_t)n * dim, TOL_OP);
+    CHECK(same_bits(p->gpu, yg, old, yo, (size_t)n * dim), "%s: not the two-pass kernel's bits", what);
     p->cpu->rmsnorm(p->cpu, xc, xc, &w.c, n, dim, 1e-6f);
     p->gpu->rmsnorm(p->gpu, xg, xg, &w.g, n, dim, 1e-6f);
-    check_rel(p, "rmsnorm in place", xc, xg, (size_t)n * dim, TOL_OP);
+    old->rmsnorm(old, xo, xo, &wo, n, dim, 1e-6f);
+    snprintf(what, sizeof what, "rmsnorm in place %dx%d", n, dim);
+    check_rel(p, what, xc, xg, (size_t)n * dim, TOL_OP);
+    CHECK(same_bits(p->gpu, xg, old, xo, (size_t)n * dim), "%s: not the two-pass kernel's bits", what);
     free_both(p, xc, xg), free_both(p, yc, yg), free_both(p, oc, og);
+    old->free(old, xo), old->free(old, yo), old->free(old, oo);
+    old->release_tensor(old, &wo);
     free(x), free(y);
     vec_free(p, &w);
+}
+
+/* dims of every register-kernel width (1-4 chunks of 8 per thread, whole
+ * and partial) and two that take the two-pass kernel (dim % 8, > 8192) */
+static void test_norms(struct pair *p) {
+    char err[256];
+    char *saved = getenv("KILN_CUDA_NORM_R") ? strdup(getenv("KILN_CUDA_NORM_R")) : NULL;
+    setenv("KILN_CUDA_NORM_R", "0", 1);
+    struct kiln_backend *old = backend_create("cuda", 0, err, sizeof err);
+    if (saved) setenv("KILN_CUDA_NORM_R", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_NORM_R");
+    CHECK(old != NULL, "%s", err);
+    if (!old) return;
+    const int dims[] = {4096, 1024, 896, 2560, 5120, 8192, 100, 10240};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        norms_case(p, old, 5, dims[i]);
+        norms_case(p, old, 1, dims[i]);
+    }
+    old->destroy(old);
 }
 
 /* a rope table (theta 1e6, head_dim hd) prepared on both backends, and
@@ -667,19 +717,29 @@ static void test_scratch_oom(struct pair *p) {
 /* The decode paths that only a model's forward reaches: q/k/v reading one x
  * (one launch of three jobs) and gate/up folded into swiglu (the GLU GEMV,
  * which also writes up), at batch 1 and 2, at Qwen3-8B shapes (the streaming
- * GEMV k_gemv_s) and Qwen2-0.5B-like shapes with q/k/v biases (k_gemv). */
-static void test_decode_fused(struct pair *p) {
+ * GEMV k_gemv_s) and Qwen2-0.5B-like shapes with q/k/v biases (k_gemv).
+ * norm: x is the output of a residual add + RMSNorm just before, as in a
+ * layer, which the CUDA backend may fold into the GEMV (KILN_CUDA_FUSE_NORM);
+ * the residual and the norm's output are checked too, after the GEMV. */
+static void decode_fused_cases(struct pair *p, int norm, const char *tag) {
     const int shapes[][5] = {{4096, 4096, 1024, 12288, 0}, {896, 896, 128, 4864, 1}}; /* dim, q, kv, ffn, bias */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int dim = shapes[s][0], qd = shapes[s][1], kvd = shapes[s][2], ffn = shapes[s][3], b = shapes[s][4];
         struct lin2 L[5] = {lin_make(p, qd, dim, b), lin_make(p, kvd, dim, b), lin_make(p, kvd, dim, b),
                             lin_make(p, ffn, dim, 0), lin_make(p, ffn, dim, 0)};
+        struct vec2 nw = vec_make(p, 1, dim, 0.2f, 1.f);
         for (int n = 1; n <= 2; n++) {
-            float *x = rand_vec((size_t)n * dim, 1.f);
-            void *xc, *xg, *oc[5], *og[5];
+            float *x = rand_vec((size_t)n * dim, 1.f), *r = rand_vec((size_t)n * dim, 1.f);
+            void *xc, *xg, *rc, *rg, *yc, *yg, *oc[5], *og[5];
             put(p, &xc, &xg, x, (size_t)n * dim);
+            put(p, &rc, &rg, r, (size_t)n * dim);
+            put(p, &yc, &yg, x, (size_t)n * dim);
             for (int i = 0; i < 5; i++) oc[i] = alloc_both(p, &og[i], (size_t)n * L[i].c.n_out);
             for (int i = 0; i < 5; i++) {
+                if (norm && (i == 0 || i == 3)) { /* residual r += y, x = norm(r) */
+                    p->cpu->add_rmsnorm(p->cpu, rc, xc, yc, &nw.c, n, dim, 1e-6f);
+                    p->gpu->add_rmsnorm(p->gpu, rg, xg, yg, &nw.g, n, dim, 1e-6f);
+                }
                 p->cpu->matmul(p->cpu, oc[i], xc, &L[i].c, n);
                 p->gpu->matmul(p->gpu, og[i], xg, &L[i].g, n);
                 if (i == 2 || i == 4) { /* the queue: q/k/v, then gate/up */
@@ -687,19 +747,47 @@ static void test_decode_fused(struct pair *p) {
                         p->cpu->swiglu(p->cpu, oc[3], oc[3], oc[4], n, ffn);
                         p->gpu->swiglu(p->gpu, og[3], og[3], og[4], n, ffn);
                     }
+                    char what[128];
                     for (int j = i == 2 ? 0 : 3; j <= i; j++) {
                         static const char *nm[5] = {"q", "k", "v", "swiglu(gate, up)", "up"};
-                        char what[96];
-                        snprintf(what, sizeof what, "decode %s %dx%d n=%d", nm[j], L[j].c.n_out, dim, n);
+                        snprintf(what, sizeof what, "decode %s %dx%d n=%d%s", nm[j], L[j].c.n_out, dim, n, tag);
                         check_rel(p, what, oc[j], og[j], (size_t)n * L[j].c.n_out, TOL_OP);
+                    }
+                    if (norm) {
+                        snprintf(what, sizeof what, "decode residual before %s, %d x n=%d%s", i == 2 ? "q/k/v" : "gate/up", dim, n, tag);
+                        check_rel(p, what, rc, rg, (size_t)n * dim, TOL_OP);
+                        snprintf(what, sizeof what, "decode norm before %s, %d x n=%d%s", i == 2 ? "q/k/v" : "gate/up", dim, n, tag);
+                        check_rel(p, what, xc, xg, (size_t)n * dim, TOL_OP);
                     }
                 }
             }
             for (int i = 0; i < 5; i++) free_both(p, oc[i], og[i]);
-            free_both(p, xc, xg), free(x);
+            free_both(p, xc, xg), free_both(p, rc, rg), free_both(p, yc, yg), free(x), free(r);
         }
         for (int i = 0; i < 5; i++) lin_free(p, &L[i]);
+        vec_free(p, &nw);
     }
+}
+
+/* with the norm: on the default backend, and with KILN_CUDA_FUSE_NORM=0
+ * (never folded) and =1 (folded into the GEMV) */
+static void test_decode_fused(struct pair *p) {
+    decode_fused_cases(p, 0, "");
+    decode_fused_cases(p, 1, ", after add_rmsnorm");
+    char *saved = getenv("KILN_CUDA_FUSE_NORM") ? strdup(getenv("KILN_CUDA_FUSE_NORM")) : NULL;
+    static const char *modes[] = {"0", "1"};
+    for (int m = 0; m < 2; m++) {
+        char err[256], tag[80];
+        setenv("KILN_CUDA_FUSE_NORM", modes[m], 1);
+        struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
+        CHECK(q.gpu != NULL, "%s", err);
+        if (!q.gpu) continue;
+        snprintf(tag, sizeof tag, ", after add_rmsnorm, KILN_CUDA_FUSE_NORM=%s", modes[m]);
+        decode_fused_cases(&q, 1, tag);
+        q.gpu->destroy(q.gpu);
+    }
+    if (saved) setenv("KILN_CUDA_FUSE_NORM", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_FUSE_NORM");
 }
 
 static void test_moe(struct pair *p) {

@@ -35,7 +35,9 @@
  * L2 prefetch of GEMV weights before griddepcontrol.wait), KILN_CUDA_READ=0
  * (logits widened on the device and copied pageable, the old path),
  * KILN_CUDA_MOE_GROUPED=0 (MoE prefill: one cuBLAS call per expert GEMM
- * instead of two grouped calls).
+ * instead of two grouped calls), KILN_CUDA_NORM_R=0 (norms on the two-pass
+ * kernel only, norm.cu), KILN_CUDA_ATT_SPLIT_TOKENS=N (keys per decode
+ * attention split, default ATT_SPLIT_TOKENS).
  */
 #include <pthread.h>
 #include <string.h>
@@ -605,7 +607,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
      * most 64) so that only a handful of decode graphs are ever recorded;
      * with many rows the grid is full without splitting that finely, so
      * each split takes more keys (fewer blocks, fewer partials to merge) */
-    const int split_tokens = ATT_SPLIT_TOKENS * (n > 4 ? n / 4 : 1);
+    const int split_tokens = c->att_split_tokens * (n > 4 ? n / 4 : 1);
     c->att_split = 1;
     while (c->att_split < 64 && (long)c->att_split * split_tokens < max_len) c->att_split *= 2;
     c->out_rows_host = b->out_rows;
@@ -824,6 +826,10 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
      * block's norm prologue sits on the GEMV's critical path) */
     const char *fn = getenv("KILN_CUDA_FUSE_NORM");
     c->no_fuse_norm = !(fn && !strcmp(fn, "1"));
+    const char *nr = getenv("KILN_CUDA_NORM_R");
+    c->no_norm_r = nr && !strcmp(nr, "0");
+    const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
+    c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
     const char *rd = getenv("KILN_CUDA_READ");
     c->old_read = rd && !strcmp(rd, "0");
     const char *pf = getenv("KILN_CUDA_PF");

@@ -152,6 +152,7 @@ struct cuda_ctx {
     int use_flash; /* this batch's attention takes the flash kernel (cu_begin: a long chunk, or a short one over a long context) */
     unsigned long gemv_seq; /* cu_launch_seq right after the last GEMV launch (attention.cu: what ran just before) */
     int no_att_pre;         /* KILN_CUDA_ATT_PRE=0: decode attention loads its keys after the wait */
+    int att_split_tokens; /* ATT_SPLIT_TOKENS, or KILN_CUDA_ATT_SPLIT_TOKENS */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
@@ -192,6 +193,7 @@ struct cuda_ctx {
      * GEMV that reads it (gemm.cu), a residual add folded into the RMSNorm
      * that follows it, q/k norm + RoPE fused with the KV write (rope.cu) */
     int no_fuse, no_fuse_norm, old_read;
+    int no_norm_r; /* KILN_CUDA_NORM_R=0: norms on k_add_rmsnorm only (norm.cu) */
     struct {
         int on, n, dim;
         bf16 *x, *out;

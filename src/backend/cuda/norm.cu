@@ -51,8 +51,71 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const b
     for (int i = threadIdx.x; i < dim; i += 256) orow[i] = __float2bfloat16(w[i] * (__bfloat162float(xr[i]) * r));
 }
 
+/*
+ * k_add_rmsnorm_r: the same for dim <= CH * 2048, dim % 8 == 0, with the
+ * same chunk ownership and order of sums (so the same bits), for the
+ * critical path of a decode step, where the norm sits between two GEMVs:
+ * the weights (never written by a kernel) are read before the wait, and the
+ * row stays in registers between the passes, so after the wait there is one
+ * round trip to memory (x and y) where k_add_rmsnorm has two (x and y, then
+ * x again and w).
+ */
+template <int CH>
+__global__ void __launch_bounds__(256) k_add_rmsnorm_r(bf16 *x, bf16 *out, const bf16 *y, const float *__restrict__ w, int dim,
+                                                       float eps) {
+    float wv[CH][8], a[CH][8];
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        const int c = (threadIdx.x + 256 * k) * 8;
+        if (c < dim)
+#pragma unroll
+            for (int i = 0; i < 8; i++) wv[k][i] = w[c + i];
+    }
+    pdl_wait();
+    bf16 *xr = x + (size_t)blockIdx.x * dim, *orow = out + (size_t)blockIdx.x * dim;
+    const bf16 *yr = y ? y + (size_t)blockIdx.x * dim : NULL;
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        const int c = (threadIdx.x + 256 * k) * 8;
+        if (c < dim) {
+            cu_load8(a[k], xr + c);
+            if (yr) {
+                float b[8];
+                cu_load8(b, yr + c);
+#pragma unroll
+                for (int i = 0; i < 8; i++) a[k][i] = __bfloat162float(__float2bfloat16(a[k][i] + b[i]));
+            }
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        const int c = (threadIdx.x + 256 * k) * 8;
+        if (c < dim) {
+            if (yr) cu_store8(xr + c, a[k]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss += a[k][i] * a[k][i];
+        }
+    }
+    const float r = rsqrtf(cu_block_sum(ss) / dim + eps);
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        const int c = (threadIdx.x + 256 * k) * 8;
+        if (c < dim) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) a[k][i] = wv[k][i] * (a[k][i] * r);
+            cu_store8(orow + c, a[k]);
+        }
+    }
+}
+
 void cu_norm_launch(struct cuda_ctx *c, bf16 *x, bf16 *out, const bf16 *y, const float *w, int n, int dim, float eps) {
-    cu_launch(c->stream, k_add_rmsnorm, n, 256, 0, x, out, y, w, dim, eps);
+    const int ch = (dim + 2047) / 2048;
+    if (dim % 8 || ch > 4 || c->no_norm_r) cu_launch(c->stream, k_add_rmsnorm, n, 256, 0, x, out, y, w, dim, eps);
+    else if (ch == 1) cu_launch(c->stream, k_add_rmsnorm_r<1>, n, 256, 0, x, out, y, w, dim, eps);
+    else if (ch == 2) cu_launch(c->stream, k_add_rmsnorm_r<2>, n, 256, 0, x, out, y, w, dim, eps);
+    else if (ch == 3) cu_launch(c->stream, k_add_rmsnorm_r<3>, n, 256, 0, x, out, y, w, dim, eps);
+    else cu_launch(c->stream, k_add_rmsnorm_r<4>, n, 256, 0, x, out, y, w, dim, eps);
     CU_LAUNCHED();
 }
 
