@@ -285,8 +285,9 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
  * order, writes the row and zeroes the counter. Cut points depend only on
  * the shape and the grid, so results repeat from run to run.
  * Measured on the H200 (docs/cuda.md): Qwen3-8B decode 200 -> 211 tok/s;
- * on small matrices (0.6B's, 30B-A3B's attention) it is no faster or slower
- * than k_gemv, so it takes matrices of 32 MiB and up.
+ * on small matrices (0.6B's, 30B-A3B's attention) it was first no faster
+ * than k_gemv; since the PDL changes it wins where rows are never cut
+ * (cu_gemv_smb).
  */
 #define GEMV_S_NB 2
 #define GS_SLOT (2 * GEMV_S_NB * 2) /* floats per warp: 2 cut rows x NB x (gate, up) */
@@ -355,7 +356,7 @@ __device__ __forceinline__ void gs_piece(const struct gemv_jobs &J, float *slot,
 }
 
 template <int NB, typename OutT, bool GLU>
-__global__ void __launch_bounds__(256, 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
+__global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
                                                    float *__restrict__ slot, int *__restrict__ cnt) {
     constexpr int QD = GLU ? 1 : 2; /* quads in flight: 8 loads per lane */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -454,8 +455,22 @@ int cu_gemv_pf = 1;
 int cu_gemv_bps = 3;
 /* k_gemv_s only when there are as many rows as warps (KILN_CUDA_GEMV_SROWS) */
 int cu_gemv_srows = 1;
-/* ... and only for matrices of at least this many MiB (KILN_CUDA_GEMV_SMB) */
+/* ... and only for matrices of at least this many MiB (KILN_CUDA_GEMV_SMB),
+ * or whose rows are one quad (n_in 1024: no row is ever cut, so there are
+ * no merges). Measured on the H200 (tg128, fourteenth session): streaming
+ * every matrix gave Qwen3-0.6B 1037 / 1004 / 1017 -> 1113 / 1060 / 1068
+ * tok/s, almost all of it from q/k/v and gate/up (n_in 1024), but cost
+ * 30B-A3B 3% (its 16-21 MB attention matrices, rows cut in 2-4 pieces:
+ * 359 / 359 -> 348 / 349). */
 int cu_gemv_smb = 32;
+
+/* blocks of k_gemv_s resident per SM */
+template <int NB, typename OutT, bool GLU> static int gs_occ(void) {
+    static int occ;
+    if (!occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_gemv_s<NB, OutT, GLU>, 256, 0) != cudaSuccess || occ < 1))
+        occ = 1;
+    return occ;
+}
 
 /* launches jobs J (blk0 filled here) over n rows of x; with the pending norm
  * folded in when nm (then x is nm->out) */
@@ -469,9 +484,13 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
         const long Q = (long)rows * (n_in / 1024);
         const long blocks = Q / 8 < (long)cu_gemv_bps * c->n_sm ? Q / 8 : (long)cu_gemv_bps * c->n_sm;
         const long bytes = (long)rows * n_in * 2 * (GLU ? 2 : 1);
-        if (blocks >= 1 && (!cu_gemv_srows || rows >= blocks * 8) && bytes >= ((long)cu_gemv_smb << 20)) {
-            if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
-            else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, (unsigned)blocks, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
+        if (blocks >= 1 && (!cu_gemv_srows || rows >= blocks * 8) && (bytes >= ((long)cu_gemv_smb << 20) || n_in == 1024)) {
+            /* one wave: no more blocks than fit at once (registers; at
+             * batch 2 the kernel holds 2 blocks per SM, not cu_gemv_bps) */
+            const long wave = (long)c->n_sm * (n == 1 ? gs_occ<1, OutT, GLU>() : gs_occ<2, OutT, GLU>());
+            const unsigned nb = (unsigned)(blocks < wave ? blocks : wave);
+            if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, nb, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
+            else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, nb, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
             CU_LAUNCHED();
             c->gemv_seq = cu_launch_seq;
             return;
