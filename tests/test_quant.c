@@ -204,6 +204,53 @@ static void test_kernels(void) {
  * multiple of the 8/16/32-row panels, tokens not a multiple of the 4/6/8/12
  * token tiles, K of several blocks, bias on and off). The int8 sums are
  * exact, so paths differ only in the f32 order of the per-block terms. */
+/* Q4_K / Q5_K at the int16 limits of the GEMM (qm_gemm_qk_avx2): every
+ * code at its maximum (15 / 31) against activations all at +127 or all at
+ * -127, where an int16 lane summing 16 Q5_K products would wrap; each ISA
+ * against the scalar kernels at prefill and decode sizes */
+static void test_kq_extremes(void) {
+    char err[512];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    const int saved = cpu_isa(), N = 11, K = 512, maxn = 9;
+    static const char *fmts[] = {"q4_k", "q5_k"};
+    for (int f = 0; f < 2; f++) {
+        void **owned = kiln_calloc(1, sizeof(void *));
+        struct qlinear w = {.n_out = N, .n_in = K};
+        CHECK(quant_dummy_linear(&w, fmts[f], 0, 7 + f, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
+        const int sbb = f ? 176 : 144;
+        uint8_t *q = (uint8_t *)w.w.data;
+        for (int r = 0; r < N * K / 256; r++) memset(q + (size_t)r * sbb + 16, 0xff, sbb - 16); /* qh and qs: all ones */
+        CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
+        float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
+        for (int sign = -1; sign <= 1; sign += 2) {
+            for (int i = 0; i < maxn * K; i++) x[i] = (float)sign * (1.0f + (float)(i / K)); /* every block at amax: codes +-127 */
+            for (int n = 1; n <= maxn; n += maxn - 1) {
+                cpu_set_isa(CPU_ISA_SCALAR);
+                be->matmul(be, ref, x, &w, n);
+                double scale = 0;
+                for (int i = 0; i < n * N; i++) scale = fmax(scale, fabs(ref[i]));
+                for (int isa = CPU_ISA_SCALAR + 1; isa <= cpu_isa_max(); isa++) {
+                    cpu_set_isa(isa);
+                    memset(out, 0xff, sizeof(float) * (size_t)n * N);
+                    be->matmul(be, out, x, &w, n);
+                    double md = 0;
+                    for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i]));
+                    CHECK(md <= 1e-5 * scale, "%s %s all-max codes, x %c, n=%d: max |%s - scalar| %g (outputs up to %g)", cpu_isa_name(isa),
+                          fmts[f], sign > 0 ? '+' : '-', n, cpu_isa_name(isa), md, scale);
+                }
+            }
+        }
+        be->release_linear(be, &w);
+        free(x), free(ref), free(out);
+        for (int i = 0; owned[i]; i++) free(owned[i]);
+        free(owned);
+    }
+    cpu_set_isa(saved);
+    be->destroy(be);
+}
+
 static void test_qgemm(void) {
     char err[512];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
@@ -931,6 +978,7 @@ void test_quant(void) {
     test_roundtrip();
     test_kernels();
     test_qgemm();
+    test_kq_extremes();
     test_qmulti();
     test_config_errors();
     test_gguf_parser();

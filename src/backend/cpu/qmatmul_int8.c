@@ -342,6 +342,7 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
             float *c = j->out + (size_t)t0 * j->N + r0;
             if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
+            else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode == PK_Q5K, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else qm_gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
         }
@@ -350,8 +351,21 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 
 #endif
 
-/* n at or above which Q8_0 / Q4_0 run the int8 GEMM (below: row dots) */
+/* n at or above which Q8_0 / Q4_0 / Q4_K / Q5_K run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
+
+#if defined(KILN_X86)
+/* KILN_CPU_KGEMM=0: Q4_K / Q5_K prefill on the row dots (qm_dotk_qk), as
+ * before the GEMM, for A/B runs; read once */
+static int kgemm_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("KILN_CPU_KGEMM");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+#endif
 
 /* everything of an int8 matmul before its parallel part: the kernels for
  * w's dtype, the activations quantized (once, into the backend's buffer)
@@ -397,10 +411,13 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         j.dot1 = vnni ? qm_dot1_q8_0_vnni : qm_dot1_q8_0_avx2;
     if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
         j.dot1 = vnni ? qm_dot1_q4_0_vnni : qm_dot1_q4_0_avx2;
-    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K;
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
     if (gemm) {
-        j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
-        j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : vnni ? PK_Q8_U8 : PK_Q8_S8;
+        const int wide = vnni && !kq; /* the K formats: the AVX2 GEMM on every x86 machine */
+        j.R = wide ? 16 : 8, j.NT = wide ? 8 : 4;
+        j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
+                 : vnni ? PK_Q8_U8 : PK_Q8_S8;
         j.ntile = (n + j.NT - 1) / j.NT;
     }
     const int nrow = gemm ? j.ntile * j.NT : n;
@@ -409,7 +426,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && qm_have_vbmi();
     const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
     /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
-    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, (vnni && (gemm || n == 1) ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
+    cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, ((gemm && j.R == 16) || dec ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
@@ -496,7 +513,7 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm < 0) return; /* reported by cpu_error */
 #if defined(KILN_X86)
     if (gemm) {
-        if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * 36 * j.R))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
+        if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * PK_BLOCK(j.mode, j.R)))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
         cpu_scratch_threads_free(be, j.scr);
     } else
 #endif

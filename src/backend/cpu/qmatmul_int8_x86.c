@@ -161,11 +161,28 @@ QDOTX_BY_NX(dot_q6_k_avx2)
  * Integer sums are exact, so each block's contribution equals the row dot's
  * (dot_*_avx2, dot_*_scalar) up to the f32 summation order. */
 
+/* the 32 codes of sub-block j of a Q4_K (q5: Q5_K) superblock q, one byte
+ * each (0..15 / 0..31, weight order), and its scale d sc_j and min dmin m_j */
+AVX2 static inline __m256i qk_sub_codes(const uint8_t *q, int j, int q5, float *d, float *m) {
+    int sc, mn;
+    k4_scale_min(j, q + 4, &sc, &mn);
+    *d = h2f_c(q) * (float)sc, *m = h2f_c(q + 2) * (float)mn;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i c = _mm256_loadu_si256((const __m256i *)(q + (q5 ? 48 : 16) + 32 * (j / 2)));
+    c = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(c, 4) : c, m4);
+    if (q5) { /* bit j of each qh byte, moved to bit 4 (16-bit shifts stay inside each byte after the mask) */
+        __m256i h = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 16)), j), _mm256_set1_epi8(1));
+        c = _mm256_or_si256(c, _mm256_slli_epi16(h, 4));
+    }
+    return c;
+}
+
 /* rows r0 .. r0+nr-1 (nr <= R; missing rows repeat the last one with scale
- * 0) into the panel P: per block 32 * R code bytes, then R f32 scales */
+ * 0) into the panel P: per block 32 * R code bytes, then R f32 scales (and
+ * for the K formats R f32 mins; their blocks are the 32-weight sub-blocks) */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
-    const size_t bs = 36 * (size_t)R;
-    const int blk = mode == PK_Q4 ? 18 : 34;
+    const size_t bs = PK_BLOCK(mode, R);
+    const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, sbb = mode == PK_Q5K ? 176 : 144;
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int i0 = 0; i0 < R; i0 += 8) {
@@ -173,10 +190,13 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
         for (int i = 0; i < 8; i++) rp[i] = W + (size_t)(r0 + (i0 + i < nr ? i0 + i : nr - 1)) * rb;
         for (int b = 0; b < nb; b++) {
             __m256 v[8];
+            float ks[8], km[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t *q = rp[i] + (size_t)blk * b;
                 __m256i c;
-                if (mode == PK_Q4) {
+                if (kq) {
+                    c = qk_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, mode == PK_Q5K, &ks[i], &km[i]);
+                } else if (mode == PK_Q4) {
                     __m128i h = _mm_loadu_si128((const __m128i *)(q + 2));
                     c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
                 } else {
@@ -189,7 +209,9 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
             uint8_t *d = P + (size_t)b * bs;
             for (int qd = 0; qd < 8; qd++) _mm256_storeu_ps((float *)(d + (size_t)qd * 4 * R + 4 * i0), v[qd]);
             float *sc = (float *)(d + 32 * (size_t)R);
-            for (int i = 0; i < 8; i++) sc[i0 + i] = i0 + i < nr ? h2f_c(rp[i] + (size_t)blk * b) : 0.0f;
+            for (int i = 0; i < 8; i++) sc[i0 + i] = i0 + i >= nr ? 0.0f : kq ? ks[i] : h2f_c(rp[i] + (size_t)blk * b);
+            if (kq)
+                for (int i = 0; i < 8; i++) sc[R + i0 + i] = i0 + i < nr ? km[i] : 0.0f;
         }
     }
 }
@@ -250,6 +272,48 @@ AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
         for (int t = 0; t < 4; t++) {
             __m256i i = _mm256_add_epi32(_mm256_madd_epi16(s[t], one16), _mm256_set1_epi32(-8 * xt[t].sum));
             f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+        }
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+/* R = 8 rows x NT = 4 tokens of Q4_K / Q5_K (q5) sub-blocks: codes are
+ * unsigned, so maddubs takes them as they are, and a block adds
+ * d_t (D_r isum - M_r sum_t) (dot_q4_k_scalar's terms). int16 lanes hold
+ * 16 products of Q4_K codes (16 x 15 x 127 < 2^15) but only 8 of Q5_K
+ * (8 x 31 x 127), so Q5_K widens after every 4 code groups. */
+AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 320, xt += 4) {
+        __m256i s[4], h[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s[t] = h[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+            }
+            if (q5 && q == 3)
+                #pragma GCC unroll 16
+                for (int t = 0; t < 4; t++) s[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
+        }
+        const __m256 sw = _mm256_loadu_ps((const float *)(P + 256)), mw = _mm256_loadu_ps((const float *)(P + 288));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            const __m256i i = _mm256_add_epi32(s[t], _mm256_madd_epi16(h[t], one16));
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
+            f[t] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
         }
     }
     __m256i m = mask8(nr);

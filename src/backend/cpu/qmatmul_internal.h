@@ -144,8 +144,12 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
 #define NX 4
 
 /* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
- * u8 = w + 128 (VNNI), Q4_0 nibbles */
-enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2 };
+ * u8 = w + 128 (VNNI), Q4_0 nibbles, Q4_K / Q5_K codes (0..15 / 0..31) of
+ * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2) */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4 };
+/* bytes of one block of 32 in a panel of R rows: 32 R codes, R scales (and
+ * for the K formats R mins) */
+#define PK_BLOCK(mode, R) ((size_t)(R) * ((mode) >= PK_Q4K ? 40 : 36))
 
 #if defined(KILN_X86)
 /* ==== the int8 path's x86 kernels (qmatmul_int8_x86.c) ====
@@ -161,12 +165,14 @@ AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
  * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
  * one tile of nt tokens' activations xt ([block][NT]) into out (row stride
  * ldo), adding bias[0..nr-1] when not NULL. VNNI: R = 16, NT = 8, corr
- * 128 (Q8_0 as u8) or 8 (Q4_0); AVX2: R = 8, NT = 4. */
+ * 128 (Q8_0 as u8) or 8 (Q4_0); AVX2: R = 8, NT = 4 (the K formats take
+ * the AVX2 one on VNNI machines too). */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode);
 VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
                           const float *bias);
 AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
+AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5, float *out, size_t ldo, int nr, int nt, const float *bias);
 
 /* Decode (one activation row a of nb blocks) of one Q4_0 / Q8_0 weight row
  * w. dot1: on a alone. dot1v (VNNI): with the per-block vectors corr (lane
