@@ -204,24 +204,26 @@ static void test_kernels(void) {
  * multiple of the 8/16/32-row panels, tokens not a multiple of the 4/6/8/12
  * token tiles, K of several blocks, bias on and off). The int8 sums are
  * exact, so paths differ only in the f32 order of the per-block terms. */
-/* Q4_K / Q5_K at the int16 limits of the GEMM (qm_gemm_qk_avx2): every
- * code at its maximum (15 / 31) against activations all at +127 or all at
- * -127, where an int16 lane summing 16 Q5_K products would wrap; each ISA
- * against the scalar kernels at prefill and decode sizes */
+/* The K formats at the int16 limits of the GEMMs (qm_gemm_qk_avx2,
+ * qm_gemm_q6k_avx2): every code at its extreme (Q4_K 15, Q5_K 31, Q6_K 31
+ * and -32) against activations all at +127 or all at -127, where an int16
+ * lane summing 16 Q5_K or Q6_K products would wrap; each ISA against the
+ * scalar kernels at prefill and decode sizes */
 static void test_kq_extremes(void) {
     char err[512];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     CHECK(be != NULL, "%s", err);
     if (!be) return;
     const int saved = cpu_isa(), N = 11, K = 512, maxn = 9;
-    static const char *fmts[] = {"q4_k", "q5_k"};
-    for (int f = 0; f < 2; f++) {
+    static const char *fmts[] = {"q4_k", "q5_k", "q6_k", "q6_k"};
+    for (int f = 0; f < 4; f++) {
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K};
         CHECK(quant_dummy_linear(&w, fmts[f], 0, 7 + f, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
-        const int sbb = f ? 176 : 144;
         uint8_t *q = (uint8_t *)w.w.data;
-        for (int r = 0; r < N * K / 256; r++) memset(q + (size_t)r * sbb + 16, 0xff, sbb - 16); /* qh and qs: all ones */
+        for (int r = 0; r < N * K / 256; r++) /* the code bits all ones (Q6_K: 31), or all zeros (Q6_K: -32) */
+            if (f < 2) memset(q + (size_t)r * (f ? 176 : 144) + 16, 0xff, f ? 160 : 128);
+            else memset(q + (size_t)r * 210, f == 2 ? 0xff : 0, 192);
         CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
         float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
         for (int sign = -1; sign <= 1; sign += 2) {
@@ -237,8 +239,8 @@ static void test_kq_extremes(void) {
                     be->matmul(be, out, x, &w, n);
                     double md = 0;
                     for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i]));
-                    CHECK(md <= 1e-5 * scale, "%s %s all-max codes, x %c, n=%d: max |%s - scalar| %g (outputs up to %g)", cpu_isa_name(isa),
-                          fmts[f], sign > 0 ? '+' : '-', n, cpu_isa_name(isa), md, scale);
+                    CHECK(md <= 1e-5 * scale, "%s %s codes at %s, x %c, n=%d: max |%s - scalar| %g (outputs up to %g)", cpu_isa_name(isa),
+                          fmts[f], f == 3 ? "min" : "max", sign > 0 ? '+' : '-', n, cpu_isa_name(isa), md, scale);
                 }
             }
         }
@@ -286,6 +288,16 @@ static void test_qgemm(void) {
         int rc = quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 300 + c, 0.05f, test_alloc, &owned, err, sizeof err);
         CHECK(rc == 0, "%s: %s", cs[c].fmt, err);
         int32_t *gidx = NULL;
+        if (rc == 0 && w.w.dtype >= KILN_DTYPE_Q4_K && w.w.dtype <= KILN_DTYPE_Q6_K) {
+            /* the K formats' scales random (the dummy's are all alike), so a
+             * kernel that takes a sub-block's or half's scale from the wrong
+             * place fails */
+            const int q6 = w.w.dtype == KILN_DTYPE_Q6_K, sbb = q6 ? 210 : w.w.dtype == KILN_DTYPE_Q5_K ? 176 : 144;
+            uint8_t *q = (uint8_t *)w.w.data;
+            for (int sb = 0; sb < N * K / 256; sb++)
+                for (int j = 0; j < (q6 ? 16 : 12); j++)
+                    q[(size_t)sb * sbb + (q6 ? 192 : 4) + j] = q6 ? (uint8_t)(int8_t)((int)(kiln_rng_next(&r) % 121) - 60) : (uint8_t)kiln_rng_next(&r);
+        }
         if (rc == 0 && cs[c].asym) /* random 4-bit zero points */
             for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
         if (rc == 0 && cs[c].asym == 2) {

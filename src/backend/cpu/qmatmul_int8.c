@@ -342,6 +342,7 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
             float *c = j->out + (size_t)t0 * j->N + r0;
             if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
+            else if (j->mode == PK_Q6K) qm_gemm_q6k_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode == PK_Q5K, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else qm_gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
@@ -351,12 +352,12 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 
 #endif
 
-/* n at or above which Q8_0 / Q4_0 / Q4_K / Q5_K run the int8 GEMM (below: row dots) */
+/* n at or above which Q8_0 / Q4_0 and the K formats run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
 
 #if defined(KILN_X86)
-/* KILN_CPU_KGEMM=0: Q4_K / Q5_K prefill on the row dots (qm_dotk_qk), as
- * before the GEMM, for A/B runs; read once */
+/* KILN_CPU_KGEMM=0: Q4_K / Q5_K / Q6_K prefill on the row dots, as before
+ * the GEMM, for A/B runs; read once */
 static int kgemm_on(void) {
     static int on = -1;
     if (on < 0) {
@@ -411,13 +412,13 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         j.dot1 = vnni ? qm_dot1_q8_0_vnni : qm_dot1_q8_0_avx2;
     if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
         j.dot1 = vnni ? qm_dot1_q4_0_vnni : qm_dot1_q4_0_avx2;
-    const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K;
+    const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K;
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
     if (gemm) {
         const int wide = vnni && !kq; /* the K formats: the AVX2 GEMM on every x86 machine */
         j.R = wide ? 16 : 8, j.NT = wide ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
-                 : vnni ? PK_Q8_U8 : PK_Q8_S8;
+                 : w->w.dtype == KILN_DTYPE_Q6_K ? PK_Q6K : vnni ? PK_Q8_U8 : PK_Q8_S8;
         j.ntile = (n + j.NT - 1) / j.NT;
     }
     const int nrow = gemm ? j.ntile * j.NT : n;
@@ -430,7 +431,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
-    /* Q4_K / Q5_K on AVX2 and up (the AVX-512 machines take them too), every n (no GEMM for them) */
+    /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n */
     j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2 : 0;
     {
         const int vecs = dec || j.dec2;

@@ -177,12 +177,25 @@ AVX2 static inline __m256i qk_sub_codes(const uint8_t *q, int j, int q5, float *
     return c;
 }
 
+/* the 32 codes - 32 of group j (= the 32-weight block j of the superblock,
+ * weight order) of a Q6_K superblock q as s8, and the scales of its two
+ * halves of 16 (dot_q6_k_scalar's layout) */
+AVX2 static inline __m256i q6k_sub_codes(const uint8_t *q, int j, float *d0, float *d1) {
+    const int h = j / 4, s4 = j % 4;
+    const float d = h2f_c(q + 208);
+    *d0 = d * (float)(int8_t)q[192 + 8 * h + 2 * s4], *d1 = d * (float)(int8_t)q[192 + 8 * h + 2 * s4 + 1];
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(q + 64 * h + 32 * (s4 & 1)));
+    lo = _mm256_and_si256(s4 < 2 ? lo : _mm256_srli_epi16(lo, 4), _mm256_set1_epi8(15));
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(q + 128 + 32 * h)), 2 * s4), _mm256_set1_epi8(3));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+}
+
 /* rows r0 .. r0+nr-1 (nr <= R; missing rows repeat the last one with scale
  * 0) into the panel P: per block 32 * R code bytes, then R f32 scales (and
  * for the K formats R f32 mins; their blocks are the 32-weight sub-blocks) */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
     const size_t bs = PK_BLOCK(mode, R);
-    const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, sbb = mode == PK_Q5K ? 176 : 144;
+    const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, sbb = mode == PK_Q6K ? 210 : mode == PK_Q5K ? 176 : 144;
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int i0 = 0; i0 < R; i0 += 8) {
@@ -194,7 +207,9 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
             for (int i = 0; i < 8; i++) {
                 const uint8_t *q = rp[i] + (size_t)blk * b;
                 __m256i c;
-                if (kq) {
+                if (mode == PK_Q6K) {
+                    c = q6k_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, &ks[i], &km[i]);
+                } else if (kq) {
                     c = qk_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, mode == PK_Q5K, &ks[i], &km[i]);
                 } else if (mode == PK_Q4) {
                     __m128i h = _mm_loadu_si128((const __m128i *)(q + 2));
@@ -314,6 +329,47 @@ AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5
             const __m256i i = _mm256_add_epi32(s[t], _mm256_madd_epi16(h[t], one16));
             f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
             f[t] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
+        }
+    }
+    __m256i m = mask8(nr);
+    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+
+/* R = 8 rows x NT = 4 tokens of Q6_K blocks of 32: codes - 32 are signed,
+ * so as Q8_0 (maddubs of |w| with x signed by w); a half of 16 weights is 4
+ * code groups, whose int16 lanes hold 8 products (8 x 32 x 127 < 2^15),
+ * and each half has its own scale: two sums per block and token. */
+AVX2 void qm_gemm_q6k_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m256 f[4];
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++) f[t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 320, xt += 4) {
+        __m256i s0[4], h[4];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) s0[t] = h[t] = _mm256_setzero_si256();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q)), aw = _mm256_sign_epi8(wv, wv);
+            #pragma GCC unroll 16
+            for (int t = 0; t < 4; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv)));
+            }
+            if (q == 3)
+                #pragma GCC unroll 16
+                for (int t = 0; t < 4; t++) s0[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
+        }
+        const __m256 sw0 = _mm256_loadu_ps((const float *)(P + 256)), sw1 = _mm256_loadu_ps((const float *)(P + 288));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            const __m256 xd = _mm256_set1_ps(xt[t].d);
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[t]), _mm256_mul_ps(sw0, xd), f[t]);
+            f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(h[t], one16)), _mm256_mul_ps(sw1, xd), f[t]);
         }
     }
     __m256i m = mask8(nr);

@@ -145,10 +145,11 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
 
 /* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
  * u8 = w + 128 (VNNI), Q4_0 nibbles, Q4_K / Q5_K codes (0..15 / 0..31) of
- * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2) */
-enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4 };
+ * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2), Q6_K
+ * codes - 32 (s8) with the scales of their two halves (qm_gemm_q6k_avx2) */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q6K = 5 };
 /* bytes of one block of 32 in a panel of R rows: 32 R codes, R scales (and
- * for the K formats R mins) */
+ * for the K formats R mins, or for Q6_K R scales of the second half) */
 #define PK_BLOCK(mode, R) ((size_t)(R) * ((mode) >= PK_Q4K ? 40 : 36))
 
 #if defined(KILN_X86)
@@ -173,6 +174,7 @@ VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int co
 AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5, float *out, size_t ldo, int nr, int nt, const float *bias);
+AVX2 void qm_gemm_q6k_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 
 /* Decode (one activation row a of nb blocks) of one Q4_0 / Q8_0 weight row
  * w. dot1: on a alone. dot1v (VNNI): with the per-block vectors corr (lane
