@@ -236,7 +236,7 @@ struct ijob {
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_rowsq_q4_0) */
     int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
-    int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk): xd and xs, [token][block] */
+    int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (decode: qm_rowsk_q6k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
 #endif
     /* GEMM */
@@ -271,7 +271,8 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const uint8_t *W = j->w->w.data;
 #if defined(KILN_X86)
     if (j->n == 1 && j->deck) {
-        qm_rowsk_qk(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xs, j->xa, j->nblk, j->deck == 2, j->out + r0);
+        if (j->deck == 3) qm_rowsk_q6k(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xa, j->nblk, j->out + r0);
+        else qm_rowsk_qk(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xs, j->xa, j->nblk, j->deck == 2, j->out + r0);
         if (j->bias)
             for (int64_t r = r0; r < r1; r++) j->out[r] += j->bias[r];
         return;
@@ -314,7 +315,7 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
             if (nx == 1 && j->dot1) o[0] = j->dot1(row, as[0], j->nblk);
 #if defined(KILN_X86)
-            else if (j->deck) {
+            else if (j->deck && j->deck < 3) {
                 const float *xd[NX], *xs[NX];
                 for (int i = 0; i < nx; i++) xd[i] = j->xd + (size_t)(t + i) * j->nb, xs[i] = j->xs + (size_t)(t + i) * j->nb;
                 qm_dotk_qk(row, as, xd, xs, nx, j->nblk, j->deck == 2, o);
@@ -431,8 +432,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
-    /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n */
-    j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2 : 0;
+    /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n; Q6_K's decode */
+    j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2
+             : w->w.dtype == KILN_DTYPE_Q6_K && n == 1 ? 3 : 0;
     {
         const int vecs = dec || j.dec2;
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb,

@@ -659,7 +659,6 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowk_qk(const uint8_t *
     }
     return _mm256_sub_ps(_mm256_add_ps(acc0, acc1), mn);
 }
-#undef PF8
 
 /* Q4_K / Q5_K over nx <= 4 activation rows (prefill's row dots): rowk_qk's
  * superblock step with the scales unpacked once for the nx rows; each row
@@ -710,6 +709,51 @@ AVX2 void qm_dotk_qk(const uint8_t *w, const struct q8a *const *a, const float *
     }
 #undef DOTK_CASE
 }
+/* Q6_K decode, one row's sum as 8 lanes: per superblock the 16 scales x d
+ * as two vectors (dot_q6_k_avx2's sv), times each block's activation scale
+ * (xd, 8 per superblock, each repeated for the block's two halves: one
+ * vpermps per half superblock), so a block needs one vpermps and one FMA
+ * after its integer dot; the weight stream prefetched as rowk_qk's */
+AVX2 static inline __attribute__((always_inline)) __m256 rowk_q6k(const uint8_t *w, const float *xd, const struct q8a *a, int nsb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32), one16 = _mm256_set1_epi16(1);
+    for (int i = 0; i < nsb; i++, w += 210) {
+        PF8(w, 210);
+        const __m256 d = _mm256_set1_ps(h2f_c(w + 208)), xv = _mm256_loadu_ps(xd + 8 * i);
+        const __m128i s16 = _mm_loadu_si128((const __m128i *)(w + 192));
+        const __m256 sx[2] = {
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)), d),
+                          _mm256_permutevar8x32_ps(xv, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3))),
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))), d),
+                          _mm256_permutevar8x32_ps(xv, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)))};
+        const struct q8a *x = a + 8 * i;
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+            #pragma GCC unroll 4
+            for (int s4 = 0; s4 < 4; s4++) {
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s4), m3);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[s4], _mm256_slli_epi16(hi, 4)), m32); /* -32..31 */
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(XQS(x + 4 * h + s4), q)), one16);
+                const __m256 sc = _mm256_permutevar8x32_ps(sx[h], _mm256_setr_epi32(2 * s4, 2 * s4, 2 * s4, 2 * s4, 2 * s4 + 1, 2 * s4 + 1,
+                                                                                    2 * s4 + 1, 2 * s4 + 1));
+                if (s4 & 1) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc1);
+                else acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc0);
+            }
+        }
+    }
+    return _mm256_add_ps(acc0, acc1);
+}
+
+#define ROW_Q6K(r) rowk_q6k(W + (size_t)(r) * rb, xd, a, nsb)
+AVX2 void qm_rowsk_q6k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nsb, float *out) {
+    QM_ROWS4(ROW_Q6K, n, out);
+}
+#undef PF8
+
 #define ROW_Q4K(r) rowk_qk(W + (size_t)(r) * rb, xd, xs, a, nsb, 0)
 #define ROW_Q5K(r) rowk_qk(W + (size_t)(r) * rb, xd, xs, a, nsb, 1)
 AVX2 void qm_rowsk_qk(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb, int q5,

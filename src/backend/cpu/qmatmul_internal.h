@@ -237,7 +237,9 @@ AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2
  * scale, xs that times the block's code sum */
 AVX2 void qm_rowsk_qk(const uint8_t *W, size_t rb, int64_t n, const float *xd, const float *xs, const struct q8a *a, int nsb, int q5,
                       float *out);
-/* ... over nx <= 4 activation rows (prefill), xd / xs per row */
+/* Q6_K decode: xd per 32-block the activation scale */
+AVX2 void qm_rowsk_q6k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nsb, float *out);
+/* ... (Q4_K / Q5_K) over nx <= 4 activation rows (prefill), xd / xs per row */
 AVX2 void qm_dotk_qk(const uint8_t *w, const struct q8a *const *a, const float *const *xd, const float *const *xs, int nx, int nsb, int q5,
                      float *out);
 VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
