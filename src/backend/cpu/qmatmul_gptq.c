@@ -441,16 +441,7 @@ AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const floa
             __m256i s[4];
             #pragma GCC unroll 16
             for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
-            #pragma GCC unroll 16
-            for (int q = 0; q < 8; q++) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * q));
-                #pragma GCC unroll 16
-                for (int t = 0; t < 4; t++) {
-                    int32_t a;
-                    memcpy(&a, xb[t].qs + 4 * q, 4);
-                    s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
-                }
-            }
+            qm_u8_groups(pb, xb, 0, 8, s);
             #pragma GCC unroll 16
             for (int t = 0; t < 4; t++) T[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s[t], one16)), _mm256_set1_ps(xb[t].d), T[t]);
         }
@@ -458,11 +449,7 @@ AVX2 static void gemm_g4_avx2(const uint8_t *P, const struct q8a *xt, const floa
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) C[t] = _mm256_fmadd_ps(bv, _mm256_set1_ps(sx[4 * gi + t]), _mm256_fmadd_ps(T[t], sv, C[t]));
     }
-    __m256i m = mask8(nr);
-    __m256 bb = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 4; t++)
-        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(C[t], bb));
+    qm_gemm_out4(C, out, ldo, nr, nt, bias);
 }
 
 static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {

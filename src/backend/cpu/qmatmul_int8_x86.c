@@ -272,16 +272,7 @@ AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
         __m256i s[4];
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) s[t] = _mm256_setzero_si256();
-        #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
-            #pragma GCC unroll 16
-            for (int t = 0; t < 4; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
-            }
-        }
+        qm_u8_groups(P, xt, 0, 8, s);
         __m256 sw = _mm256_loadu_ps((const float *)(P + 256));
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) {
@@ -289,11 +280,7 @@ AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
             f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
         }
     }
-    __m256i m = mask8(nr);
-    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 4; t++)
-        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+    qm_gemm_out4(f, out, ldo, nr, nt, bias);
 }
 
 /* R = 8 rows x NT = 4 tokens of Q4_K / Q5_K (q5) sub-blocks: codes are
@@ -310,18 +297,13 @@ AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5
         __m256i s[4], h[4];
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) s[t] = h[t] = _mm256_setzero_si256();
-        #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
+        if (q5) {
+            qm_u8_groups(P, xt, 0, 4, h);
             #pragma GCC unroll 16
-            for (int t = 0; t < 4; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
-            }
-            if (q5 && q == 3)
-                #pragma GCC unroll 16
-                for (int t = 0; t < 4; t++) s[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
+            for (int t = 0; t < 4; t++) s[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
+            qm_u8_groups(P, xt, 4, 8, h);
+        } else {
+            qm_u8_groups(P, xt, 0, 8, h);
         }
         const __m256 sw = _mm256_loadu_ps((const float *)(P + 256)), mw = _mm256_loadu_ps((const float *)(P + 288));
         #pragma GCC unroll 16
@@ -331,11 +313,7 @@ AVX2 void qm_gemm_qk_avx2(const uint8_t *P, const struct q8a *xt, int nb, int q5
             f[t] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
         }
     }
-    __m256i m = mask8(nr);
-    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 4; t++)
-        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+    qm_gemm_out4(f, out, ldo, nr, nt, bias);
 }
 
 /* R = 8 rows x NT = 4 tokens of Q6_K blocks of 32: codes - 32 are signed,
@@ -351,19 +329,10 @@ AVX2 void qm_gemm_q6k_avx2(const uint8_t *P, const struct q8a *xt, int nb, float
         __m256i s0[4], h[4];
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) s0[t] = h[t] = _mm256_setzero_si256();
+        qm_s8_groups(P, xt, 0, 4, h);
         #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q)), aw = _mm256_sign_epi8(wv, wv);
-            #pragma GCC unroll 16
-            for (int t = 0; t < 4; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv)));
-            }
-            if (q == 3)
-                #pragma GCC unroll 16
-                for (int t = 0; t < 4; t++) s0[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
-        }
+        for (int t = 0; t < 4; t++) s0[t] = _mm256_madd_epi16(h[t], one16), h[t] = _mm256_setzero_si256();
+        qm_s8_groups(P, xt, 4, 8, h);
         const __m256 sw0 = _mm256_loadu_ps((const float *)(P + 256)), sw1 = _mm256_loadu_ps((const float *)(P + 288));
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) {
@@ -372,11 +341,7 @@ AVX2 void qm_gemm_q6k_avx2(const uint8_t *P, const struct q8a *xt, int nb, float
             f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(h[t], one16)), _mm256_mul_ps(sw1, xd), f[t]);
         }
     }
-    __m256i m = mask8(nr);
-    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 4; t++)
-        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+    qm_gemm_out4(f, out, ldo, nr, nt, bias);
 }
 
 AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
@@ -403,11 +368,7 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
         #pragma GCC unroll 16
         for (int t = 0; t < 4; t++) f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(sw, _mm256_set1_ps(xt[t].d)), f[t]);
     }
-    __m256i m = mask8(nr);
-    __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 4; t++)
-        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+    qm_gemm_out4(f, out, ldo, nr, nt, bias);
 }
 
 /* Decode (one activation row): 4 blocks per step into 4 accumulators, so

@@ -128,6 +128,49 @@ AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride)
  * GGUF and the GPTQ / AWQ int8 paths (qmatmul_int8.c, qmatmul_gptq.c). */
 struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int K, int NT, int isa);
 
+#if defined(KILN_X86)
+/* The AVX2 int8 GEMMs' shared steps (8 rows x 4 tokens; panel layout in
+ * qmatmul_int8_x86.c). qm_u8_groups: h[t] += the int16 pair sums of code
+ * groups q0..q1-1 of a panel block (32 bytes each: 4 unsigned codes of each
+ * row) with token t's 4 activation codes of each group (one broadcast);
+ * qm_s8_groups the same for signed codes (maddubs of |w| with x signed by
+ * w). The caller keeps the int16 lanes from overflowing. */
+AVX2 static inline __attribute__((always_inline)) void qm_u8_groups(const uint8_t *P, const struct q8a *xt, int q0, int q1, __m256i *h) {
+    #pragma GCC unroll 16
+    for (int q = q0; q < q1; q++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            int32_t a;
+            memcpy(&a, xt[t].qs + 4 * q, 4);
+            h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(a)));
+        }
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void qm_s8_groups(const uint8_t *P, const struct q8a *xt, int q0, int q1, __m256i *h) {
+    #pragma GCC unroll 16
+    for (int q = q0; q < q1; q++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(P + 32 * q)), aw = _mm256_sign_epi8(wv, wv);
+        #pragma GCC unroll 16
+        for (int t = 0; t < 4; t++) {
+            int32_t a;
+            memcpy(&a, xt[t].qs + 4 * q, 4);
+            h[t] = _mm256_add_epi16(h[t], _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(a), wv)));
+        }
+    }
+}
+
+/* the tile's result: out[t][0..nr-1] = f[t] + bias for the nt real tokens */
+AVX2 static inline __attribute__((always_inline)) void qm_gemm_out4(const __m256 *f, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    const __m256i m = mask8(nr);
+    const __m256 bv = bias ? _mm256_maskload_ps(bias, m) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 4; t++)
+        if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
+}
+#endif
+
 /* Q4_K / Q5_K: sub-block j's 6-bit scale d and min m from the superblock's
  * packed 12-byte table q */
 static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
