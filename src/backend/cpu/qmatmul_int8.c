@@ -203,6 +203,77 @@ static float dot_q6_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
         return r;                                                                                             \
     }
 
+/* The K formats: each 32-weight sub-block's (Q6_K: each half's) integer
+ * dot in vector lanes, reduced by addv; the f32 part exactly as
+ * dot_q4_k_scalar / dot_q5_k_scalar / dot_q6_k_scalar write it, in their
+ * order, so the results are theirs bit for bit. Codes go in as s8 (Q4_K
+ * 0..15, Q5_K 0..31, Q6_K -32..31). */
+#define QK45_NEON(NAME, ATTR, IDOT, Q5)                                                                       \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nsb) {                                  \
+        const uint8x16_t m4 = vdupq_n_u8(15), b4 = vdupq_n_u8(16);                                            \
+        float acc = 0;                                                                                        \
+        for (int i = 0; i < nsb; i++, w += (Q5) ? 176 : 144, a += 8) {                                        \
+            const float d = h2f(w), dmin = h2f(w + 2);                                                        \
+            const uint8_t *qs = w + ((Q5) ? 48 : 16);                                                         \
+            const uint8x16_t qh0 = vld1q_u8(w + 16), qh1 = vld1q_u8(w + 32); /* Q5_K's fifth bits */         \
+            for (int c = 0; c < 4; c++) {                                                                     \
+                const uint8x16_t b0 = vld1q_u8(qs + 32 * c), b1 = vld1q_u8(qs + 32 * c + 16);                 \
+                for (int h = 0; h < 2; h++) {                                                                 \
+                    const int j = 2 * c + h;                                                                  \
+                    uint8x16_t c0 = h ? vshrq_n_u8(b0, 4) : vandq_u8(b0, m4);                                 \
+                    uint8x16_t c1 = h ? vshrq_n_u8(b1, 4) : vandq_u8(b1, m4);                                 \
+                    if (Q5) {                                                                                 \
+                        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << j));                                \
+                        c0 = vorrq_u8(c0, vandq_u8(vtstq_u8(qh0, bit), b4));                                  \
+                        c1 = vorrq_u8(c1, vandq_u8(vtstq_u8(qh1, bit), b4));                                  \
+                    }                                                                                         \
+                    const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(c0), vld1q_s8(a[j].qs)), \
+                                              vreinterpretq_s8_u8(c1), vld1q_s8(a[j].qs + 16));               \
+                    int sc, m;                                                                                \
+                    k4_scale_min(j, w + 4, &sc, &m);                                                          \
+                    acc += a[j].d * (d * sc * (float)vaddvq_s32(sv) - dmin * m * (float)a[j].sum);            \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        return acc;                                                                                           \
+    }
+
+#define QK6_NEON(NAME, ATTR, IDOT)                                                                            \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nsb) {                                  \
+        const uint8x16_t m4 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);                                             \
+        const int8x16_t o32 = vdupq_n_s8(32);                                                                 \
+        float acc = 0;                                                                                        \
+        for (int i = 0; i < nsb; i++, w += 210, a += 8) {                                                     \
+            const uint8_t *ql = w, *qh = w + 128;                                                             \
+            const int8_t *sc = (const int8_t *)(w + 192);                                                     \
+            const float d = h2f(w + 208);                                                                     \
+            for (int h = 0; h < 2; h++) {                                                                     \
+                const uint8x16_t h0 = vld1q_u8(qh + 32 * h), h1 = vld1q_u8(qh + 32 * h + 16);                 \
+                for (int s4 = 0; s4 < 4; s4++) {                                                              \
+                    const struct q8a *x = &a[4 * h + s4];                                                     \
+                    const uint8_t *src = ql + 64 * h + 32 * (s4 & 1);                                         \
+                    const uint8x16_t l0 = vld1q_u8(src), l1 = vld1q_u8(src + 16);                             \
+                    const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * s4));                                       \
+                    const uint8x16_t c0 = vorrq_u8(s4 < 2 ? vandq_u8(l0, m4) : vshrq_n_u8(l0, 4),             \
+                                                   vshlq_n_u8(vandq_u8(vshlq_u8(h0, sh), m3), 4));            \
+                    const uint8x16_t c1 = vorrq_u8(s4 < 2 ? vandq_u8(l1, m4) : vshrq_n_u8(l1, 4),             \
+                                                   vshlq_n_u8(vandq_u8(vshlq_u8(h1, sh), m3), 4));            \
+                    const int s0 = vaddvq_s32(IDOT(vdupq_n_s32(0), vsubq_s8(vreinterpretq_s8_u8(c0), o32), vld1q_s8(x->qs))); \
+                    const int s1 = vaddvq_s32(IDOT(vdupq_n_s32(0), vsubq_s8(vreinterpretq_s8_u8(c1), o32), vld1q_s8(x->qs + 16))); \
+                    acc += d * x->d * (float)(sc[8 * h + 2 * s4] * s0 + sc[8 * h + 2 * s4 + 1] * s1);         \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        return acc;                                                                                           \
+    }
+
+QK45_NEON(dot_q4_k_neon, , i8dot_neon, 0)
+QK45_NEON(dot_q5_k_neon, , i8dot_neon, 1)
+QK6_NEON(dot_q6_k_neon, , i8dot_neon)
+QK45_NEON(dot_q4_k_dotprod, DP_ATTR, i8dot_dp, 0)
+QK45_NEON(dot_q5_k_dotprod, DP_ATTR, i8dot_dp, 1)
+QK6_NEON(dot_q6_k_dotprod, DP_ATTR, i8dot_dp)
+
 QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
 QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
 QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
@@ -378,8 +449,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
 #if !defined(KILN_X86)
-    /* row dots at every n (no int8 GEMM here yet); NEON Q8_0 / Q4_0 dots
-     * (sdot with dotprod), the scalar ones for the other formats */
+    /* row dots at every n (no int8 GEMM here yet); NEON Q8_0 / Q4_0 and
+     * K-format dots (sdot with dotprod), the scalar one for Q4_1 */
     switch (w->w.dtype) {
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
@@ -391,7 +462,11 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #if defined(KILN_NEON)
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
-    cpu_isa_note(w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 ? j.isa : CPU_ISA_SCALAR, 0);
+    const int dp = j.isa >= CPU_ISA_DOTPROD;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_K) j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_K) j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q6_K) j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon;
+    cpu_isa_note(w->w.dtype == KILN_DTYPE_Q4_1 ? CPU_ISA_SCALAR : j.isa, 0);
 #endif
     j.dot1 = j.dot;
     const size_t sz = sizeof *j.xa * (size_t)n * nb;
