@@ -413,7 +413,8 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
             float *c = j->out + (size_t)t0 * j->N + r0;
-            if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
+            if (j->R == 16 && j->mode >= PK_Q4K) qm_gemm_qk_vnni(P, xt, j->nb, c, j->N, nr, nt, bias);
+            else if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q6K) qm_gemm_q6k_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode == PK_Q5K, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
@@ -491,7 +492,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K;
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
     if (gemm) {
-        const int wide = vnni && !kq; /* the K formats: the AVX2 GEMM on every x86 machine */
+        const int wide = vnni && w->w.dtype != KILN_DTYPE_Q6_K; /* Q6_K: the AVX2 GEMM on every x86 machine */
         j.R = wide ? 16 : 8, j.NT = wide ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
                  : w->w.dtype == KILN_DTYPE_Q6_K ? PK_Q6K : vnni ? PK_Q8_U8 : PK_Q8_S8;

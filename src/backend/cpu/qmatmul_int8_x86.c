@@ -262,6 +262,41 @@ VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int co
         if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
 }
 
+/* R = 16 rows x NT = 8 tokens of Q4_K / Q5_K sub-blocks (qm_gemm_qk_avx2's
+ * arithmetic): vpdpbusd takes the unsigned codes as they are, into i32
+ * lanes, so Q5_K needs no widening step */
+VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    __m512 f[8];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++) f[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 640, xt += 8) {
+        __m512i s[8];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) s[t] = _mm512_setzero_si512();
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
+            }
+        }
+        const __m512 sw = _mm512_loadu_ps((const float *)(P + 512)), mw = _mm512_loadu_ps((const float *)(P + 576));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) {
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(sw, _mm512_set1_ps(xt[t].d)), f[t]);
+            f[t] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
+        }
+    }
+    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+}
+
 /* R = 8 rows x NT = 4 tokens */
 AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias) {
     __m256 f[4];

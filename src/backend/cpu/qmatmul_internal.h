@@ -209,9 +209,10 @@ AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
  * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
  * one tile of nt tokens' activations xt ([block][NT]) into out (row stride
  * ldo), adding bias[0..nr-1] when not NULL. VNNI: R = 16, NT = 8, corr
- * 128 (Q8_0 as u8) or 8 (Q4_0); AVX2: R = 8, NT = 4 (the K formats take
- * the AVX2 one on VNNI machines too). */
+ * 128 (Q8_0 as u8) or 8 (Q4_0), or Q4_K / Q5_K (qm_gemm_qk_vnni); AVX2:
+ * R = 8, NT = 4 (Q6_K takes it on VNNI machines too). */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode);
+VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
                           const float *bias);
 AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
