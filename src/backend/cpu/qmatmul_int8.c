@@ -309,6 +309,7 @@ struct ijob {
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
     int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (decode: qm_rowsk_q6k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
+    int32_t *hs;   /* Q6_K GEMM on VNNI: per block of xa, 32 x its two halves' code sums */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -413,7 +414,8 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
             float *c = j->out + (size_t)t0 * j->N + r0;
-            if (j->R == 16 && j->mode >= PK_Q4K) qm_gemm_qk_vnni(P, xt, j->nb, c, j->N, nr, nt, bias);
+            if (j->mode == PK_Q6KU) qm_gemm_q6k_vnni(P, xt, j->hs + (size_t)tile * j->nb * j->NT * 2, j->nb, c, j->N, nr, nt, bias);
+            else if (j->R == 16 && j->mode >= PK_Q4K) qm_gemm_qk_vnni(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q6K) qm_gemm_q6k_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode == PK_Q5K, c, j->N, nr, nt, bias);
@@ -492,10 +494,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K;
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
     if (gemm) {
-        const int wide = vnni && w->w.dtype != KILN_DTYPE_Q6_K; /* Q6_K: the AVX2 GEMM on every x86 machine */
-        j.R = wide ? 16 : 8, j.NT = wide ? 8 : 4;
+        j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
-                 : w->w.dtype == KILN_DTYPE_Q6_K ? PK_Q6K : vnni ? PK_Q8_U8 : PK_Q8_S8;
+                 : w->w.dtype == KILN_DTYPE_Q6_K ? (vnni ? PK_Q6KU : PK_Q6K) : vnni ? PK_Q8_U8 : PK_Q8_S8;
         j.ntile = (n + j.NT - 1) / j.NT;
     }
     const int nrow = gemm ? j.ntile * j.NT : n;
@@ -514,7 +515,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     {
         const int vecs = dec || j.dec2;
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb,
-                              vecs ? sizeof(__m256i) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb : 0,
+                              vecs ? sizeof(__m256i) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb
+                              : gemm && j.mode == PK_Q6KU ? sizeof(int32_t) * 2 * (size_t)nrow * nb : 0,
                               vecs ? sizeof(float) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb : 0,
                               dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
@@ -523,6 +525,14 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         j.xa = ptr[0], j.corr = ptr[1], j.xd = ptr[2], j.act2 = ptr[3], j.corr2 = ptr[4];
     }
     cpu_parallel_for(be, nrow, (16384 + K - 1) / K, i_quant, &j);
+    if (gemm && j.mode == PK_Q6KU) { /* 32 x each half's code sum, in xa's [tile][block][NT] order */
+        j.hs = (int32_t *)j.corr, j.corr = NULL;
+        for (size_t b = 0; b < (size_t)nrow * nb; b++) {
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 16; l++) s0 += j.xa[b].qs[l], s1 += j.xa[b].qs[16 + l];
+            j.hs[2 * b] = 32 * s0, j.hs[2 * b + 1] = 32 * s1;
+        }
+    }
     if (j.deck) {
         j.xs = (float *)j.corr, j.corr = NULL;
         for (size_t b = 0; b < (size_t)n * nb; b++) j.xd[b] = j.xa[b].d, j.xs[b] = j.xa[b].d * (float)j.xa[b].sum;

@@ -195,7 +195,7 @@ AVX2 static inline __m256i q6k_sub_codes(const uint8_t *q, int j, float *d0, flo
  * for the K formats R f32 mins; their blocks are the 32-weight sub-blocks) */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
     const size_t bs = PK_BLOCK(mode, R);
-    const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, sbb = mode == PK_Q6K ? 210 : mode == PK_Q5K ? 176 : 144;
+    const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, q6 = mode >= PK_Q6K, sbb = q6 ? 210 : mode == PK_Q5K ? 176 : 144;
     const __m128i m4 = _mm_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int i0 = 0; i0 < R; i0 += 8) {
@@ -207,8 +207,9 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
             for (int i = 0; i < 8; i++) {
                 const uint8_t *q = rp[i] + (size_t)blk * b;
                 __m256i c;
-                if (mode == PK_Q6K) {
+                if (q6) {
                     c = q6k_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, &ks[i], &km[i]);
+                    if (mode == PK_Q6KU) c = _mm256_add_epi8(c, _mm256_set1_epi8(32)); /* back to 0..63 */
                 } else if (kq) {
                     c = qk_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, mode == PK_Q5K, &ks[i], &km[i]);
                 } else if (mode == PK_Q4) {
@@ -288,6 +289,45 @@ VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float 
         for (int t = 0; t < 8; t++) {
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(sw, _mm512_set1_ps(xt[t].d)), f[t]);
             f[t] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
+        }
+    }
+    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+}
+
+/* R = 16 rows x NT = 8 tokens of Q6_K blocks of 32 (qm_gemm_q6k_avx2's
+ * terms): the codes as stored (0..63, u8) into vpdpbusd, one i32 sum per
+ * half of 16, less 32 x the half's activation code sum (hs, exact in i32),
+ * each half times its own scale */
+VNNI void qm_gemm_q6k_vnni(const uint8_t *P, const struct q8a *xt, const int32_t *hs, int nb, float *out, size_t ldo, int nr, int nt,
+                           const float *bias) {
+    __m512 f[8];
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++) f[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, P += 640, xt += 8, hs += 16) {
+        __m512i s0[8], s1[8];
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) s0[t] = _mm512_set1_epi32(-hs[2 * t]), s1[t] = _mm512_set1_epi32(-hs[2 * t + 1]);
+        #pragma GCC unroll 16
+        for (int q = 0; q < 8; q++) {
+            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
+            #pragma GCC unroll 16
+            for (int t = 0; t < 8; t++) {
+                int32_t a;
+                memcpy(&a, xt[t].qs + 4 * q, 4);
+                if (q < 4) s0[t] = _mm512_dpbusd_epi32(s0[t], wv, _mm512_set1_epi32(a));
+                else s1[t] = _mm512_dpbusd_epi32(s1[t], wv, _mm512_set1_epi32(a));
+            }
+        }
+        const __m512 sw0 = _mm512_loadu_ps((const float *)(P + 512)), sw1 = _mm512_loadu_ps((const float *)(P + 576));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) {
+            const __m512 xd = _mm512_set1_ps(xt[t].d);
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0[t]), _mm512_mul_ps(sw0, xd), f[t]);
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(sw1, xd), f[t]);
         }
     }
     __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);

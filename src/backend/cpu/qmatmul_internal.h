@@ -189,8 +189,9 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
 /* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
  * u8 = w + 128 (VNNI), Q4_0 nibbles, Q4_K / Q5_K codes (0..15 / 0..31) of
  * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2), Q6_K
- * codes - 32 (s8) with the scales of their two halves (qm_gemm_q6k_avx2) */
-enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q6K = 5 };
+ * codes - 32 (s8) with the scales of their two halves (qm_gemm_q6k_avx2),
+ * or as stored, 0..63 (u8, qm_gemm_q6k_vnni) */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q6K = 5, PK_Q6KU = 6 };
 /* bytes of one block of 32 in a panel of R rows: 32 R codes, R scales (and
  * for the K formats R mins, or for Q6_K R scales of the second half) */
 #define PK_BLOCK(mode, R) ((size_t)(R) * ((mode) >= PK_Q4K ? 40 : 36))
@@ -209,10 +210,14 @@ AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
  * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
  * one tile of nt tokens' activations xt ([block][NT]) into out (row stride
  * ldo), adding bias[0..nr-1] when not NULL. VNNI: R = 16, NT = 8, corr
- * 128 (Q8_0 as u8) or 8 (Q4_0), or Q4_K / Q5_K (qm_gemm_qk_vnni); AVX2:
- * R = 8, NT = 4 (Q6_K takes it on VNNI machines too). */
+ * 128 (Q8_0 as u8) or 8 (Q4_0), or the K formats (qm_gemm_qk_vnni,
+ * qm_gemm_q6k_vnni); AVX2: R = 8, NT = 4. */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode);
 VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
+/* hs: per block and token of the tile, 32 x the sums of the activation
+ * codes of its two halves (the offset of the u8 codes) */
+VNNI void qm_gemm_q6k_vnni(const uint8_t *P, const struct q8a *xt, const int32_t *hs, int nb, float *out, size_t ldo, int nr, int nt,
+                           const float *bias);
 VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int corr, float *out, size_t ldo, int nr, int nt,
                           const float *bias);
 AVX2 void qm_gemm_q4_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
