@@ -310,6 +310,9 @@ struct ijob {
     int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (decode: qm_rowsk_q6k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
     int32_t *hs;   /* Q6_K GEMM on VNNI: per block of xa, 32 x its two halves' code sums */
+    int decm;      /* Q4_0 decode of 2-7 rows (qm_rowm_q4_0): per row its act2 / xd / cs below */
+    const __m256i *x2m[NX * 2];
+    const float *xdm[NX * 2], *csm[NX * 2];
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -342,6 +345,20 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct ijob *j = arg;
     const uint8_t *W = j->w->w.data;
 #if defined(KILN_X86)
+    if (j->decm) {
+        CPU_FOR_ROWS2(r, r0, r1) {
+            const float b = j->bias ? j->bias[r] : 0.0f;
+            for (int t = 0; t < j->n; t += NX) {
+                const int nx = j->n - t < NX ? j->n - t : NX;
+                const struct q8a *as[NX];
+                float o[NX];
+                for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
+                qm_rowm_q4_0(W + (size_t)r * j->rb, j->x2m + t, j->xdm + t, j->csm + t, as, j->nblk, nx, o);
+                for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
+            }
+        }
+        return;
+    }
     if (j->n == 1 && j->deck) {
         if (j->deck == 3) qm_rowsk_q6k(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xa, j->nblk, j->out + r0);
         else qm_rowsk_qk(W + (size_t)r0 * j->rb, j->rb, r1 - r0, j->xd, j->xs, j->xa, j->nblk, j->deck == 2, j->out + r0);
@@ -509,16 +526,18 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
+    /* Q4_0 decode of 2-7 rows: rowa_q4_0's step over up to 4 rows at once (qm_rowm_q4_0) */
+    j.decm = !gemm && n >= 2 && n < IGEMM_MIN && j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0 && n <= NX * 2;
     /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n; Q6_K's decode */
     j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2
              : w->w.dtype == KILN_DTYPE_Q6_K && n == 1 ? 3 : 0;
     {
         const int vecs = dec || j.dec2;
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb,
-                              vecs ? sizeof(__m256i) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb
+                              vecs ? sizeof(__m256i) * (size_t)nb : j.deck || j.decm ? sizeof(float) * (size_t)nrow * nb
                               : gemm && j.mode == PK_Q6KU ? sizeof(int32_t) * 2 * (size_t)nrow * nb : 0,
-                              vecs ? sizeof(float) * (size_t)nb : j.deck ? sizeof(float) * (size_t)nrow * nb : 0,
-                              dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : 0,
+                              vecs ? sizeof(float) * (size_t)nb : j.deck || j.decm ? sizeof(float) * (size_t)nrow * nb : 0,
+                              dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : j.decm ? 64 * (size_t)(nb / 2 + 1) * n : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         if (qm_buf_get(be, sz, ptr, 5)) return -1;
@@ -532,6 +551,23 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
             for (int l = 0; l < 16; l++) s0 += j.xa[b].qs[l], s1 += j.xa[b].qs[16 + l];
             j.hs[2 * b] = 32 * s0, j.hs[2 * b + 1] = 32 * s1;
         }
+    }
+    if (j.decm) { /* per row t: cs, xd and the block pairs [x_b lo | x_b+1 lo | x_b hi | x_b+1 hi] as d2q4's */
+        float *cs = (float *)j.corr;
+        j.corr = NULL;
+        for (int t = 0; t < n; t++) {
+            const struct q8a *xa = j.xa + (size_t)t * nb;
+            float *xdt = j.xd + (size_t)t * nb, *cst = cs + (size_t)t * nb;
+            int8_t *a2 = (int8_t *)j.act2 + (size_t)t * 64 * (nb / 2 + 1);
+            for (int b = 0; b < nb; b++) xdt[b] = xa[b].d, cst[b] = (float)(-8 * xa[b].sum);
+            for (int q = 0; q < nb / 2; q++) {
+                const struct q8a *x0 = &xa[2 * q], *x1 = x0 + 1;
+                int8_t *d = a2 + 64 * (size_t)q;
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+            }
+            j.x2m[t] = (const __m256i *)a2, j.xdm[t] = xdt, j.csm[t] = cst;
+        }
+        j.act2 = NULL;
     }
     if (j.deck) {
         j.xs = (float *)j.corr, j.corr = NULL;

@@ -634,6 +634,65 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t
     }
     return _mm256_add_ps(acc0, acc1);
 }
+
+/* rowa_q4_0's step for nx <= NX activation rows at once (decode of 2-7
+ * sequences): a block pair's codes are unpacked once and meet each row's
+ * pair vectors (x2[t], as act2), the 8 weight scales are converted once per
+ * step and each row's xd / cs enter as rowa_q4_0's do; out[t] each row's
+ * sum (rowa_q4_0's arithmetic per row, in its order) */
+AVX2 static inline __attribute__((always_inline)) void rowm_q4_0_(const uint8_t *w, const __m256i *const *x2, const float *const *xd,
+                                                                  const float *const *cs, const struct q8a *const *a, int nb, int nx,
+                                                                  float *out) {
+    __m256 acc0[NX], acc1[NX];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NX; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const uint8_t *wi = w + (size_t)BS * i;
+        PF8(wi, 8 * BS);
+        const __m256 ws = _mm256_cvtph_ps(scales8_f16(wi, BS));
+        __m256 dd[NX];
+        #pragma GCC unroll 4
+        for (int t = 0; t < nx; t++) {
+            dd[t] = _mm256_mul_ps(ws, _mm256_loadu_ps(xd[t] + i));
+            acc1[t] = _mm256_fmadd_ps(dd[t], _mm256_loadu_ps(cs[t] + i), acc1[t]);
+        }
+        #pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            const uint8_t *b0 = wi + (size_t)BS * 2 * u;
+            const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b0 + BS + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            const __m256i ix = _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1, 2 * u + 1, 2 * u + 1, 2 * u + 1);
+            #pragma GCC unroll 4
+            for (int t = 0; t < nx; t++) {
+                const __m256i *xq = x2[t] + (i + 2 * u);
+                const __m256i sm = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(xq)), _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xq + 1)));
+                const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(sm, one16)), sc = _mm256_permutevar8x32_ps(dd[t], ix);
+                if (u & 1) acc1[t] = _mm256_fmadd_ps(f, sc, acc1[t]);
+                else acc0[t] = _mm256_fmadd_ps(f, sc, acc0[t]);
+            }
+        }
+    }
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        #pragma GCC unroll 4
+        for (int t = 0; t < nx; t++)
+            acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a[t] + i)), _mm256_set1_ps(h2f_c(bw) * a[t][i].d), acc0[t]);
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+AVX2 void qm_rowm_q4_0(const uint8_t *w, const __m256i *const *x2, const float *const *xd, const float *const *cs, const struct q8a *const *a,
+                       int nb, int nx, float *out) {
+    switch (nx) {
+    case 1: rowm_q4_0_(w, x2, xd, cs, a, nb, 1, out); break;
+    case 2: rowm_q4_0_(w, x2, xd, cs, a, nb, 2, out); break;
+    case 3: rowm_q4_0_(w, x2, xd, cs, a, nb, 3, out); break;
+    default: rowm_q4_0_(w, x2, xd, cs, a, nb, 4, out); break;
+    }
+}
 #undef BS
 
 /* Q4_K / Q5_K decode (one activation row), a superblock (256 weights, 144
