@@ -310,7 +310,7 @@ struct ijob {
     int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (decode: qm_rowsk_q6k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
     int32_t *hs;   /* Q6_K GEMM on VNNI: per block of xa, 32 x its two halves' code sums */
-    int decm;      /* Q4_0 decode of 2-7 rows (qm_rowm_q4_0): per row its act2 / xd / cs below */
+    int decm;      /* decode of 2-7 rows, Q4_0: 1 (qm_rowm_q4_0), Q8_0: 2 (qm_rowm_q8_0): per row its act2 / xd / cs below */
     const __m256i *x2m[NX * 2];
     const float *xdm[NX * 2], *csm[NX * 2];
 #endif
@@ -353,7 +353,8 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
                 const struct q8a *as[NX];
                 float o[NX];
                 for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
-                qm_rowm_q4_0(W + (size_t)r * j->rb, j->x2m + t, j->xdm + t, j->csm + t, as, j->nblk, nx, o);
+                if (j->decm == 2) qm_rowm_q8_0(W + (size_t)r * j->rb, j->xdm + t, as, j->nblk, nx, o);
+                else qm_rowm_q4_0(W + (size_t)r * j->rb, j->x2m + t, j->xdm + t, j->csm + t, as, j->nblk, nx, o);
                 for (int i = 0; i < nx; i++) j->out[(size_t)(t + i) * j->N + r] = o[i] + b;
             }
         }
@@ -526,8 +527,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
-    /* Q4_0 decode of 2-7 rows: rowa_q4_0's step over up to 4 rows at once (qm_rowm_q4_0) */
-    j.decm = !gemm && n >= 2 && n < IGEMM_MIN && j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0 && n <= NX * 2;
+    /* decode of 2-7 rows: rowa_q4_0's / rowa_q8_0's step over up to 4 rows at once (qm_rowm_*) */
+    j.decm = gemm || n < 2 || n > NX * 2 || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_0 ? 1 : w->w.dtype == KILN_DTYPE_Q8_0 ? 2 : 0;
     /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n; Q6_K's decode */
     j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2
              : w->w.dtype == KILN_DTYPE_Q6_K && n == 1 ? 3 : 0;
@@ -537,7 +538,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
                               vecs ? sizeof(__m256i) * (size_t)nb : j.deck || j.decm ? sizeof(float) * (size_t)nrow * nb
                               : gemm && j.mode == PK_Q6KU ? sizeof(int32_t) * 2 * (size_t)nrow * nb : 0,
                               vecs ? sizeof(float) * (size_t)nb : j.deck || j.decm ? sizeof(float) * (size_t)nrow * nb : 0,
-                              dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : j.decm ? 64 * (size_t)(nb / 2 + 1) * n : 0,
+                              dec4 || dec8 || d2q4 ? 64 * (size_t)(nb / 2 + 1) : j.decm == 1 ? 64 * (size_t)(nb / 2 + 1) * n : 0,
                               dec4 || dec8 ? 64 * (size_t)(nb / 2 + 1) : 0};
         void *ptr[5];
         if (qm_buf_get(be, sz, ptr, 5)) return -1;
@@ -558,14 +559,16 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         for (int t = 0; t < n; t++) {
             const struct q8a *xa = j.xa + (size_t)t * nb;
             float *xdt = j.xd + (size_t)t * nb, *cst = cs + (size_t)t * nb;
-            int8_t *a2 = (int8_t *)j.act2 + (size_t)t * 64 * (nb / 2 + 1);
             for (int b = 0; b < nb; b++) xdt[b] = xa[b].d, cst[b] = (float)(-8 * xa[b].sum);
+            j.xdm[t] = xdt, j.csm[t] = cst;
+            if (j.decm == 2) continue;
+            int8_t *a2 = (int8_t *)j.act2 + (size_t)t * 64 * (nb / 2 + 1);
             for (int q = 0; q < nb / 2; q++) {
                 const struct q8a *x0 = &xa[2 * q], *x1 = x0 + 1;
                 int8_t *d = a2 + 64 * (size_t)q;
                 memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
             }
-            j.x2m[t] = (const __m256i *)a2, j.xdm[t] = xdt, j.csm[t] = cst;
+            j.x2m[t] = (const __m256i *)a2;
         }
         j.act2 = NULL;
     }

@@ -603,6 +603,54 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowa_q8_0(const uint8_t
     }
     return _mm256_add_ps(acc0, acc1);
 }
+
+/* rowa_q8_0's step for nx <= NX activation rows at once (decode of 2-7
+ * sequences): a block's |w| once, each row's x signed by w, each row's xd;
+ * out[t] each row's sum (rowa_q8_0's arithmetic per row, in its order) */
+AVX2 static inline __attribute__((always_inline)) void rowm_q8_0_(const uint8_t *w, const float *const *xd, const struct q8a *const *a, int nb,
+                                                                  int nx, float *out) {
+    __m256 acc0[NX], acc1[NX];
+    #pragma GCC unroll 4
+    for (int t = 0; t < NX; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    const __m256i one16 = _mm256_set1_epi16(1);
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const uint8_t *wi = w + (size_t)BS * i;
+        PF8(wi, 8 * BS);
+        const __m256 ws = _mm256_cvtph_ps(scales8_f16(wi, BS));
+        __m256 dd[NX];
+        #pragma GCC unroll 4
+        for (int t = 0; t < nx; t++) dd[t] = _mm256_mul_ps(ws, _mm256_loadu_ps(xd[t] + i));
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i *)(wi + (size_t)BS * u + 2)), aw = _mm256_sign_epi8(qw, qw);
+            #pragma GCC unroll 4
+            for (int t = 0; t < nx; t++) {
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(XQS(a[t] + i + u), qw)), one16);
+                const __m256 f = _mm256_cvtepi32_ps(p), sc = _mm256_permutevar8x32_ps(dd[t], _mm256_set1_epi32(u));
+                if (u & 1) acc1[t] = _mm256_fmadd_ps(f, sc, acc1[t]);
+                else acc0[t] = _mm256_fmadd_ps(f, sc, acc0[t]);
+            }
+        }
+    }
+    for (; i < nb; i++) {
+        const uint8_t *bw = w + (size_t)BS * i;
+        #pragma GCC unroll 4
+        for (int t = 0; t < nx; t++)
+            acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a[t] + i)), _mm256_set1_ps(h2f_c(bw) * a[t][i].d), acc0[t]);
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(_mm256_add_ps(acc0[t], acc1[t]));
+}
+
+AVX2 void qm_rowm_q8_0(const uint8_t *w, const float *const *xd, const struct q8a *const *a, int nb, int nx, float *out) {
+    switch (nx) {
+    case 1: rowm_q8_0_(w, xd, a, nb, 1, out); break;
+    case 2: rowm_q8_0_(w, xd, a, nb, 2, out); break;
+    case 3: rowm_q8_0_(w, xd, a, nb, 3, out); break;
+    default: rowm_q8_0_(w, xd, a, nb, 4, out); break;
+    }
+}
 #undef BS
 #define BS 18
 AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t *w, const __m256i *x2, const float *xd, const float *cs,

@@ -285,6 +285,8 @@ AVX2 void qm_rowsa_q8_0(const uint8_t *W, size_t rb, int64_t n, const float *xd,
  * takes them, into out[t] */
 AVX2 void qm_rowm_q4_0(const uint8_t *w, const __m256i *const *x2, const float *const *xd, const float *const *cs, const struct q8a *const *a,
                        int nb, int nx, float *out);
+/* ... Q8_0 (xd[t] as qm_rowsa_q8_0 takes it) */
+AVX2 void qm_rowm_q8_0(const uint8_t *w, const float *const *xd, const struct q8a *const *a, int nb, int nx, float *out);
 AVX2 void qm_rowsa_q4_0(const uint8_t *W, size_t rb, int64_t n, const void *act2, const float *xd, const float *cs, const struct q8a *a, int nb,
                         float *out);
 /* Q4_K (q5 = 0) / Q5_K (q5 = 1) decode: xd per 32-block the activation
