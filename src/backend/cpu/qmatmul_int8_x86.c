@@ -578,37 +578,12 @@ VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd,
  * in another order (two accumulators). */
 #define PF8(p, bytes) \
     for (int o_ = 0; o_ < (bytes); o_ += 64) KILN_PF((p) + o_)
-/* One row's sum as 8 lanes (reduced by the caller). */
 #define BS 34
-AVX2 static inline __attribute__((always_inline)) __m256 rowa_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i one16 = _mm256_set1_epi16(1);
-    int i = 0;
-    for (; i + 8 <= nb; i += 8) {
-        const uint8_t *wi = w + (size_t)BS * i;
-        PF8(wi, 8 * BS);
-        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(scales8_f16(wi, BS)), _mm256_loadu_ps(xd + i));
-        #pragma GCC unroll 8
-        for (int u = 0; u < 8; u++) {
-            const __m256i qw = _mm256_loadu_si256((const __m256i *)(wi + (size_t)BS * u + 2));
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(XQS(a + i + u), qw)), one16);
-            const __m256 f = _mm256_cvtepi32_ps(p), sc = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(u));
-            if (u & 1) acc1 = _mm256_fmadd_ps(f, sc, acc1);
-            else acc0 = _mm256_fmadd_ps(f, sc, acc0);
-        }
-    }
-    for (; i < nb; i++) {
-        const uint8_t *bw = w + (size_t)BS * i;
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), acc0);
-    }
-    return _mm256_add_ps(acc0, acc1);
-}
-
-/* rowa_q8_0's step for nx <= NX activation rows at once (decode of 2-7
- * sequences): a block's |w| once, each row's x signed by w, each row's xd;
- * out[t] each row's sum (rowa_q8_0's arithmetic per row, in its order) */
+/* Q8_0 over nx <= NX activation rows (nx = 1: decode, 2-7: decode of that
+ * many sequences): a block's |w| once, each row's x signed by w, each row's
+ * xd; v[t] row t's sum as 8 lanes (reduced by the caller) */
 AVX2 static inline __attribute__((always_inline)) void rowm_q8_0_(const uint8_t *w, const float *const *xd, const struct q8a *const *a, int nb,
-                                                                  int nx, float *out) {
+                                                                  int nx, __m256 *v) {
     __m256 acc0[NX], acc1[NX];
     #pragma GCC unroll 4
     for (int t = 0; t < NX; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
@@ -640,57 +615,36 @@ AVX2 static inline __attribute__((always_inline)) void rowm_q8_0_(const uint8_t 
             acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q8_AVX2(bw, a[t] + i)), _mm256_set1_ps(h2f_c(bw) * a[t][i].d), acc0[t]);
     }
     #pragma GCC unroll 4
-    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(_mm256_add_ps(acc0[t], acc1[t]));
+    for (int t = 0; t < nx; t++) v[t] = _mm256_add_ps(acc0[t], acc1[t]);
+}
+
+/* one row (decode) */
+AVX2 static inline __attribute__((always_inline)) __m256 rowa_q8_0(const uint8_t *w, const float *xd, const struct q8a *a, int nb) {
+    __m256 v;
+    rowm_q8_0_(w, &xd, &a, nb, 1, &v);
+    return v;
 }
 
 AVX2 void qm_rowm_q8_0(const uint8_t *w, const float *const *xd, const struct q8a *const *a, int nb, int nx, float *out) {
+    __m256 v[NX];
     switch (nx) {
-    case 1: rowm_q8_0_(w, xd, a, nb, 1, out); break;
-    case 2: rowm_q8_0_(w, xd, a, nb, 2, out); break;
-    case 3: rowm_q8_0_(w, xd, a, nb, 3, out); break;
-    default: rowm_q8_0_(w, xd, a, nb, 4, out); break;
+    case 1: rowm_q8_0_(w, xd, a, nb, 1, v); break;
+    case 2: rowm_q8_0_(w, xd, a, nb, 2, v); break;
+    case 3: rowm_q8_0_(w, xd, a, nb, 3, v); break;
+    default: rowm_q8_0_(w, xd, a, nb, 4, v); break;
     }
+    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(v[t]);
 }
 #undef BS
 #define BS 18
-AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t *w, const __m256i *x2, const float *xd, const float *cs,
-                                                                   const struct q8a *a, int nb) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const __m256i one16 = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    int i = 0;
-    for (; i + 8 <= nb; i += 8) {
-        const uint8_t *wi = w + (size_t)BS * i;
-        PF8(wi, 8 * BS);
-        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(scales8_f16(wi, BS)), _mm256_loadu_ps(xd + i));
-        acc1 = _mm256_fmadd_ps(dd, _mm256_loadu_ps(cs + i), acc1);
-        #pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) {
-            const uint8_t *b0 = wi + (size_t)BS * 2 * u;
-            const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b0 + BS + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
-            const __m256i *xq = x2 + (i + 2 * u); /* pair (i + 2u) / 2: 2 ymm */
-            const __m256i sm = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_loadu_si256(xq)),
-                                                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_loadu_si256(xq + 1)));
-            const __m256i ix = _mm256_setr_epi32(2 * u, 2 * u, 2 * u, 2 * u, 2 * u + 1, 2 * u + 1, 2 * u + 1, 2 * u + 1);
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(sm, one16)), sc = _mm256_permutevar8x32_ps(dd, ix);
-            if (u & 1) acc1 = _mm256_fmadd_ps(f, sc, acc1);
-            else acc0 = _mm256_fmadd_ps(f, sc, acc0);
-        }
-    }
-    for (; i < nb; i++) {
-        const uint8_t *bw = w + (size_t)BS * i;
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a + i)), _mm256_set1_ps(h2f_c(bw) * a[i].d), acc0);
-    }
-    return _mm256_add_ps(acc0, acc1);
-}
-
-/* rowa_q4_0's step for nx <= NX activation rows at once (decode of 2-7
- * sequences): a block pair's codes are unpacked once and meet each row's
- * pair vectors (x2[t], as act2), the 8 weight scales are converted once per
- * step and each row's xd / cs enter as rowa_q4_0's do; out[t] each row's
- * sum (rowa_q4_0's arithmetic per row, in its order) */
+/* Q4_0 over nx <= NX activation rows (nx = 1: decode, 2-7: decode of that
+ * many sequences): a block pair's codes are unpacked once and meet each
+ * row's pair vectors (x2[t], act2's layout), the 8 weight scales are
+ * converted once per step, then times each row's xd, and each row's -8
+ * offset is one FMA per step with its cs; v[t] row t's sum as 8 lanes */
 AVX2 static inline __attribute__((always_inline)) void rowm_q4_0_(const uint8_t *w, const __m256i *const *x2, const float *const *xd,
                                                                   const float *const *cs, const struct q8a *const *a, int nb, int nx,
-                                                                  float *out) {
+                                                                  __m256 *v) {
     __m256 acc0[NX], acc1[NX];
     #pragma GCC unroll 4
     for (int t = 0; t < NX; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
@@ -729,17 +683,27 @@ AVX2 static inline __attribute__((always_inline)) void rowm_q4_0_(const uint8_t 
             acc0[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOTI_Q4_AVX2(bw, a[t] + i)), _mm256_set1_ps(h2f_c(bw) * a[t][i].d), acc0[t]);
     }
     #pragma GCC unroll 4
-    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(_mm256_add_ps(acc0[t], acc1[t]));
+    for (int t = 0; t < nx; t++) v[t] = _mm256_add_ps(acc0[t], acc1[t]);
+}
+
+/* one row (decode) */
+AVX2 static inline __attribute__((always_inline)) __m256 rowa_q4_0(const uint8_t *w, const __m256i *x2, const float *xd, const float *cs,
+                                                                   const struct q8a *a, int nb) {
+    __m256 v;
+    rowm_q4_0_(w, &x2, &xd, &cs, &a, nb, 1, &v);
+    return v;
 }
 
 AVX2 void qm_rowm_q4_0(const uint8_t *w, const __m256i *const *x2, const float *const *xd, const float *const *cs, const struct q8a *const *a,
                        int nb, int nx, float *out) {
+    __m256 v[NX];
     switch (nx) {
-    case 1: rowm_q4_0_(w, x2, xd, cs, a, nb, 1, out); break;
-    case 2: rowm_q4_0_(w, x2, xd, cs, a, nb, 2, out); break;
-    case 3: rowm_q4_0_(w, x2, xd, cs, a, nb, 3, out); break;
-    default: rowm_q4_0_(w, x2, xd, cs, a, nb, 4, out); break;
+    case 1: rowm_q4_0_(w, x2, xd, cs, a, nb, 1, v); break;
+    case 2: rowm_q4_0_(w, x2, xd, cs, a, nb, 2, v); break;
+    case 3: rowm_q4_0_(w, x2, xd, cs, a, nb, 3, v); break;
+    default: rowm_q4_0_(w, x2, xd, cs, a, nb, 4, v); break;
     }
+    for (int t = 0; t < nx; t++) out[t] = kiln_hsum8(v[t]);
 }
 #undef BS
 
