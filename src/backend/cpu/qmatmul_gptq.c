@@ -395,16 +395,7 @@ VNNI static void gemm_g4_vnni(const uint8_t *P, const struct q8a *xt, const floa
             __m512i s[8];
             #pragma GCC unroll 16
             for (int t = 0; t < 8; t++) s[t] = _mm512_setzero_si512();
-            #pragma GCC unroll 16
-            for (int q = 0; q < 8; q++) {
-                __m512i wv = _mm512_loadu_si512((const void *)(pb + 64 * q));
-                #pragma GCC unroll 16
-                for (int t = 0; t < 8; t++) {
-                    int32_t a;
-                    memcpy(&a, xb[t].qs + 4 * q, 4);
-                    s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
-                }
-            }
+            qm_dp_groups(pb, xb, 0, 8, s);
             #pragma GCC unroll 16
             for (int t = 0; t < 8; t++) T[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(xb[t].d), T[t]);
         }
@@ -412,11 +403,7 @@ VNNI static void gemm_g4_vnni(const uint8_t *P, const struct q8a *xt, const floa
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) C[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(sx[8 * gi + t]), _mm512_fmadd_ps(T[t], sv, C[t]));
     }
-    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
-    __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(C[t], bb));
+    qm_gemm_out8(C, out, ldo, nr, nt, bias);
 }
 
 /* AVX2: 8 rows x 4 tokens, the same sums as gemm_g4_vnni: per block and

@@ -242,25 +242,12 @@ VNNI void qm_gemm_i8_vnni(const uint8_t *P, const struct q8a *xt, int nb, int co
         __m512i s[8];
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) s[t] = _mm512_set1_epi32(-corr * xt[t].sum);
-        #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
-            #pragma GCC unroll 16
-            for (int t = 0; t < 8; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
-            }
-        }
+        qm_dp_groups(P, xt, 0, 8, s);
         __m512 sw = _mm512_loadu_ps((const float *)(P + 512));
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(sw, _mm512_set1_ps(xt[t].d)), f[t]);
     }
-    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
-    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+    qm_gemm_out8(f, out, ldo, nr, nt, bias);
 }
 
 /* R = 16 rows x NT = 8 tokens of Q4_K / Q5_K sub-blocks (qm_gemm_qk_avx2's
@@ -274,16 +261,7 @@ VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float 
         __m512i s[8];
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) s[t] = _mm512_setzero_si512();
-        #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
-            #pragma GCC unroll 16
-            for (int t = 0; t < 8; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
-            }
-        }
+        qm_dp_groups(P, xt, 0, 8, s);
         const __m512 sw = _mm512_loadu_ps((const float *)(P + 512)), mw = _mm512_loadu_ps((const float *)(P + 576));
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) {
@@ -291,11 +269,7 @@ VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float 
             f[t] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(xt[t].d * (float)xt[t].sum), f[t]);
         }
     }
-    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
-    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+    qm_gemm_out8(f, out, ldo, nr, nt, bias);
 }
 
 /* R = 16 rows x NT = 8 tokens of Q6_K blocks of 32 (qm_gemm_q6k_avx2's
@@ -311,17 +285,8 @@ VNNI void qm_gemm_q6k_vnni(const uint8_t *P, const struct q8a *xt, const int32_t
         __m512i s0[8], s1[8];
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) s0[t] = _mm512_set1_epi32(-hs[2 * t]), s1[t] = _mm512_set1_epi32(-hs[2 * t + 1]);
-        #pragma GCC unroll 16
-        for (int q = 0; q < 8; q++) {
-            __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
-            #pragma GCC unroll 16
-            for (int t = 0; t < 8; t++) {
-                int32_t a;
-                memcpy(&a, xt[t].qs + 4 * q, 4);
-                if (q < 4) s0[t] = _mm512_dpbusd_epi32(s0[t], wv, _mm512_set1_epi32(a));
-                else s1[t] = _mm512_dpbusd_epi32(s1[t], wv, _mm512_set1_epi32(a));
-            }
-        }
+        qm_dp_groups(P, xt, 0, 4, s0);
+        qm_dp_groups(P, xt, 4, 8, s1);
         const __m512 sw0 = _mm512_loadu_ps((const float *)(P + 512)), sw1 = _mm512_loadu_ps((const float *)(P + 576));
         #pragma GCC unroll 16
         for (int t = 0; t < 8; t++) {
@@ -330,11 +295,7 @@ VNNI void qm_gemm_q6k_vnni(const uint8_t *P, const struct q8a *xt, const int32_t
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(sw1, xd), f[t]);
         }
     }
-    __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
-    __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 16
-    for (int t = 0; t < 8; t++)
-        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+    qm_gemm_out8(f, out, ldo, nr, nt, bias);
 }
 
 /* R = 8 rows x NT = 4 tokens */

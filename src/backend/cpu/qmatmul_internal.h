@@ -169,6 +169,31 @@ AVX2 static inline __attribute__((always_inline)) void qm_gemm_out4(const __m256
     for (int t = 0; t < 4; t++)
         if (t < nt) _mm256_maskstore_ps(out + t * ldo, m, _mm256_add_ps(f[t], bv));
 }
+
+/* The same two steps of the VNNI int8 GEMMs (16 rows x 8 tokens):
+ * qm_dp_groups: s[t] += vpdpbusd of code groups q0..q1-1 of a panel block
+ * (64 bytes each: 4 u8 codes of each row) with token t's 4 activation codes
+ * of each group (exact in i32); qm_gemm_out8: the tile's result */
+VNNI static inline __attribute__((always_inline)) void qm_dp_groups(const uint8_t *P, const struct q8a *xt, int q0, int q1, __m512i *s) {
+    #pragma GCC unroll 16
+    for (int q = q0; q < q1; q++) {
+        const __m512i wv = _mm512_loadu_si512((const void *)(P + 64 * q));
+        #pragma GCC unroll 16
+        for (int t = 0; t < 8; t++) {
+            int32_t a;
+            memcpy(&a, xt[t].qs + 4 * q, 4);
+            s[t] = _mm512_dpbusd_epi32(s[t], wv, _mm512_set1_epi32(a));
+        }
+    }
+}
+
+VNNI static inline __attribute__((always_inline)) void qm_gemm_out8(const __m512 *f, float *out, size_t ldo, int nr, int nt, const float *bias) {
+    const __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int t = 0; t < 8; t++)
+        if (t < nt) _mm512_mask_storeu_ps(out + t * ldo, m, _mm512_add_ps(f[t], bv));
+}
 #endif
 
 /* Q4_K / Q5_K: sub-block j's 6-bit scale d and min m from the superblock's
