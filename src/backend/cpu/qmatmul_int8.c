@@ -445,6 +445,23 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 
 #endif
 
+#if defined(KILN_X86)
+/* Q4_0 decode's per-call activation vectors for one row of nb blocks xa:
+ * xd the block scales, cs -8 x the code sums, and (pairs, when not NULL)
+ * the block pairs [x_b lo 16 | x_b+1 lo | x_b hi | x_b+1 hi], 64 bytes per
+ * pair (act2's layout, rowa_q4_0 / rowm_q4_0 / qm_dot1z_q4_0) */
+static void act_q4_vectors(float *xd, float *cs, int8_t *pairs, const struct q8a *xa, int nb) {
+    if (xd)
+        for (int b = 0; b < nb; b++) xd[b] = xa[b].d, cs[b] = (float)(-8 * xa[b].sum);
+    if (pairs)
+        for (int q = 0; q < nb / 2; q++) {
+            const struct q8a *x0 = &xa[2 * q], *x1 = x0 + 1;
+            int8_t *d = pairs + 64 * (size_t)q;
+            memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+        }
+}
+#endif
+
 /* n at or above which Q8_0 / Q4_0 and the K formats run the int8 GEMM (below: row dots) */
 #define IGEMM_MIN 8
 
@@ -557,18 +574,10 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         float *cs = (float *)j.corr;
         j.corr = NULL;
         for (int t = 0; t < n; t++) {
-            const struct q8a *xa = j.xa + (size_t)t * nb;
             float *xdt = j.xd + (size_t)t * nb, *cst = cs + (size_t)t * nb;
-            for (int b = 0; b < nb; b++) xdt[b] = xa[b].d, cst[b] = (float)(-8 * xa[b].sum);
-            j.xdm[t] = xdt, j.csm[t] = cst;
-            if (j.decm == 2) continue;
-            int8_t *a2 = (int8_t *)j.act2 + (size_t)t * 64 * (nb / 2 + 1);
-            for (int q = 0; q < nb / 2; q++) {
-                const struct q8a *x0 = &xa[2 * q], *x1 = x0 + 1;
-                int8_t *d = a2 + 64 * (size_t)q;
-                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
-            }
-            j.x2m[t] = (const __m256i *)a2;
+            int8_t *a2 = j.decm == 1 ? (int8_t *)j.act2 + (size_t)t * 64 * (nb / 2 + 1) : NULL; /* Q8_0 takes no pairs */
+            act_q4_vectors(xdt, cst, a2, j.xa + (size_t)t * nb, nb);
+            j.xdm[t] = xdt, j.csm[t] = cst, j.x2m[t] = (const __m256i *)a2;
         }
         j.act2 = NULL;
     }
@@ -578,14 +587,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     }
     if (j.dec2) {
         j.cs = (float *)j.corr, j.corr = NULL;
-        for (int b = 0; b < nb; b++) j.xd[b] = j.xa[b].d, j.cs[b] = (float)(-8 * j.xa[b].sum);
-        if (d2q4)
-            for (int q = 0; q < nb / 2; q++) {
-                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
-                int8_t *d = (int8_t *)&j.act2[q];
-                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
-            }
-        else j.act2 = NULL;
+        if (!d2q4) j.act2 = NULL;
+        act_q4_vectors(j.xd, j.cs, (int8_t *)j.act2, j.xa, nb);
     }
     if (dec) {
         const int c = dec4 ? 8 : 128;
@@ -620,12 +623,10 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
                 memcpy(&j.corr4[g], v, sizeof v);
             }
         } else if (dec4) {
+            act_q4_vectors(NULL, NULL, (int8_t *)j.act2, j.xa, nb);
             for (int q = 0; q < nb / 2; q++) {
-                const struct q8a *x0 = &j.xa[2 * q], *x1 = x0 + 1;
-                int8_t *d = (int8_t *)&j.act2[q];
-                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
                 int32_t v[16] = {0};
-                v[0] = -8 * x0->sum, v[4] = -8 * x1->sum;
+                v[0] = -8 * j.xa[2 * q].sum, v[4] = -8 * j.xa[2 * q + 1].sum;
                 memcpy(&j.corr2[q], v, sizeof v);
             }
         }
