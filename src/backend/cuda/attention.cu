@@ -49,6 +49,8 @@
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/flash.cuh"
 
+#include "backend/cuda/sm90.cuh"
+
 /* ==== KV write ==== */
 
 /*
@@ -178,7 +180,45 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
  * the cache nor the tables (uploaded before the step). The cached keys
  * read are those of earlier steps; this launch writes only the new slot,
  * which none of its blocks reads from the cache. */
-template <int HD, bool ROPE>
+/* the merge of a (row, head)'s n_split partials [M, L, o[HD]] into its
+ * output, normalised; get(i, j) reads element j of split i. Both merges
+ * (global partials, cluster shared memory) run this, in split order. */
+template <int HD, typename G>
+__device__ __forceinline__ void att_merge(bf16 *__restrict__ out, int n_split, G get) {
+    __shared__ float wsp[64];
+    __shared__ float MLs[2];
+    if (threadIdx.x < n_split) wsp[threadIdx.x] = get(threadIdx.x, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float MM = -INFINITY, LL = 0.f;
+        for (int i = 0; i < n_split; i++) MM = fmaxf(MM, wsp[i]);
+        MLs[0] = MM;
+        for (int i = 0; i < n_split; i++) LL += wsp[i] == -INFINITY ? 0.f : exp2f(wsp[i] - MM) * get(i, 1);
+        MLs[1] = LL;
+    }
+    __syncthreads();
+    if (threadIdx.x < n_split) wsp[threadIdx.x] = wsp[threadIdx.x] == -INFINITY ? 0.f : exp2f(wsp[threadIdx.x] - MLs[0]);
+    __syncthreads();
+    const float invL = 1.f / MLs[1];
+    for (int d = threadIdx.x; d < HD; d += 128) {
+        float acc = 0.f;
+#pragma unroll 8
+        for (int i = 0; i < n_split; i++) acc += wsp[i] * get(i, 2 + d);
+        out[d] = __float2bfloat16(acc * invL);
+    }
+}
+
+/* CL (sm_90, 2 <= n_split <= 16): the launch's clusters are the n_split
+ * blocks of one (row, head). Each block leaves its [M, L, o] in its own
+ * shared memory, and after a cluster barrier the cluster's first block
+ * reads them all through distributed shared memory and merges them. That
+ * replaces the global partials, the fence, the atomic ticket and the last
+ * block's reads back from L2: four round trips to memory on the layer's
+ * critical path, where the cluster barrier is an on-chip exchange. A second
+ * barrier keeps the other blocks (and their shared memory) alive until the
+ * first block has read them. Same values and order of sums as the global
+ * merge, so the same bits. */
+template <int HD, bool ROPE, bool CL>
 __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
                                                   const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
                                                   const int *__restrict__ row_seq, const int *__restrict__ row_t,
@@ -266,14 +306,29 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     float w[4], L = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; i++) w[i] = sm[i] == -INFINITY ? 0.f : exp2f(sm[i] - M), L += w[i] * sl[i];
+    __shared__ float cp[CL ? HD + 2 : 1];
     for (int d = threadIdx.x; d < HD; d += 128) {
         float acc = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; i++) acc += w[i] * so[i][d];
         if (n_split == 1) out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc / L);
+        else if (CL) cp[2 + d] = acc;
         else part[((size_t)rh * n_split + sp) * (HD + 2) + 2 + d] = acc;
     }
     if (n_split == 1) return;
+    bf16 *ob = out + ((size_t)row * n_head + h) * HD;
+    if constexpr (CL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (threadIdx.x == 0) cp[0] = M, cp[1] = L;
+        cluster_sync();
+        const float *mine = cp;
+        if (cluster_rank() == 0) att_merge<HD>(ob, n_split, [mine](int i, int j) { return ld_dsmem(mine + j, (unsigned)i); });
+        cluster_sync();
+#else
+        __trap(); /* clusters are sm_90: the host never launches this elsewhere */
+#endif
+        return;
+    }
     if (threadIdx.x == 0) {
         part[((size_t)rh * n_split + sp) * (HD + 2)] = M;
         part[((size_t)rh * n_split + sp) * (HD + 2) + 1] = L;
@@ -288,27 +343,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     if (!last) return;
     __threadfence();
     const float *pp = part + (size_t)rh * n_split * (HD + 2);
-    __shared__ float wsp[64];
-    __shared__ float MLs[2];
-    if (threadIdx.x < n_split) wsp[threadIdx.x] = __ldcg(pp + (size_t)threadIdx.x * (HD + 2));
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float MM = -INFINITY, LL = 0.f;
-        for (int i = 0; i < n_split; i++) MM = fmaxf(MM, wsp[i]);
-        MLs[0] = MM;
-        for (int i = 0; i < n_split; i++) LL += wsp[i] == -INFINITY ? 0.f : exp2f(wsp[i] - MM) * __ldcg(pp + (size_t)i * (HD + 2) + 1);
-        MLs[1] = LL;
-    }
-    __syncthreads();
-    if (threadIdx.x < n_split) wsp[threadIdx.x] = wsp[threadIdx.x] == -INFINITY ? 0.f : exp2f(wsp[threadIdx.x] - MLs[0]);
-    __syncthreads();
-    const float invL = 1.f / MLs[1];
-    for (int d = threadIdx.x; d < HD; d += 128) {
-        float acc = 0.f;
-#pragma unroll 8
-        for (int i = 0; i < n_split; i++) acc += wsp[i] * __ldcg(pp + (size_t)i * (HD + 2) + 2 + d);
-        out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc * invL);
-    }
+    att_merge<HD>(ob, n_split, [&](int i, int j) { return __ldcg(pp + (size_t)i * (HD + 2) + j); });
     if (threadIdx.x == 0) done[rh] = 0;
 }
 
@@ -619,6 +654,42 @@ static void launch_flash_hg(struct cuda_ctx *c, bf16 *out, const bf16 *q, const 
     else launch_flash<D, 1>(c, out, q, kv, layer, n_head, sl2);
 }
 
+/* the largest cluster the row kernel's merge may use: 16 (a non-portable
+ * size, allowed on Hopper) when the device takes it, else 8; 0 without
+ * clusters (before sm_90, or no sm_90 code in this build) */
+template <int HD, bool ROPE>
+static int rows_cluster_max(void) {
+    static int mx = -1;
+    if (mx < 0) {
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        mx = 0;
+        if (major >= 9 && cudaFuncGetAttributes(&fa, k_att_rows<HD, ROPE, true>) == cudaSuccess && fa.binaryVersion >= 90) {
+            mx = 8;
+            if (cudaFuncSetAttribute(k_att_rows<HD, ROPE, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                cudaSuccess) {
+                cudaLaunchConfig_t cfg = {};
+                cudaLaunchAttribute at;
+                at.id = cudaLaunchAttributeClusterDimension;
+                at.val.clusterDim.x = 1, at.val.clusterDim.y = 16, at.val.clusterDim.z = 1;
+                cfg.gridDim = dim3(1, 16), cfg.blockDim = dim3(128), cfg.attrs = &at, cfg.numAttrs = 1;
+                int n = 0;
+                if (cudaOccupancyMaxActiveClusters(&n, k_att_rows<HD, ROPE, true>, &cfg) == cudaSuccess && n > 0) mx = 16;
+            }
+        }
+        cudaGetLastError();
+    }
+    return mx;
+}
+
+static long att_cluster_runs;
+extern "C" long kiln_cuda_att_cluster_count(void);
+extern "C" long kiln_cuda_att_cluster_count(void) { return att_cluster_runs; }
+extern "C" int kiln_cuda_att_cluster_max(void);
+extern "C" int kiln_cuda_att_cluster_max(void) { return rows_cluster_max<128, true>(); }
+
 template <int HD, bool ROPE = false>
 static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
                         float sl2, att_rope R = att_rope{}) {
@@ -626,14 +697,22 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     /* about ATT_SPLIT_TOKENS keys per split, from the longest sequence; begin()
      * computed it and a graph is recorded per value, so replays stay valid */
     const int n_split = c->att_split;
-    (void)rows;
+    dim3 grid((unsigned)rows, (unsigned)n_split);
+    const bf16 *kc = (const bf16 *)kv->k[layer], *vc = (const bf16 *)kv->v[layer];
+    if (n_split > 1 && !c->no_att_cluster && n_split <= rows_cluster_max<HD, ROPE>()) {
+        att_cluster_runs++;
+        cu_launch_cl(c->stream, k_att_rows<HD, ROPE, true>, grid, 128, 0, dim3(1, (unsigned)n_split, 1), out, (float *)NULL, q, kc,
+                     vc, c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split,
+                     (int *)NULL, R);
+        CU_LAUNCHED();
+        return;
+    }
     float *part = NULL;
     if (n_split > 1)
         part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
     if ((n_split > 1 && !part) || !cu_att_cnt(c, (size_t)rows)) return; /* out of device memory: cu_error reports it */
-    dim3 grid((unsigned)rows, (unsigned)n_split);
-    cu_launch(c->stream, k_att_rows<HD, ROPE>, grid, 128, 0, out, part, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer],
-              c->d_row_seq, c->d_row_t, c->d_seq, c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);
+    cu_launch(c->stream, k_att_rows<HD, ROPE, false>, grid, 128, 0, out, part, q, kc, vc, c->d_row_seq, c->d_row_t, c->d_seq,
+              c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);
     CU_LAUNCHED();
 }
 

@@ -37,7 +37,10 @@
  * KILN_CUDA_MOE_GROUPED=0 (MoE prefill: one cuBLAS call per expert GEMM
  * instead of two grouped calls), KILN_CUDA_NORM_R=0 (norms on the two-pass
  * kernel only, norm.cu), KILN_CUDA_ATT_SPLIT_TOKENS=N (keys per decode
- * attention split, default ATT_SPLIT_TOKENS).
+ * attention split, default ATT_SPLIT_TOKENS), KILN_CUDA_ATT_CLUSTER=0 (decode
+ * attention merges its splits through global memory, not a cluster's
+ * shared memory), KILN_CUDA_MOE_PTR=0 (MoE decode's expert GEMVs read the
+ * expert id, then the pointer table, instead of k_route's pointers).
  */
 #include <pthread.h>
 #include <string.h>
@@ -828,6 +831,10 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_fuse_norm = !(fn && !strcmp(fn, "1"));
     const char *nr = getenv("KILN_CUDA_NORM_R");
     c->no_norm_r = nr && !strcmp(nr, "0");
+    const char *acl = getenv("KILN_CUDA_ATT_CLUSTER");
+    c->no_att_cluster = acl && !strcmp(acl, "0");
+    const char *mp = getenv("KILN_CUDA_MOE_PTR");
+    c->no_moe_ptr = mp && !strcmp(mp, "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
     const char *rd = getenv("KILN_CUDA_READ");

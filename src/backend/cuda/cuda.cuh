@@ -194,6 +194,8 @@ struct cuda_ctx {
      * that follows it, q/k norm + RoPE fused with the KV write (rope.cu) */
     int no_fuse, no_fuse_norm, old_read;
     int no_norm_r; /* KILN_CUDA_NORM_R=0: norms on k_add_rmsnorm only (norm.cu) */
+    int no_moe_ptr;     /* KILN_CUDA_MOE_PTR=0: MoE decode's expert GEMVs look their experts up in the tables (moe.cu) */
+    int no_att_cluster; /* KILN_CUDA_ATT_CLUSTER=0: decode attention merges its splits in global memory (attention.cu) */
     struct {
         int on, n, dim;
         bf16 *x, *out;
@@ -297,10 +299,12 @@ void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int
 /* swiglu on raw device pointers (MoE) */
 void cu_swiglu_raw(struct cuda_ctx *c, bf16 *out, const bf16 *g, const bf16 *u, size_t n);
 /* the MoE decode path's fused kernels live in gemm.cu beside the GEMV */
-void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *gate,
+/* selp: the chosen experts' (gate, up, down) pointers per routed pair, from
+ * k_route (moe.cu); NULL: look sel up in the tables */
+void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *selp, const bf16 *const *gate,
                     const bf16 *const *up, int n, int K, int ffn, int dim);
-void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const float *wsel, const bf16 *const *down,
-                 int n, int K, int ffn, int dim);
+void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
+                 const bf16 *const *down, int n, int K, int ffn, int dim);
 
 /*
  * Launches go through cu_launch, which marks them for programmatic dependent
@@ -338,21 +342,34 @@ __device__ __forceinline__ void pdl_wait(void) {
 #endif
 }
 
+/* cl: thread-block cluster dimensions (sm_90; (1, 1, 1) for none) */
 template <typename... KArgs, typename... Args>
-static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+static inline void cu_launch_cl(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, dim3 cl, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = cu_pdl ? 1 : 0;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (cu_pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cl.x * cl.y * cl.z > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cl.x, at[na].val.clusterDim.y = cl.y, at[na++].val.clusterDim.z = cl.z;
+    }
+    cfg.attrs = at, cfg.numAttrs = na;
     cu_launch_seq++;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     if (e != cudaSuccess) {
-        fprintf(stderr, "kiln: CUDA launch failed: %s (%s): grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared memory\n",
-                cudaGetErrorName(e), cudaGetErrorString(e), grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
+        fprintf(stderr, "kiln: CUDA launch failed: %s (%s): grid (%u, %u, %u), block (%u, %u, %u), cluster (%u, %u, %u), %zu bytes of shared memory\n",
+                cudaGetErrorName(e), cudaGetErrorString(e), grid.x, grid.y, grid.z, block.x, block.y, block.z, cl.x, cl.y, cl.z, smem);
         abort();
     }
+}
+
+template <typename... KArgs, typename... Args>
+static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    cu_launch_cl(s, k, grid, block, smem, dim3(1, 1, 1), args...);
 }
 
 /* checks the last launch (cheap; launch errors are bugs or a broken device) */

@@ -698,15 +698,18 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
  * expert's gate and up, one warp per row (both matrices streamed together).
  */
 __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const bf16 *__restrict__ x, const int *__restrict__ sel,
-                                                     const bf16 *const *__restrict__ gate, const bf16 *const *__restrict__ up,
-                                                     int K, int ffn, int dim) {
+                                                     const bf16 *const *__restrict__ selp, const bf16 *const *__restrict__ gate,
+                                                     const bf16 *const *__restrict__ up, int K, int ffn, int dim) {
     pdl_wait();
-    const int p = blockIdx.y, i = p / K, e = sel[p];
+    const int p = blockIdx.y, i = p / K;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= ffn) return;
+    const bf16 *gb, *ub;
+    if (selp) gb = selp[3 * p], ub = selp[3 * p + 1]; /* written by k_route */
+    else gb = gate[sel[p]], ub = up[sel[p]];
     const int nch = dim >> 3;
     const uint4 *xv = (const uint4 *)(x + (size_t)i * dim);
-    const uint4 *g = (const uint4 *)(gate[e] + (size_t)r * dim), *u = (const uint4 *)(up[e] + (size_t)r * dim);
+    const uint4 *g = (const uint4 *)(gb + (size_t)r * dim), *u = (const uint4 *)(ub + (size_t)r * dim);
     float ag = 0.f, au = 0.f;
     int c = lane;
     for (; c + 32 < nch; c += 64) {
@@ -730,22 +733,23 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const
  */
 #define MOE_DOWN_ROWS 4
 __global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const bf16 *__restrict__ h, const int *__restrict__ sel,
-                                                  const float *__restrict__ wsel, const bf16 *const *__restrict__ down, int K,
-                                                  int ffn, int dim) {
+                                                  const bf16 *const *__restrict__ selp, const float *__restrict__ wsel,
+                                                  const bf16 *const *__restrict__ down, int K, int ffn, int dim) {
     pdl_wait();
     const int i = blockIdx.y, r0 = blockIdx.x * MOE_DOWN_ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nch = ffn >> 3;
     __shared__ float red[8][MOE_DOWN_ROWS];
     float tot[MOE_DOWN_ROWS] = {0.f, 0.f, 0.f, 0.f};
     for (int k = warp; k < K; k += 8) {
-        const int p = i * K + k, e = sel[p];
+        const int p = i * K + k;
+        const bf16 *db = selp ? selp[3 * p + 2] : down[sel[p]];
         const uint4 *hv = (const uint4 *)(h + (size_t)p * ffn);
         float acc[MOE_DOWN_ROWS] = {0.f, 0.f, 0.f, 0.f};
         for (int c = lane; c < nch; c += 32) {
             uint4 hx = __ldg(hv + c);
 #pragma unroll
             for (int q = 0; q < MOE_DOWN_ROWS; q++)
-                if (r0 + q < dim) acc[q] = dot8(acc[q], ld_stream((const uint4 *)(down[e] + (size_t)(r0 + q) * ffn) + c), hx);
+                if (r0 + q < dim) acc[q] = dot8(acc[q], ld_stream((const uint4 *)(db + (size_t)(r0 + q) * ffn) + c), hx);
         }
         const float wk = wsel[p];
 #pragma unroll
@@ -762,16 +766,16 @@ __global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const 
     }
 }
 
-void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *gate,
+void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *selp, const bf16 *const *gate,
                     const bf16 *const *up, int n, int K, int ffn, int dim) {
     dim3 grid((unsigned)((ffn + 7) / 8), (unsigned)(n * K));
-    cu_launch(c->stream, k_moe_gate_up, grid, 256, 0, h, x, sel, gate, up, K, ffn, dim);
+    cu_launch(c->stream, k_moe_gate_up, grid, 256, 0, h, x, sel, selp, gate, up, K, ffn, dim);
     CU_LAUNCHED();
 }
 
-void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const float *wsel, const bf16 *const *down,
-                 int n, int K, int ffn, int dim) {
+void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
+                 const bf16 *const *down, int n, int K, int ffn, int dim) {
     dim3 grid((unsigned)((dim + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)n);
-    cu_launch(c->stream, k_moe_down, grid, 256, 0, out, h, sel, wsel, down, K, ffn, dim);
+    cu_launch(c->stream, k_moe_down, grid, 256, 0, out, h, sel, selp, wsel, down, K, ffn, dim);
     CU_LAUNCHED();
 }

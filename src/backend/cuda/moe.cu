@@ -47,11 +47,22 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
  * k_route: softmax over E router logits and top-K by repeated warp argmax.
  * Decomposition: one warp per token; the token's probabilities sit in the
  * warp's slice of shared memory, lane l owning experts l, l+32, ...
+ * With tab (decode's direct path): the layer's 3E expert pointers (gate |
+ * up | down) are copied to shared memory before the wait (they never
+ * change), and the chosen experts' three pointers are written to selp, so
+ * the expert GEMVs that follow make one dependent load (selp) where they
+ * made two (sel, then the table).
  */
-__global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const float *__restrict__ logits, int n, int E, int K,
+__global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const bf16 **__restrict__ selp,
+                        const bf16 *const *__restrict__ tab, const float *__restrict__ logits, int n, int E, int K,
                         int norm_topk) {
+    extern __shared__ float sp_dyn[];
+    const bf16 **st = (const bf16 **)sp_dyn; /* 3E pointers first (8-byte aligned), then the probabilities */
+    if (tab)
+        for (int j = threadIdx.x; j < 3 * E; j += blockDim.x) st[j] = tab[j];
     pdl_wait();
-    extern __shared__ float sp[];
+    if (tab) __syncthreads();
+    float *sp = sp_dyn + (tab ? 6 * E : 0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = blockIdx.x * 8 + warp;
     if (i >= n) return;
     float *p = sp + warp * E;
@@ -76,7 +87,9 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const f
             int oe = __shfl_xor_sync(0xffffffffu, be, o);
             if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
         }
-        if (lane == 0) sel[(size_t)i * K + k] = be, wsel[(size_t)i * K + k] = bv;
+        const size_t j = (size_t)i * K + k;
+        if (lane == 0) sel[j] = be, wsel[j] = bv;
+        if (tab && lane < 3) selp[3 * j + lane] = st[lane * E + be];
         tot += bv;
         __syncwarp();
         if (lane == (be & 31)) p[be] = -2.f; /* taken */
@@ -257,20 +270,24 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     size_t o_h = o_end, o_pos = o_end, o_tok = al256(o_pos + nk * 4), o_xg = al256(o_tok + nk * 4);
     size_t o_hg = al256(o_xg + nk * dim * 2), o_hu = al256(o_hg + nk * F * 2), o_y = al256(o_hu + nk * F * 2);
     size_t o_cnt = al256(o_y + nk * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
-    size_t total = direct ? al256(o_h + nk * F * 2) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
+    const size_t o_selp = al256(o_h + nk * F * 2); /* direct: the chosen experts' pointers, 3 per pair */
+    size_t total = direct ? al256(o_selp + nk * 3 * sizeof(void *)) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
     if (!buf) return; /* out of device memory: cu_error reports it */
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
     int *sel = (int *)(buf + o_sel);
 
     cu_matmul_f32_norm(c, logits, x, ((const struct cu_linear *)m->router.be)->w, n, E, dim);
-    cu_launch(c->stream, k_route, (n + 7) / 8, 256, (size_t)8 * E * sizeof(float), sel, wsel, logits, n, E, K, m->norm_topk);
+    const int ptr = direct && !c->no_moe_ptr; /* tab->gate heads the layer's 3E pointers (moe_tab) */
+    const bf16 **selp = ptr ? (const bf16 **)(buf + o_selp) : NULL;
+    cu_launch(c->stream, k_route, (n + 7) / 8, 256, (size_t)8 * E * sizeof(float) + (ptr ? 3 * E * sizeof(void *) : 0), sel,
+              wsel, selp, ptr ? tab->gate : (const bf16 *const *)NULL, logits, n, E, K, m->norm_topk);
     CU_LAUNCHED();
 
     if (direct) {
         bf16 *h = (bf16 *)(buf + o_h);
-        cu_moe_gate_up(c, h, x, sel, tab->gate, tab->up, n, K, F, dim);
-        cu_moe_down(c, (bf16 *)out, h, sel, wsel, tab->down, n, K, F, dim);
+        cu_moe_gate_up(c, h, x, sel, selp, tab->gate, tab->up, n, K, F, dim);
+        cu_moe_down(c, (bf16 *)out, h, sel, selp, wsel, tab->down, n, K, F, dim);
         return;
     }
 

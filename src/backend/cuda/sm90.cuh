@@ -36,6 +36,26 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigne
 }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+/* thread-block clusters: a barrier over all threads of the cluster (writes
+ * before it are visible to every block of the cluster after it), this
+ * block's rank, and a float of the block of rank r's shared memory at the
+ * address p has in this block's (distributed shared memory) */
+__device__ __forceinline__ void cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ float ld_dsmem(const float *p, unsigned r) {
+    unsigned a;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
 #endif
 
 #endif
