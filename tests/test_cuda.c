@@ -740,8 +740,17 @@ static void test_scratch_oom(struct pair *p) {
  * norm: x is the output of a residual add + RMSNorm just before, as in a
  * layer, which the CUDA backend may fold into the GEMV (KILN_CUDA_FUSE_NORM);
  * the residual and the norm's output are checked too, after the GEMV. */
+long kiln_cuda_gemv_b_count(void) __attribute__((weak));
+int kiln_cuda_gemv_b_ok(void) __attribute__((weak));
+
+/* Qwen3-8B shapes take the streaming GEMV; the Qwen2-0.5B-like and
+ * Qwen3-30B-A3B-like ones fit in shared memory and take the bulk-copy GEMV
+ * on sm_90 (gemm.cu k_gemv_b: 30B-A3B's q/k/v are 20 rows per block, so
+ * blocks straddle the q/k and k/v boundaries; 0.5B's q/k/v 5 rows, 2 warps
+ * a row, its gate/up 19 row pairs) */
 static void decode_fused_cases(struct pair *p, int norm, const char *tag) {
-    const int shapes[][5] = {{4096, 4096, 1024, 12288, 0}, {896, 896, 128, 4864, 1}}; /* dim, q, kv, ffn, bias */
+    /* dim, q, kv, ffn, bias, bulk-copy launches (30B-A3B-like: q/k/v only; its gate/up are 50 MB) */
+    const int shapes[][6] = {{4096, 4096, 1024, 12288, 0, 0}, {896, 896, 128, 4864, 1, 2}, {2048, 4096, 512, 6144, 0, 1}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int dim = shapes[s][0], qd = shapes[s][1], kvd = shapes[s][2], ffn = shapes[s][3], b = shapes[s][4];
         struct lin2 L[5] = {lin_make(p, qd, dim, b), lin_make(p, kvd, dim, b), lin_make(p, kvd, dim, b),
@@ -754,6 +763,7 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag) {
             put(p, &rc, &rg, r, (size_t)n * dim);
             put(p, &yc, &yg, x, (size_t)n * dim);
             for (int i = 0; i < 5; i++) oc[i] = alloc_both(p, &og[i], (size_t)n * L[i].c.n_out);
+            const long gb0 = kiln_cuda_gemv_b_count ? kiln_cuda_gemv_b_count() : 0;
             for (int i = 0; i < 5; i++) {
                 if (norm && (i == 0 || i == 3)) { /* residual r += y, x = norm(r) */
                     p->cpu->add_rmsnorm(p->cpu, rc, xc, yc, &nw.c, n, dim, 1e-6f);
@@ -780,6 +790,11 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag) {
                     }
                 }
             }
+            static const char *const sw[] = {"KILN_CUDA_GEMV_B", "KILN_CUDA_DEFER", NULL};
+            if (kiln_cuda_gemv_b_ok && kiln_cuda_gemv_b_ok() && switches_on(sw) && !(norm && getenv("KILN_CUDA_FUSE_NORM") &&
+                                                                                  !strcmp(getenv("KILN_CUDA_FUSE_NORM"), "1")))
+                CHECK(kiln_cuda_gemv_b_count() - gb0 == shapes[s][5], "decode %d-wide n=%d%s: %ld bulk-copy GEMVs", dim, n, tag,
+                      kiln_cuda_gemv_b_count() - gb0);
             for (int i = 0; i < 5; i++) free_both(p, oc[i], og[i]);
             free_both(p, xc, xg), free_both(p, rc, rg), free_both(p, yc, yg), free(x), free(r);
         }
@@ -809,8 +824,15 @@ static void test_decode_fused(struct pair *p) {
     else unsetenv("KILN_CUDA_FUSE_NORM");
 }
 
-static void test_moe(struct pair *p) {
-    const int E = 32, K = 8, dim = 1024, F = 768;
+long kiln_cuda_moe_down_b_count(void) __attribute__((weak));
+int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
+
+/* one MoE layer of E experts, top-K, against the CPU, at n = 1, 4, 8
+ * (decode's direct path) and 100 tokens (grouped GEMMs). On sm_90 the
+ * direct path's down GEMV is the bulk-copy kernel (gemm.cu k_moe_down_b),
+ * with rows per block R from the shape: 8 at 768 wide, 2 at 1536, 1 at
+ * 2048 with 10 slots (two per warp) */
+static void moe_case(struct pair *p, int E, int K, int dim, int F) {
     struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
     struct lin2 router = lin_make(p, E, dim, 0);
     struct lin2 *ex = kiln_malloc(sizeof(struct lin2) * 3 * E);
@@ -826,22 +848,34 @@ static void test_moe(struct pair *p) {
     }
     /* router logits spread over a few units so the top-k is not near-tied */
     mc.router = router.c, mg.router = router.g;
+    static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
+    const int bulk = kiln_cuda_moe_down_b_ok && kiln_cuda_moe_down_b_ok() && switches_on(sw);
     const int ns[] = {1, 4, 8, 100};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
         float *x = rand_vec((size_t)n * dim, 3.f);
         void *xc, *xg, *og, *oc = alloc_both(p, &og, (size_t)n * dim);
         put(p, &xc, &xg, x, (size_t)n * dim);
+        const long b0 = kiln_cuda_moe_down_b_count ? kiln_cuda_moe_down_b_count() : 0;
         p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
         snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped");
         check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
+        if (kiln_cuda_moe_down_b_count)
+            CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && n <= 8), "%s: bulk-copy down kernel ran %ld times", what,
+                  kiln_cuda_moe_down_b_count() - b0);
         free_both(p, xc, xg), free_both(p, oc, og), free(x);
     }
     for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[e]);
     lin_free(p, &router);
     free(ex), free(mc.gate), free(mc.up), free(mc.down), free(mg.gate), free(mg.up), free(mg.down);
+}
+
+static void test_moe(struct pair *p) {
+    moe_case(p, 32, 8, 1024, 768);
+    moe_case(p, 16, 8, 512, 1536);
+    moe_case(p, 16, 10, 256, 2048);
 }
 
 /* ==== (b) models ==== */

@@ -40,7 +40,10 @@
  * attention split, default ATT_SPLIT_TOKENS), KILN_CUDA_ATT_CLUSTER=0 (decode
  * attention merges its splits through global memory, not a cluster's
  * shared memory), KILN_CUDA_MOE_PTR=0 (MoE decode's expert GEMVs read the
- * expert id, then the pointer table, instead of k_route's pointers).
+ * expert id, then the pointer table, instead of k_route's pointers),
+ * KILN_CUDA_MOE_BULK=0 (MoE decode's down GEMV without bulk copies),
+ * KILN_CUDA_GEMV_B=0 (no bulk-copy GEMV for matrices that fit in shared
+ * memory).
  */
 #include <pthread.h>
 #include <string.h>
@@ -835,6 +838,10 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_att_cluster = acl && !strcmp(acl, "0");
     const char *mp = getenv("KILN_CUDA_MOE_PTR");
     c->no_moe_ptr = mp && !strcmp(mp, "0");
+    const char *mb = getenv("KILN_CUDA_MOE_BULK");
+    c->no_moe_bulk = mb && !strcmp(mb, "0");
+    const char *gb = getenv("KILN_CUDA_GEMV_B");
+    c->no_gemv_b = gb && !strcmp(gb, "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
     const char *rd = getenv("KILN_CUDA_READ");

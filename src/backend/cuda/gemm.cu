@@ -14,6 +14,7 @@
  * same loop reading expert pointers from a device table.
  */
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/sm90.cuh"
 
 #define GEMV_MAX_ROWS 8
 
@@ -431,6 +432,142 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
     }
 }
 
+/*
+ * k_gemv_b (sm_90): the GEMV for matrices that fit in the GPU's shared
+ * memory at once (2 blocks of up to GEMV_B_SMEM per SM: ~29 MB on an H200),
+ * such as Qwen3-0.6B's four and Qwen3-30B-A3B's attention matrices.
+ * Block b owns R consecutive rows of the jobs' concatenated rows (GLU: R
+ * gate rows and the same R up rows). Before griddepcontrol.wait (weights
+ * are never written by an earlier kernel) one thread issues a bulk copy per
+ * job segment of its rows into shared memory, all on one mbarrier, so the
+ * whole matrix is on its way in one DRAM round trip, issued as soon as the
+ * block is resident, i.e. while the kernels before it still run. After the
+ * wait the block copies x (NB rows) to shared memory and waits for its
+ * weights; ks warps share a row (lanes stride its 16-byte chunks within the
+ * warp's contiguous range), their sums meet in shared memory in warp order.
+ * k_gemv and k_gemv_s keep 4-8 loads per lane in flight and walk a row in
+ * several round trips.
+ */
+#define GEMV_B_SMEM (110 * 1024)
+
+template <int NB, typename OutT, bool GLU>
+__global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows, int R,
+                                                int ks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char gb_s[];
+    __shared__ __align__(8) uint64_t bar;
+    __shared__ float red[8][2 * NB];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nch = n_in >> 3;
+    const int r0 = blockIdx.x * R, nr = min(R, rows - r0);
+    const size_t rb = (size_t)n_in * 2;
+    const bf16 *ws = (const bf16 *)gb_s;                                      /* rows; GLU: up rows from R rb */
+    const uint4 *xs = (const uint4 *)(gb_s + (size_t)(GLU ? 2 : 1) * R * rb); /* x, NB rows */
+    const unsigned b = smem_u32(&bar);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_arrive_tx(b, (unsigned)(nr * rb * (GLU ? 2 : 1)));
+        for (int ji = 0; ji < J.nj; ji++) {
+            const int j0 = gs_row0(J, ji), jn = ji == 0 ? J.j[0].n_out : ji == 1 ? J.j[1].n_out : J.j[2].n_out;
+            const int a = max(r0, j0), e = min(r0 + nr, j0 + jn);
+            if (a >= e) continue;
+            const bf16 *w = ji == 0 ? J.j[0].w : ji == 1 ? J.j[1].w : J.j[2].w;
+            bulk_load(smem_u32(ws + (size_t)(a - r0) * n_in), w + (size_t)(a - j0) * n_in, (unsigned)((e - a) * rb), b);
+            if (GLU)
+                bulk_load(smem_u32(ws + (size_t)(R + a - r0) * n_in), J.j[0].w2 + (size_t)(a - j0) * n_in, (unsigned)((e - a) * rb), b);
+        }
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+    for (int i = threadIdx.x; i < NB * nch; i += blockDim.x) ((uint4 *)xs)[i] = __ldg((const uint4 *)x + i);
+    __syncthreads();
+    mbar_wait(b, 0);
+    const int per = (nch + ks - 1) / ks, part = warp % ks, c0 = part * per, c1 = min(nch, c0 + per), wpr = 8 / ks;
+    for (int base = 0; base < nr; base += wpr) { /* the same trip count in every warp: the block syncs inside */
+        const int rr = base + warp / ks;
+        float acc[NB], acc2[NB];
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[j] = acc2[j] = 0.f;
+        if (rr < nr) {
+            const uint4 *wr = (const uint4 *)(ws + (size_t)rr * n_in), *ur = (const uint4 *)(ws + (size_t)(R + rr) * n_in);
+            for (int c = c0 + lane; c < c1; c += 32) {
+                const uint4 wv = wr[c];
+                const uint4 uv = GLU ? ur[c] : wv;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    const uint4 xc = xs[(size_t)j * nch + c];
+                    acc[j] = dot8(acc[j], wv, xc);
+                    if (GLU) acc2[j] = dot8(acc2[j], uv, xc);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            acc[j] = warp_sum(acc[j]);
+            if (GLU) acc2[j] = warp_sum(acc2[j]);
+        }
+        if (ks > 1) {
+            if (lane == 0)
+#pragma unroll
+                for (int j = 0; j < NB; j++) red[warp][j] = acc[j], red[warp][NB + j] = acc2[j];
+            __syncthreads();
+            if (part == 0 && lane == 0)
+                for (int q = 1; q < ks; q++)
+#pragma unroll
+                    for (int j = 0; j < NB; j++) acc[j] += red[warp + q][j], acc2[j] += red[warp + q][NB + j];
+            __syncthreads();
+        }
+        if (part == 0 && lane == 0 && rr < nr) gs_emit<NB, OutT, GLU>(J, r0 + rr, acc, acc2);
+    }
+#else
+    __trap(); /* bulk copies are sm_90: the host never launches this elsewhere */
+#endif
+}
+
+/* whether k_gemv_b<NB, OutT, GLU> runs here (sm_90 code in the build; its
+ * shared memory raised to GEMV_B_SMEM) */
+template <int NB, typename OutT, bool GLU> static int gemv_b_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        ok = major >= 9 && cudaFuncGetAttributes(&fa, k_gemv_b<NB, OutT, GLU>) == cudaSuccess && fa.binaryVersion >= 90 &&
+             cudaFuncSetAttribute(k_gemv_b<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_B_SMEM) ==
+                 cudaSuccess;
+        cudaGetLastError();
+    }
+    return ok;
+}
+
+static long gemv_b_runs;
+extern "C" long kiln_cuda_gemv_b_count(void);
+extern "C" long kiln_cuda_gemv_b_count(void) { return gemv_b_runs; }
+extern "C" int kiln_cuda_gemv_b_ok(void);
+extern "C" int kiln_cuda_gemv_b_ok(void) { return gemv_b_ok<1, bf16, false>(); }
+
+/* launches k_gemv_b for jobs J over n <= 2 rows of x when the matrix fits
+ * (rows dealt to at most 2 blocks per SM); 0 if it does not */
+template <typename OutT, bool GLU>
+static int gemv_b_launch(struct cuda_ctx *c, const struct gemv_jobs *J, const bf16 *x, int n, int n_in) {
+    if (c->no_gemv_b || n > 2 || !(n == 1 ? gemv_b_ok<1, OutT, GLU>() : gemv_b_ok<2, OutT, GLU>())) return 0;
+    int rows = 0;
+    for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
+    const long maxb = 2L * c->n_sm, rb = (long)n_in * 2 * (GLU ? 2 : 1);
+    const int R = (int)((rows + maxb - 1) / maxb);
+    const size_t smem = (size_t)R * rb + (size_t)n * n_in * 2;
+    if (smem > GEMV_B_SMEM) return 0;
+    const int nb = (rows + R - 1) / R, nch = n_in / 8;
+    int ks = R >= 8 ? 1 : R >= 4 ? 2 : R >= 2 ? 4 : 8;
+    while (ks > 1 && nch / ks < 32) ks /= 2;
+    if (n == 1) cu_launch(c->stream, k_gemv_b<1, OutT, GLU>, nb, 256, smem, *J, x, n_in, rows, R, ks);
+    else cu_launch(c->stream, k_gemv_b<2, OutT, GLU>, nb, 256, smem, *J, x, n_in, rows, R, ks);
+    CU_LAUNCHED();
+    gemv_b_runs++;
+    return 1;
+}
+
 /* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
  * n rows of x. Used only for odd shapes. */
 template <typename OutT>
@@ -477,6 +614,10 @@ template <int NB, typename OutT, bool GLU> static int gs_occ(void) {
 template <typename OutT, bool GLU>
 static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in,
                              const struct gemv_norm *nm = NULL) {
+    if (!nm && gemv_b_launch<OutT, GLU>(c, J, x, n, n_in)) {
+        c->gemv_seq = cu_launch_seq; /* wait-then-release, as the others */
+        return;
+    }
     if (!nm && n <= GEMV_S_NB && cu_gemv_bps > 0 && n_in % 1024 == 0) {
         int rows = 0;
         for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
@@ -766,6 +907,107 @@ __global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const 
     }
 }
 
+/*
+ * k_moe_down_b (sm_90): k_moe_down with its weights and h landing in shared
+ * memory by bulk copies. k_moe_down keeps 4 16-byte loads per lane in flight
+ * and walks a 768-wide row in 3 such round trips, so each SM has ~64 KB on
+ * the way at a time (2.1 TB/s measured, against 3.2 for gate/up). Here a
+ * block of R output rows issues, right after its wait, one copy per (slot,
+ * row) of the chosen experts' rows (R x K x 2 ffn bytes: 96 KB for Qwen3-30B-A3B at R = 8)
+ * and one of the token's K rows of h, all on one mbarrier: the block's whole
+ * share of the matrix is in flight at once, and two resident blocks per SM
+ * hold the layer's 25 MB in one round trip. Decomposition and order of sums
+ * as k_moe_down (warp w: slots w, w + 8, ...; lanes stride a row's 16-byte
+ * chunks; the warps' weighted sums meet in shared memory in warp order), so
+ * the same bits. Shared layout: slot k's row q at (k R + q) ffn elements,
+ * then h's K rows.
+ */
+template <int R>
+__global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, const bf16 *__restrict__ h,
+                                                    const bf16 *const *__restrict__ selp, const float *__restrict__ wsel, int K,
+                                                    int ffn, int dim) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char mdb[];
+    __shared__ __align__(8) uint64_t bar;
+    __shared__ float red[8][R];
+    const int i = blockIdx.y, r0 = blockIdx.x * R, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nr = min(R, dim - r0), nch = ffn >> 3;
+    const unsigned rb = (unsigned)ffn * 2, b = smem_u32(&bar);
+    const bf16 *hs = (const bf16 *)(mdb + (size_t)K * R * rb);
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        mbar_arrive_tx(b, (unsigned)(K * nr + K) * rb);
+        bulk_load(smem_u32(hs), h + (size_t)i * K * ffn, (unsigned)K * rb, b);
+    }
+    for (int t = threadIdx.x; t < K * nr; t += blockDim.x) {
+        const int k = t / nr, q = t % nr;
+        bulk_load(smem_u32(mdb + (size_t)(k * R + q) * rb), selp[3 * (i * K + k) + 2] + (size_t)(r0 + q) * ffn, rb, b);
+    }
+    float tot[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) tot[q] = 0.f;
+    mbar_wait(b, 0);
+    for (int k = warp; k < K; k += 8) {
+        const uint4 *hv = (const uint4 *)(hs + (size_t)k * ffn);
+        float acc[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q] = 0.f;
+        for (int c = lane; c < nch; c += 32) {
+            const uint4 hx = hv[c];
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                if (q < nr) acc[q] = dot8(acc[q], ((const uint4 *)(mdb + (size_t)(k * R + q) * rb))[c], hx);
+        }
+        const float wk = wsel[i * K + k];
+#pragma unroll
+        for (int q = 0; q < R; q++) tot[q] += wk * warp_sum(acc[q]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < R; q++) red[warp][q] = tot[q];
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        float s = 0.f;
+        for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
+        out[(size_t)i * dim + r0 + threadIdx.x] = __float2bfloat16(s);
+    }
+#else
+    __trap(); /* bulk copies are sm_90: the host never launches this elsewhere */
+#endif
+}
+
+/* shared memory per k_moe_down_b block: 2 fit on an SM (228 KB) */
+#define MOE_DOWN_B_SMEM (110 * 1024 + 768)
+
+/* whether this device runs k_moe_down_b (sm_90 code in the build) */
+static int moe_down_b_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        ok = major >= 9 && cudaFuncGetAttributes(&fa, k_moe_down_b<8>) == cudaSuccess && fa.binaryVersion >= 90 &&
+             cudaFuncSetAttribute(k_moe_down_b<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
+             cudaFuncSetAttribute(k_moe_down_b<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
+             cudaFuncSetAttribute(k_moe_down_b<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
+             cudaFuncSetAttribute(k_moe_down_b<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess;
+        cudaGetLastError();
+    }
+    return ok;
+}
+
+static long moe_down_b_runs;
+extern "C" long kiln_cuda_moe_down_b_count(void);
+extern "C" long kiln_cuda_moe_down_b_count(void) { return moe_down_b_runs; }
+extern "C" int kiln_cuda_moe_down_b_ok(void);
+extern "C" int kiln_cuda_moe_down_b_ok(void) { return moe_down_b_ok(); }
+
 void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, const bf16 *const *selp, const bf16 *const *gate,
                     const bf16 *const *up, int n, int K, int ffn, int dim) {
     dim3 grid((unsigned)((ffn + 7) / 8), (unsigned)(n * K));
@@ -775,6 +1017,24 @@ void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, 
 
 void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
                  const bf16 *const *down, int n, int K, int ffn, int dim) {
+    /* the bulk kernel: the most rows per block (8, 4, 2, 1) whose copies fit
+     * in two blocks' share of an SM */
+    const size_t rb = (size_t)ffn * 2;
+    int R = 8;
+    while (R > 1 && (size_t)K * (R + 1) * rb > MOE_DOWN_B_SMEM) R /= 2;
+    if (selp && !c->no_moe_bulk && (size_t)K * (R + 1) * rb <= MOE_DOWN_B_SMEM && moe_down_b_ok()) {
+        dim3 grid((unsigned)((dim + R - 1) / R), (unsigned)n);
+        const size_t smem = (size_t)K * (R + 1) * rb;
+        moe_down_b_runs++;
+        switch (R) {
+        case 8: cu_launch(c->stream, k_moe_down_b<8>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
+        case 4: cu_launch(c->stream, k_moe_down_b<4>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
+        case 2: cu_launch(c->stream, k_moe_down_b<2>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
+        default: cu_launch(c->stream, k_moe_down_b<1>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
+        }
+        CU_LAUNCHED();
+        return;
+    }
     dim3 grid((unsigned)((dim + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)n);
     cu_launch(c->stream, k_moe_down, grid, 256, 0, out, h, sel, selp, wsel, down, K, ffn, dim);
     CU_LAUNCHED();
