@@ -42,6 +42,7 @@
  * shared memory), KILN_CUDA_MOE_PTR=0 (MoE decode's expert GEMVs read the
  * expert id, then the pointer table, instead of k_route's pointers),
  * KILN_CUDA_MOE_BULK=0 (MoE decode's down GEMV without bulk copies),
+ * KILN_CUDA_MOE_PRE=0 (its weight copies issued after its wait),
  * KILN_CUDA_GEMV_B=0 (no bulk-copy GEMV for matrices that fit in shared
  * memory).
  */
@@ -840,6 +841,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_moe_ptr = mp && !strcmp(mp, "0");
     const char *mb = getenv("KILN_CUDA_MOE_BULK");
     c->no_moe_bulk = mb && !strcmp(mb, "0");
+    const char *mpre = getenv("KILN_CUDA_MOE_PRE");
+    c->no_moe_pre = mpre && !strcmp(mpre, "0");
     const char *gb = getenv("KILN_CUDA_GEMV_B");
     c->no_gemv_b = gb && !strcmp(gb, "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */

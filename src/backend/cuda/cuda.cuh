@@ -195,6 +195,8 @@ struct cuda_ctx {
     int no_fuse, no_fuse_norm, old_read;
     int no_norm_r; /* KILN_CUDA_NORM_R=0: norms on k_add_rmsnorm only (norm.cu) */
     int no_gemv_b;      /* KILN_CUDA_GEMV_B=0: no bulk-copy GEMV (gemm.cu k_gemv_b) */
+    int no_moe_pre;     /* KILN_CUDA_MOE_PRE=0: k_moe_down_b issues its weight copies after its wait */
+    unsigned long moe_gu_seq; /* cu_launch_seq right after the last k_moe_gate_up launch */
     int no_moe_bulk;    /* KILN_CUDA_MOE_BULK=0: MoE decode's down GEMV loads its rows itself (k_moe_down, not k_moe_down_b) */
     int no_moe_ptr;     /* KILN_CUDA_MOE_PTR=0: MoE decode's expert GEMVs look their experts up in the tables (moe.cu) */
     int no_att_cluster; /* KILN_CUDA_ATT_CLUSTER=0: decode attention merges its splits in global memory (attention.cu) */

@@ -841,7 +841,13 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const bf16 *__restrict__ x, const int *__restrict__ sel,
                                                      const bf16 *const *__restrict__ selp, const bf16 *const *__restrict__ gate,
                                                      const bf16 *const *__restrict__ up, int K, int ffn, int dim) {
-    pdl_wait();
+    /* wait, then release: k_moe_down_b reads k_route's pointers before its
+     * own wait, which is safe only if this launch releases it after k_route
+     * is done */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     const int p = blockIdx.y, i = p / K;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= ffn) return;
@@ -925,33 +931,42 @@ __global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const 
 template <int R>
 __global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, const bf16 *__restrict__ h,
                                                     const bf16 *const *__restrict__ selp, const float *__restrict__ wsel, int K,
-                                                    int ffn, int dim) {
+                                                    int ffn, int dim, int pre) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char mdb[];
-    __shared__ __align__(8) uint64_t bar;
+    __shared__ __align__(8) uint64_t bar[2]; /* weights, h */
     __shared__ float red[8][R];
     const int i = blockIdx.y, r0 = blockIdx.x * R, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nr = min(R, dim - r0), nch = ffn >> 3;
-    const unsigned rb = (unsigned)ffn * 2, b = smem_u32(&bar);
+    const unsigned rb = (unsigned)ffn * 2, bw = smem_u32(&bar[0]), bh = smem_u32(&bar[1]);
     const bf16 *hs = (const bf16 *)(mdb + (size_t)K * R * rb);
     if (threadIdx.x == 0) {
-        mbar_init(b, 1);
+        mbar_init(bw, 1), mbar_init(bh, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_arrive_tx(bw, (unsigned)(K * nr) * rb);
     }
     __syncthreads();
+    auto issue = [&]() {
+        for (int t = threadIdx.x; t < K * nr; t += blockDim.x) {
+            const int k = t / nr, q = t % nr;
+            bulk_load(smem_u32(mdb + (size_t)(k * R + q) * rb), selp[3 * (i * K + k) + 2] + (size_t)(r0 + q) * ffn, rb, bw);
+        }
+    };
+    /* pre: the launch before (k_moe_gate_up) released this one after its
+     * own wait, so k_route, which wrote selp, is done: the weight copies go
+     * out while gate/up still runs */
+    if (pre) issue();
     pdl_wait();
+    if (!pre) issue();
     if (threadIdx.x == 0) {
-        mbar_arrive_tx(b, (unsigned)(K * nr + K) * rb);
-        bulk_load(smem_u32(hs), h + (size_t)i * K * ffn, (unsigned)K * rb, b);
-    }
-    for (int t = threadIdx.x; t < K * nr; t += blockDim.x) {
-        const int k = t / nr, q = t % nr;
-        bulk_load(smem_u32(mdb + (size_t)(k * R + q) * rb), selp[3 * (i * K + k) + 2] + (size_t)(r0 + q) * ffn, rb, b);
+        mbar_arrive_tx(bh, (unsigned)K * rb);
+        bulk_load(smem_u32(hs), h + (size_t)i * K * ffn, (unsigned)K * rb, bh);
     }
     float tot[R];
 #pragma unroll
     for (int q = 0; q < R; q++) tot[q] = 0.f;
-    mbar_wait(b, 0);
+    mbar_wait(bw, 0);
+    mbar_wait(bh, 0);
     for (int k = warp; k < K; k += 8) {
         const uint4 *hv = (const uint4 *)(hs + (size_t)k * ffn);
         float acc[R];
@@ -1013,6 +1028,7 @@ void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, 
     dim3 grid((unsigned)((ffn + 7) / 8), (unsigned)(n * K));
     cu_launch(c->stream, k_moe_gate_up, grid, 256, 0, h, x, sel, selp, gate, up, K, ffn, dim);
     CU_LAUNCHED();
+    c->moe_gu_seq = cu_launch_seq;
 }
 
 void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
@@ -1025,12 +1041,15 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
     if (selp && !c->no_moe_bulk && (size_t)K * (R + 1) * rb <= MOE_DOWN_B_SMEM && moe_down_b_ok()) {
         dim3 grid((unsigned)((dim + R - 1) / R), (unsigned)n);
         const size_t smem = (size_t)K * (R + 1) * rb;
+        /* the weight copies before the wait only right after k_moe_gate_up
+         * (which releases this launch after its own wait) */
+        const int pre = !c->no_moe_pre && c->moe_gu_seq == cu_launch_seq;
         moe_down_b_runs++;
         switch (R) {
-        case 8: cu_launch(c->stream, k_moe_down_b<8>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
-        case 4: cu_launch(c->stream, k_moe_down_b<4>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
-        case 2: cu_launch(c->stream, k_moe_down_b<2>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
-        default: cu_launch(c->stream, k_moe_down_b<1>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim); break;
+        case 8: cu_launch(c->stream, k_moe_down_b<8>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim, pre); break;
+        case 4: cu_launch(c->stream, k_moe_down_b<4>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim, pre); break;
+        case 2: cu_launch(c->stream, k_moe_down_b<2>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim, pre); break;
+        default: cu_launch(c->stream, k_moe_down_b<1>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim, pre); break;
         }
         CU_LAUNCHED();
         return;
