@@ -44,8 +44,7 @@
  * KILN_CUDA_MOE_BULK=0 (MoE decode's down GEMV without bulk copies),
  * KILN_CUDA_MOE_PRE=0 (its weight copies issued after its wait),
  * KILN_CUDA_GEMV_B=0 (no bulk-copy GEMV for matrices that fit in shared
- * memory), KILN_CUDA_GEMV_SPW=KB (shared memory per warp of the streaming
- * GEMV for weights copied before its wait; 0: none).
+ * memory).
  */
 #include <pthread.h>
 #include <string.h>
@@ -73,7 +72,7 @@ static double prof_t0, prof_issue, prof_wait, prof_copy;
 static long prof_n;
 int cu_pdl = 1;
 unsigned long cu_launch_seq;
-extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb, cu_gemv_spw;
+extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
 static std::unordered_map<void *, size_t> buf_sizes;
 
@@ -856,8 +855,6 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     if (bps && *bps >= '0' && *bps <= '8' && !bps[1]) cu_gemv_bps = *bps - '0';
     const char *sr = getenv("KILN_CUDA_GEMV_SROWS");
     if (sr) cu_gemv_srows = atoi(sr);
-    const char *spw = getenv("KILN_CUDA_GEMV_SPW");
-    if (spw) cu_gemv_spw = atoi(spw);
     const char *smb = getenv("KILN_CUDA_GEMV_SMB");
     if (smb) cu_gemv_smb = atoi(smb);
     {

@@ -356,53 +356,14 @@ __device__ __forceinline__ void gs_piece(const struct gemv_jobs &J, float *slot,
     cnt[ga] = 0;
 }
 
-/* the first 16-byte chunk of quad q (of the jobs' concatenated rows, S4
- * quads a row) in the weights (second: GLU's up weights) */
-__device__ __forceinline__ const uint4 *gs_quad_ptr(const struct gemv_jobs &J, int q, int S4, bool second) {
-    const int ji = gs_job(J, q / S4);
-    const bf16 *w = second ? J.j[0].w2 : ji == 0 ? J.j[0].w : ji == 1 ? J.j[1].w : J.j[2].w;
-    return (const uint4 *)w + (size_t)(q - gs_row0(J, ji) * S4) * 128;
-}
-
-/* pm (sm_90, 0 for none): the warp's pm quads after its first QD also go
- * out before griddepcontrol.wait, as bulk copies into the warp's slice of
- * shared memory (lane i < pm copies quad i; GLU: gate and up), on one
- * mbarrier per warp; the loop takes them from there instead of from
- * global memory. More of the matrix is in flight while the kernels before
- * this one finish: the registers hold 8 loads per lane, shared memory the
- * rest. */
 template <int NB, typename OutT, bool GLU>
 __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
-                                                   float *__restrict__ slot, int *__restrict__ cnt, int pm) {
+                                                   float *__restrict__ slot, int *__restrict__ cnt) {
     constexpr int QD = GLU ? 1 : 2; /* quads in flight: 8 loads per lane */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.x * 8 + warp, Wt = gridDim.x * 8;
     const int nch = n_in >> 3, S4 = n_in >> 10; /* quads per row */
     const int Q = rows * S4, q0 = gs_start(g, Q, Wt), q1 = gs_start(g + 1, Q, Wt);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) uint4 gs_sm[];
-    __shared__ __align__(8) uint64_t gs_bar[8];
-    const int p0 = min(q1, q0 + QD), p1 = min(q1, p0 + pm); /* quads [p0, p1) come through shared memory */
-    const uint4 *wsm = gs_sm + (size_t)warp * pm * 128 * (GLU ? 2 : 1);
-    const unsigned pb = smem_u32(&gs_bar[warp]);
-    if (p0 < p1) {
-        if (lane == 0) {
-            mbar_init(pb, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-            mbar_arrive_tx(pb, (unsigned)(p1 - p0) * 2048u * (GLU ? 2 : 1));
-        }
-        __syncwarp();
-        if (lane < p1 - p0) {
-            const int q = p0 + lane;
-            bulk_load(smem_u32(wsm + (size_t)lane * 128), gs_quad_ptr(J, q, S4, false), 2048, pb);
-            if (GLU) bulk_load(smem_u32(wsm + (size_t)(pm + lane) * 128), gs_quad_ptr(J, q, S4, true), 2048, pb);
-        }
-    }
-#else
-    const int p0 = 0, p1 = 0;
-    const uint4 *wsm = NULL;
-#endif
-    int lq = q0; /* the next quad load_quad loads */
     /* load cursor: pointer(s) to the lane's chunk, quads left in this job */
     int lj = gs_job(J, q0 / S4);
     const int jr0 = gs_row0(J, lj);
@@ -414,24 +375,11 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
     uint4 ring[QD][4], ring2[QD][4];
     /* the next quad into ring slot r; lp/lp2 move one quad on (into the next job at a job's end) */
     auto load_quad = [&](int r) {
-        if (lq >= p0 && lq < p1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            mbar_wait(pb, 0);
-#endif
-            const uint4 *sq = wsm + (size_t)(lq - p0) * 128 + lane;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                ring[r][u] = sq[32 * u];
-                if (GLU) ring2[r][u] = sq[(size_t)pm * 128 + 32 * u];
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                ring[r][u] = ld_stream(lp + 32 * u);
-                if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
-            }
+        for (int u = 0; u < 4; u++) {
+            ring[r][u] = ld_stream(lp + 32 * u);
+            if (GLU) ring2[r][u] = ld_stream(lp2 + 32 * u);
         }
-        lq++;
         lp += 128, lp2 += 128;
         if (--left == 0 && lj < J.nj - 1) {
             lj++;
@@ -653,36 +601,10 @@ int cu_gemv_srows = 1;
  * 359 / 359 -> 348 / 349). */
 int cu_gemv_smb = 32;
 
-/* KB of shared memory per warp for k_gemv_s's quads copied before the wait
- * (KILN_CUDA_GEMV_SPW; 0: none): 8 is 4 quads (GLU: 2 of gate and up), 64 KB
- * a block, 3 blocks on an SM. Off until measured on the H200. */
-int cu_gemv_spw = 0;
-
-/* quads per warp that k_gemv_s copies to shared memory before its wait, and
- * whether its shared memory could be raised to that (sm_90 code only) */
-template <int NB, typename OutT, bool GLU> static int gs_pm(void) {
-    static int pm = -1;
-    if (pm < 0) {
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        pm = cu_gemv_spw * 1024 / (2048 * (GLU ? 2 : 1));
-        if (pm > 32) pm = 32;
-        if (pm < 1 || major < 9 || cudaFuncGetAttributes(&fa, k_gemv_s<NB, OutT, GLU>) != cudaSuccess || fa.binaryVersion < 90 ||
-            cudaFuncSetAttribute(k_gemv_s<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 8 * pm * 2048 * (GLU ? 2 : 1)) != cudaSuccess)
-            pm = 0;
-        cudaGetLastError();
-    }
-    return pm;
-}
-
-/* blocks of k_gemv_s resident per SM (with its shared memory) */
+/* blocks of k_gemv_s resident per SM */
 template <int NB, typename OutT, bool GLU> static int gs_occ(void) {
     static int occ;
-    const size_t smem = (size_t)8 * gs_pm<NB, OutT, GLU>() * 2048 * (GLU ? 2 : 1);
-    if (!occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_gemv_s<NB, OutT, GLU>, 256, smem) != cudaSuccess || occ < 1))
+    if (!occ && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_gemv_s<NB, OutT, GLU>, 256, 0) != cudaSuccess || occ < 1))
         occ = 1;
     return occ;
 }
@@ -708,10 +630,8 @@ static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16
              * batch 2 the kernel holds 2 blocks per SM, not cu_gemv_bps) */
             const long wave = (long)c->n_sm * (n == 1 ? gs_occ<1, OutT, GLU>() : gs_occ<2, OutT, GLU>());
             const unsigned nb = (unsigned)(blocks < wave ? blocks : wave);
-            const int pm = n == 1 ? gs_pm<1, OutT, GLU>() : gs_pm<2, OutT, GLU>();
-            const size_t smem = (size_t)8 * pm * 2048 * (GLU ? 2 : 1);
-            if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, nb, 256, smem, *J, x, n_in, rows, c->gs_slot, c->gs_cnt, pm);
-            else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, nb, 256, smem, *J, x, n_in, rows, c->gs_slot, c->gs_cnt, pm);
+            if (n == 1) cu_launch(c->stream, k_gemv_s<1, OutT, GLU>, nb, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
+            else cu_launch(c->stream, k_gemv_s<2, OutT, GLU>, nb, 256, 0, *J, x, n_in, rows, c->gs_slot, c->gs_cnt);
             CU_LAUNCHED();
             c->gemv_seq = cu_launch_seq;
             return;
