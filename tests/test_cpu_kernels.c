@@ -60,6 +60,16 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         be->matmul(be, y, x, &q, n);
         float e = max_rel(y, ref, (size_t)n * n_out);
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
+        if (n > 1 && n < 8) { /* decode of n sequences: each row's bits as decoded alone */
+            float *y1 = kiln_malloc(sizeof(float) * (size_t)n_out);
+            int same = 1;
+            for (int tt = 0; tt < n; tt++) {
+                be->matmul(be, y1, x + (size_t)tt * n_in, &q, 1);
+                same &= memcmp(y1, y + (size_t)tt * n_out, sizeof(float) * (size_t)n_out) == 0;
+            }
+            CHECK(same, "%s matmul %s %dx%d n=%d: a row differs from the same row alone", isa, dtype_name(t), n_out, n_in, n);
+            free(y1);
+        }
         free(x), free(y), free(ref);
     }
     /* the dot products qmatmul.c uses: 1..4 rows at once */

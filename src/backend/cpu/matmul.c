@@ -8,9 +8,11 @@
  *
  *   GEMV (n < GEMM_MIN rows, decode): memory bound. Each thread of the
  *   worker pool (cpu.c, cpu_parallel_for_split) walks one contiguous run of
- *   weight rows, so it reads a single sequential stream (software-prefetched
- *   4 KiB ahead at n = 1); each row is streamed once and dotted with up to
- *   four activation rows at a time.
+ *   weight rows as two sequential streams, software-prefetched 4 KiB ahead;
+ *   each row is streamed once per pass and dotted with up to 2 (AVX2, NEON)
+ *   or 4 (AVX-512) activation rows, each with the accumulators and order of
+ *   sums of one row alone (a batch of 2-7 sequences decodes to the bits each
+ *   would get alone).
  *
  *   GEMM (prefill): compute bound. The activations are packed once per call
  *   into panels of MR rows laid out [k][MR]; each thread then takes short
@@ -243,8 +245,14 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
  * (4 interleaved streams, no prefetch) 21-24 GB/s, one row + 4 KiB prefetch
  * 33-37 GB/s, a plain read 37-39. */
 #define GEMV_PFD 4096
-typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias,
-                         float *out);
+/* rows [r0, r1) of out[t][r] = W[r] . x[t] + bias[r] for nx activation rows
+ * (t < nx, x rows n_in apart, out rows n_out apart): each weight row is
+ * read once for all nx. nx is at most GEMVM_MAX of the ISA (2 on AVX2 and
+ * NEON, 4 on AVX-512: the four accumulators of every row stay in
+ * registers); each row's sums are those of nx = 1, so a sequence decodes to
+ * the same bits alone or in a batch. */
+typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1, const float *bias,
+                         float *out, int n_out);
 
 /* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS2) */
 static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1) {
@@ -259,28 +267,47 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 
 #if defined(KILN_X86)
 #define GEMV1_AVX512(NAME, WT, LOAD, LOADM)                                                                       \
-    AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,        \
-                            const float *bias, float *out) {                                                      \
+    AVX512 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
+                                                                     int n_in, int64_t r0, int64_t r1, const float *bias, \
+                                                                     float *out, int n_out) {                             \
         gemv_pf_start(W, rb, r0, r1);                                                                             \
         CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                           \
+            __m512 a[4][4];                                                                                       \
+            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();             \
             int i = 0;                                                                                            \
             for (; i + 64 <= n_in; i += 64) {                                                                     \
                 for (int c = 0; c < 64 * (int)sizeof(WT); c += 64)                                                \
                     _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
-                a0 = _mm512_fmadd_ps(LOAD(w + i), _mm512_loadu_ps(x + i), a0);                                    \
-                a1 = _mm512_fmadd_ps(LOAD(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);                          \
-                a2 = _mm512_fmadd_ps(LOAD(w + i + 32), _mm512_loadu_ps(x + i + 32), a2);                          \
-                a3 = _mm512_fmadd_ps(LOAD(w + i + 48), _mm512_loadu_ps(x + i + 48), a3);                          \
+                const __m512 w0 = LOAD(w + i), w1 = LOAD(w + i + 16), w2 = LOAD(w + i + 32), w3 = LOAD(w + i + 48); \
+                for (int j = 0; j < nx; j++) {                                                                   \
+                    const float *xj = x + (size_t)j * n_in + i;                                                   \
+                    a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);                                  \
+                    a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);                             \
+                    a[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xj + 32), a[j][2]);                             \
+                    a[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xj + 48), a[j][3]);                             \
+                }                                                                                                 \
             }                                                                                                     \
             for (; i < n_in; i += 16) {                                                                           \
                 int rem = n_in - i;                                                                               \
                 __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);                        \
-                a0 = _mm512_fmadd_ps(LOADM(w + i, m), _mm512_maskz_loadu_ps(m, x + i), a0);                       \
+                const __m512 w0 = LOADM(w + i, m);                                                                \
+                for (int j = 0; j < nx; j++)                                                                      \
+                    a[j][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + (size_t)j * n_in + i), a[j][0]);   \
             }                                                                                                     \
-            out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) +         \
-                     (bias ? bias[r] : 0.0f);                                                                     \
+            for (int j = 0; j < nx; j++)                                                                          \
+                out[(size_t)j * n_out + r] =                                                                      \
+                    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3]))) + \
+                    (bias ? bias[r] : 0.0f);                                                                      \
+        }                                                                                                         \
+    }                                                                                                             \
+    AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,        \
+                            const float *bias, float *out, int n_out) {                                           \
+        switch (nx) {                                                                                             \
+        case 1: NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out); break;                                      \
+        case 2: NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out); break;                                      \
+        case 3: NAME##_(W, rb, x, 3, n_in, r0, r1, bias, out, n_out); break;                                      \
+        default: NAME##_(W, rb, x, 4, n_in, r0, r1, bias, out, n_out); break;                                     \
         }                                                                                                         \
     }
 
@@ -291,29 +318,43 @@ GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
 /* The same for AVX2: 32 weights per step into 4 accumulators; the tail
  * (n_in % 32) through the scalar dot. */
 #define GEMV1_AVX2(NAME, WT, LOAD, SCALAR)                                                                        \
-    AVX2 static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1,          \
-                          const float *bias, float *out) {                                                        \
+    AVX2 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
+                                                                   int n_in, int64_t r0, int64_t r1, const float *bias, \
+                                                                   float *out, int n_out) {                             \
         gemv_pf_start(W, rb, r0, r1);                                                                             \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                           \
+            __m256 a[2][4];                                                                                       \
+            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm256_setzero_ps();             \
             for (int i = 0; i < n32; i += 32) {                                                                   \
                 for (int c = 0; c < 32 * (int)sizeof(WT); c += 64)                                                \
                     _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
-                a0 = _mm256_fmadd_ps(LOAD(w + i), _mm256_loadu_ps(x + i), a0);                                    \
-                a1 = _mm256_fmadd_ps(LOAD(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);                            \
-                a2 = _mm256_fmadd_ps(LOAD(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);                          \
-                a3 = _mm256_fmadd_ps(LOAD(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);                          \
+                const __m256 w0 = LOAD(w + i), w1 = LOAD(w + i + 8), w2 = LOAD(w + i + 16), w3 = LOAD(w + i + 24);   \
+                for (int j = 0; j < nx; j++) {                                                                    \
+                    const float *xj = x + (size_t)j * n_in + i;                                                   \
+                    a[j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xj), a[j][0]);                                  \
+                    a[j][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), a[j][1]);                              \
+                    a[j][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), a[j][2]);                             \
+                    a[j][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), a[j][3]);                             \
+                }                                                                                                 \
             }                                                                                                     \
-            float t = 0;                                                                                          \
-            if (n32 < n_in) {                                                                                     \
-                const float *xt = x + n32;                                                                        \
-                SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                          \
+            for (int j = 0; j < nx; j++) {                                                                        \
+                float t = 0;                                                                                      \
+                if (n32 < n_in) {                                                                                 \
+                    const float *xt = x + (size_t)j * n_in + n32;                                                 \
+                    SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                      \
+                }                                                                                                 \
+                out[(size_t)j * n_out + r] =                                                                      \
+                    kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_add_ps(a[j][2], a[j][3]))) + t + \
+                    (bias ? bias[r] : 0.0f);                                                                      \
             }                                                                                                     \
-            out[r] = kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + t +                 \
-                     (bias ? bias[r] : 0.0f);                                                                     \
         }                                                                                                         \
+    }                                                                                                             \
+    AVX2 static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,          \
+                          const float *bias, float *out, int n_out) {                                             \
+        if (nx == 1) NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out);                                        \
+        else NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out);                                               \
     }
 
 GEMV1_AVX2(gemv1_f32_avx2, float, load8_f32, dot_f32_scalar)
@@ -359,35 +400,52 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
  * per step into 4 accumulators of 2 x 4 lanes, prefetch GEMV_PFD ahead
  * (as GEMV1_AVX2); the tail (n_in % 32) through the scalar dot */
 #define GEMV1_NEON(NAME, WT, LOAD, SCALAR)                                                                        \
-    static void NAME(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r0, int64_t r1, const float *bias, \
-                     float *out) {                                                                                \
+    static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,       \
+                                                              int n_in, int64_t r0, int64_t r1, const float *bias,      \
+                                                              float *out, int n_out) {                                  \
         gemv_pf_start(W, rb, r0, r1);                                                                             \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            float32x4_t a[8];                                                                                     \
-            for (int u = 0; u < 8; u++) a[u] = vdupq_n_f32(0);                                                    \
+            float32x4_t a[2][8];                                                                                  \
+            for (int j = 0; j < nx; j++)                                                                          \
+                for (int u = 0; u < 8; u++) a[j][u] = vdupq_n_f32(0);                                             \
             for (int i = 0; i < n32; i += 32) {                                                                   \
                 for (int c = 0; c < 32 * (int)sizeof(WT); c += 64)                                                \
                     _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
-                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a[u] =                                        \
-                    vfmaq_f32(a[u], LOAD(w + i + 4 * u), vld1q_f32(x + i + 4 * u));                               \
+                float32x4_t wv[8];                                                                                \
+                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) wv[u] = LOAD(w + i + 4 * u);                  \
+                for (int j = 0; j < nx; j++) {                                                                    \
+                    const float *xj = x + (size_t)j * n_in + i;                                                   \
+                    _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a[j][u] =                                 \
+                        vfmaq_f32(a[j][u], wv[u], vld1q_f32(xj + 4 * u));                                         \
+                }                                                                                                 \
             }                                                                                                     \
-            float t = 0;                                                                                          \
-            if (n32 < n_in) {                                                                                     \
-                const float *xt = x + n32;                                                                        \
-                SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                          \
+            for (int j = 0; j < nx; j++) {                                                                        \
+                float t = 0;                                                                                      \
+                if (n32 < n_in) {                                                                                 \
+                    const float *xt = x + (size_t)j * n_in + n32;                                                 \
+                    SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                      \
+                }                                                                                                 \
+                float32x4_t s = vaddq_f32(vaddq_f32(vaddq_f32(a[j][0], a[j][1]), vaddq_f32(a[j][2], a[j][3])),    \
+                                          vaddq_f32(vaddq_f32(a[j][4], a[j][5]), vaddq_f32(a[j][6], a[j][7])));   \
+                out[(size_t)j * n_out + r] = vaddvq_f32(s) + t + (bias ? bias[r] : 0.0f);                         \
             }                                                                                                     \
-            float32x4_t s = vaddq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])),                    \
-                                      vaddq_f32(vaddq_f32(a[4], a[5]), vaddq_f32(a[6], a[7])));                   \
-            out[r] = vaddvq_f32(s) + t + (bias ? bias[r] : 0.0f);                                                 \
         }                                                                                                         \
+    }                                                                                                             \
+    static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,              \
+                     const float *bias, float *out, int n_out) {                                                  \
+        if (nx == 1) NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out);                                        \
+        else NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out);                                               \
     }
 
 GEMV1_NEON(gemv1_f32_neon, float, load4_f32, dot_f32_scalar)
 GEMV1_NEON(gemv1_bf16_neon, uint16_t, kiln_bf16x4, dot_bf16_scalar)
 GEMV1_NEON(gemv1_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
 #endif /* KILN_NEON */
+
+/* the most activation rows one gemv1 call takes (its registers) */
+static int gemvm_max(void) { return cpu_isa() == CPU_ISA_AVX512 ? 4 : 2; }
 
 static gemv1_fn gemv1_for(enum kiln_dtype t) {
     int v = cpu_isa();
@@ -664,6 +722,7 @@ struct mm_job {
     int n, n_in, n_out, MR, NR, isa;
     cpu_dot_fn dot;
     gemv1_fn gemv1;
+    int mx; /* activation rows per gemv1 call */
 };
 
 static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
@@ -737,8 +796,11 @@ static void gemv_rows(void *arg, int64_t b, int64_t e, int tid) {
     (void)tid;
     const struct mm_job *j = arg;
     const int n = j->n, n_in = j->n_in, n_out = j->n_out;
-    if (n == 1 && j->gemv1) {
-        j->gemv1(j->W, j->rb, j->x, n_in, b, e, j->bias, j->out);
+    if (j->gemv1) { /* up to gemvm_max rows of x per pass over the weights */
+        for (int t = 0; t < n; t += j->mx) {
+            const int nx = n - t < j->mx ? n - t : j->mx;
+            j->gemv1(j->W, j->rb, j->x + (size_t)t * n_in, nx, n_in, b, e, j->bias, j->out + (size_t)t * n_out, n_out);
+        }
         return;
     }
     for (int64_t r = b; r < e; r++) {
@@ -766,7 +828,8 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
         j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                               .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype)};
+                               .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype),
+                               .mx = gemvm_max()};
         j[i].rb = (size_t)j[i].n_in * dtype_size(j[i].dt);
         t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
         rows += w->n_out;
