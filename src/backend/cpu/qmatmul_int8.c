@@ -307,7 +307,7 @@ struct ijob {
     __m512i *act4, *corr4; /* ... with VBMI: groups of 4 blocks (qm_rowsq_q4_0) */
     int dec2;      /* decode without VNNI (dot1a_*): xd, cs and for Q4_0 act2 */
     float *cs;     /* per block: -8 x the activation sum (Q4_0) */
-    int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (decode: qm_rowsk_q6k): xd and xs, [token][block] */
+    int deck;      /* Q4_K: 1, Q5_K: 2 (qm_rowsk_qk, qm_dotk_qk), Q6_K: 3 (qm_rowsk_q6k, qm_dotk_q6k): xd and xs, [token][block] */
     float *xs;     /* per block: the activation scale x the code sum */
     int32_t *hs;   /* Q6_K GEMM on VNNI: per block of xa, 32 x its two halves' code sums */
     int decm;      /* decode of 2-7 rows, Q4_0: 1 (qm_rowm_q4_0), Q8_0: 2 (qm_rowm_q8_0): per row its act2 / xd / cs below */
@@ -405,10 +405,11 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             for (int i = 0; i < nx; i++) as[i] = j->xa + (size_t)(t + i) * j->nb;
             if (nx == 1 && j->dot1) o[0] = j->dot1(row, as[0], j->nblk);
 #if defined(KILN_X86)
-            else if (j->deck && j->deck < 3) {
+            else if (j->deck) {
                 const float *xd[NX], *xs[NX];
                 for (int i = 0; i < nx; i++) xd[i] = j->xd + (size_t)(t + i) * j->nb, xs[i] = j->xs + (size_t)(t + i) * j->nb;
-                qm_dotk_qk(row, as, xd, xs, nx, j->nblk, j->deck == 2, o);
+                if (j->deck == 3) qm_dotk_q6k(row, as, xd, nx, j->nblk, o);
+                else qm_dotk_qk(row, as, xd, xs, nx, j->nblk, j->deck == 2, o);
             }
 #endif
             else if (j->isa >= CPU_ISA_AVX2) j->dotx(row, as, nx, j->nblk, o);
@@ -546,9 +547,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
     /* decode of 2-7 rows: rowa_q4_0's / rowa_q8_0's step over up to 4 rows at once (qm_rowm_*) */
     j.decm = gemm || n < 2 || n > NX * 2 || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_0 ? 1 : w->w.dtype == KILN_DTYPE_Q8_0 ? 2 : 0;
-    /* Q4_K / Q5_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n; Q6_K's decode */
+    /* Q4_K / Q5_K / Q6_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n */
     j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2
-             : w->w.dtype == KILN_DTYPE_Q6_K && n == 1 ? 3 : 0;
+             : w->w.dtype == KILN_DTYPE_Q6_K ? 3 : 0;
     {
         const int vecs = dec || j.dec2;
         const size_t sz[5] = {sizeof *j.xa * (size_t)nrow * nb,

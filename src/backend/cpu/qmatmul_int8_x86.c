@@ -739,6 +739,7 @@ AVX2 static inline __attribute__((always_inline)) void dotk_qk_(const uint8_t *w
     const __m256i one16 = _mm256_set1_epi16(1);
     const int bs = q5 ? 176 : 144;
     for (int i = 0; i < nsb; i++, w += bs) {
+        PF8(w, bs);
         __m256 sc, mi, dd[NX];
         kq_scales(w, &sc, &mi);
         #pragma GCC unroll 4
@@ -814,6 +815,57 @@ AVX2 static inline __attribute__((always_inline)) __m256 rowk_q6k(const uint8_t 
         }
     }
     return _mm256_add_ps(acc0, acc1);
+}
+
+/* Q6_K over nx <= NX activation rows (decode of 2-7 sequences): rowk_q6k's
+ * step with a 32-weight group's codes unpacked once for the nx rows; each
+ * row brings its own activation scales (xd[t], [block]) */
+AVX2 static inline __attribute__((always_inline)) void dotk_q6k_(const uint8_t *w, const struct q8a *const *a, const float *const *xd, int nx,
+                                                                 int nsb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32), one16 = _mm256_set1_epi16(1);
+    for (int i = 0; i < nsb; i++, w += 210) {
+        PF8(w, 210);
+        const __m256 d = _mm256_set1_ps(h2f_c(w + 208));
+        const __m128i s16 = _mm_loadu_si128((const __m128i *)(w + 192));
+        const __m256 sd[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)), d),
+                              _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))), d)};
+        #pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256 sx[NX];
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++)
+                sx[j] = _mm256_mul_ps(sd[h], _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd[j] + 8 * i),
+                                                                      _mm256_setr_epi32(4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 2,
+                                                                                        4 * h + 2, 4 * h + 3, 4 * h + 3)));
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)), ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            #pragma GCC unroll 4
+            for (int s4 = 0; s4 < 4; s4++) {
+                const __m256i lo = _mm256_and_si256(s4 & 2 ? _mm256_srli_epi16(s4 & 1 ? ql1 : ql0, 4) : (s4 & 1 ? ql1 : ql0), m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s4), m3);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32); /* -32..31 */
+                const __m256i aq = _mm256_sign_epi8(q, q);
+                const __m256i ix = _mm256_setr_epi32(2 * s4, 2 * s4, 2 * s4, 2 * s4, 2 * s4 + 1, 2 * s4 + 1, 2 * s4 + 1, 2 * s4 + 1);
+                #pragma GCC unroll 4
+                for (int j = 0; j < nx; j++) {
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQS(a[j] + 8 * i + 4 * h + s4), q)), one16);
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sx[j], ix), acc[j]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+AVX2 void qm_dotk_q6k(const uint8_t *w, const struct q8a *const *a, const float *const *xd, int nx, int nsb, float *out) {
+    switch (nx) {
+    case 1: dotk_q6k_(w, a, xd, 1, nsb, out); break;
+    case 2: dotk_q6k_(w, a, xd, 2, nsb, out); break;
+    case 3: dotk_q6k_(w, a, xd, 3, nsb, out); break;
+    default: dotk_q6k_(w, a, xd, 4, nsb, out); break;
+    }
 }
 
 #define ROW_Q6K(r) rowk_q6k(W + (size_t)(r) * rb, xd, a, nsb)

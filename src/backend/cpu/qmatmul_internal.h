@@ -321,6 +321,8 @@ AVX2 void qm_rowsk_qk(const uint8_t *W, size_t rb, int64_t n, const float *xd, c
 /* Q6_K decode: xd per 32-block the activation scale */
 AVX2 void qm_rowsk_q6k(const uint8_t *W, size_t rb, int64_t n, const float *xd, const struct q8a *a, int nsb, float *out);
 /* ... (Q4_K / Q5_K) over nx <= 4 activation rows (prefill), xd / xs per row */
+/* Q6_K over nx <= NX activation rows (decode of 2-7 sequences), xd per row */
+AVX2 void qm_dotk_q6k(const uint8_t *w, const struct q8a *const *a, const float *const *xd, int nx, int nsb, float *out);
 AVX2 void qm_dotk_qk(const uint8_t *w, const struct q8a *const *a, const float *const *xd, const float *const *xs, int nx, int nsb, int q5,
                      float *out);
 VNNI float qm_dot1z_q4_0(const uint8_t *w, const __m512i *corr2, const __m512i *act2, const float *xd, const struct q8a *a, int nb);
