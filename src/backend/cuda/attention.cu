@@ -180,9 +180,11 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
  * the cache nor the tables (uploaded before the step). The cached keys
  * read are those of earlier steps; this launch writes only the new slot,
  * which none of its blocks reads from the cache. */
-/* the merge of a (row, head)'s n_split partials [M, L, o[HD]] into its
- * output, normalised; get(i, j) reads element j of split i. Both merges
- * (global partials, cluster shared memory) run this, in split order. */
+/* decode attention's split-K merge (blocks of 128 threads): a (row, head)'s
+ * n_split <= 64 partials [M, L, o[HD]] into its normalised output, in split
+ * order; get(i, j) reads element j of split i (global partials or, in a
+ * cluster, another block's shared memory). attn_gqa.cu still writes the same
+ * merge out itself. */
 template <int HD, typename G>
 __device__ __forceinline__ void att_merge(bf16 *__restrict__ out, int n_split, G get) {
     __shared__ float wsp[64];
@@ -661,12 +663,8 @@ template <int HD, bool ROPE>
 static int rows_cluster_max(void) {
     static int mx = -1;
     if (mx < 0) {
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         mx = 0;
-        if (major >= 9 && cudaFuncGetAttributes(&fa, k_att_rows<HD, ROPE, true>) == cudaSuccess && fa.binaryVersion >= 90) {
+        if (cu_sm90_code((const void *)k_att_rows<HD, ROPE, true>)) {
             mx = 8;
             if (cudaFuncSetAttribute(k_att_rows<HD, ROPE, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
                 cudaSuccess) {

@@ -71,6 +71,16 @@ static int prof_on;
 static double prof_t0, prof_issue, prof_wait, prof_copy;
 static long prof_n;
 int cu_pdl = 1;
+
+int cu_sm90_code(const void *k) {
+    int dev = 0, major = 0;
+    cudaFuncAttributes fa;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const int ok = major >= 9 && cudaFuncGetAttributes(&fa, k) == cudaSuccess && fa.binaryVersion >= 90;
+    cudaGetLastError();
+    return ok;
+}
 unsigned long cu_launch_seq;
 extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */

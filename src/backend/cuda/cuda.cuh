@@ -376,6 +376,11 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
     cu_launch_cl(s, k, grid, block, smem, dim3(1, 1, 1), args...);
 }
 
+/* the device is sm_90 or newer and kernel k has sm_90 code in this build
+ * (the kernels using clusters, bulk copies or mbarriers check this before
+ * their first launch) */
+int cu_sm90_code(const void *k);
+
 /* checks the last launch (cheap; launch errors are bugs or a broken device) */
 #define CU_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 

@@ -128,6 +128,21 @@ struct gemv_norm {
     int *cnt;
 };
 
+/* the split-K of a GEMV row over ks warps (part = warp % ks): lane 0 of
+ * each leaves its NB (and GLU's) sums in red, and lane 0 of part 0 adds its
+ * partners' in warp order; the caller syncs before red is written again */
+template <int NB>
+__device__ __forceinline__ void ks_sum(float (*red)[2 * NB], float *acc, float *acc2, int ks, int warp, int part, int lane) {
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < NB; j++) red[warp][j] = acc[j], red[warp][NB + j] = acc2[j];
+    __syncthreads();
+    if (part == 0 && lane == 0)
+        for (int p = 1; p < ks; p++)
+#pragma unroll
+            for (int j = 0; j < NB; j++) acc[j] += red[warp + p][j], acc2[j] += red[warp + p][NB + j];
+}
+
 /* L2 prefetch of a lane's first GEMV_PF chunks of a weight row: weights are
  * never written by the previous kernel, so this runs before griddepcontrol.wait
  * and overlaps the previous kernel's tail (the block is resident as soon as
@@ -210,16 +225,7 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
         if (GLU) acc2[j] = warp_sum(acc2[j]);
     }
     __shared__ float red[8][2 * NB];
-    if (ks > 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int j = 0; j < NB; j++) red[warp][j] = acc[j], red[warp][NB + j] = acc2[j];
-        __syncthreads();
-        if (part == 0 && lane == 0)
-            for (int p = 1; p < ks; p++)
-#pragma unroll
-                for (int j = 0; j < NB; j++) acc[j] += red[warp + p][j], acc2[j] += red[warp + p][NB + j];
-    }
+    if (ks > 1) ks_sum<NB>(red, acc, acc2, ks, warp, part, lane);
     if (part == 0 && lane == 0 && row < jb.n_out) {
         const float b = jb.bias ? jb.bias[row] : 0.f;
         if (!GLU) {
@@ -507,14 +513,7 @@ __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const 
             if (GLU) acc2[j] = warp_sum(acc2[j]);
         }
         if (ks > 1) {
-            if (lane == 0)
-#pragma unroll
-                for (int j = 0; j < NB; j++) red[warp][j] = acc[j], red[warp][NB + j] = acc2[j];
-            __syncthreads();
-            if (part == 0 && lane == 0)
-                for (int q = 1; q < ks; q++)
-#pragma unroll
-                    for (int j = 0; j < NB; j++) acc[j] += red[warp + q][j], acc2[j] += red[warp + q][NB + j];
+            ks_sum<NB>(red, acc, acc2, ks, warp, part, lane);
             __syncthreads();
         }
         if (part == 0 && lane == 0 && rr < nr) gs_emit<NB, OutT, GLU>(J, r0 + rr, acc, acc2);
@@ -529,13 +528,8 @@ __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const 
 template <int NB, typename OutT, bool GLU> static int gemv_b_ok(void) {
     static int ok = -1;
     if (ok < 0) {
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        ok = major >= 9 && cudaFuncGetAttributes(&fa, k_gemv_b<NB, OutT, GLU>) == cudaSuccess && fa.binaryVersion >= 90 &&
-             cudaFuncSetAttribute(k_gemv_b<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_B_SMEM) ==
-                 cudaSuccess;
+        ok = cu_sm90_code((const void *)k_gemv_b<NB, OutT, GLU>) &&
+             cudaFuncSetAttribute(k_gemv_b<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_B_SMEM) == cudaSuccess;
         cudaGetLastError();
     }
     return ok;
@@ -1003,11 +997,7 @@ __global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, cons
 static int moe_down_b_ok(void) {
     static int ok = -1;
     if (ok < 0) {
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        ok = major >= 9 && cudaFuncGetAttributes(&fa, k_moe_down_b<8>) == cudaSuccess && fa.binaryVersion >= 90 &&
+        ok = cu_sm90_code((const void *)k_moe_down_b<8>) &&
              cudaFuncSetAttribute(k_moe_down_b<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
              cudaFuncSetAttribute(k_moe_down_b<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
              cudaFuncSetAttribute(k_moe_down_b<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_DOWN_B_SMEM) == cudaSuccess &&
