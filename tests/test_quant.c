@@ -376,6 +376,19 @@ static void test_qgemm(void) {
                     for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i]));
                     CHECK(md <= 2e-6 * scale, "%s %s%s N=%d K=%d n=%d: max |%s - scalar| %g > %g", cpu_isa_name(isa), cs[c].fmt,
                           cs[c].f32act ? " (f32 act)" : "", N, K, n, cpu_isa_name(isa), md, 2e-6 * scale);
+                    /* GPTQ / AWQ 4-bit on AVX2, 2-7 sequences (groups of 64 and up): each row's bits as
+                     * decoded alone (qmatmul_gptq.c growsm_avx2 against grows_avx2) */
+                    if (isa == CPU_ISA_AVX2 && n > 1 && n < 8 && !cs[c].f32act && cs[c].group >= 64 &&
+                        (!strcmp(cs[c].fmt, "gptq-int4") || !strcmp(cs[c].fmt, "awq"))) {
+                        float *o1 = kiln_malloc(sizeof(float) * N);
+                        int same = 1;
+                        for (int t = 0; t < n; t++) {
+                            be->matmul(be, o1, x + (size_t)t * K, &w, 1);
+                            same &= memcmp(o1, out + (size_t)t * N, sizeof(float) * N) == 0;
+                        }
+                        CHECK(same, "avx2 %s g%d N=%d K=%d n=%d: a row differs from the same row alone", cs[c].fmt, cs[c].group, N, K, n);
+                        free(o1);
+                    }
                 }
             }
             be->release_linear(be, &w);

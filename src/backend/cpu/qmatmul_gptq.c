@@ -286,6 +286,66 @@ AVX2 static inline __attribute__((always_inline)) __m256 grow128_avx2(const uint
     return _mm256_add_ps(acc0, acc1);
 }
 
+/* grow_avx2 over nx <= 2 activation rows (decode of 2-7 sequences, a pass
+ * per 2 of them): a pair's 32 code bytes loaded and unpacked once for both
+ * rows, each row with its own act2 / dx2 / [0, SX] pairs and grow_avx2's
+ * sums in grow_avx2's order, so a row gets the bits it gets alone. */
+AVX2 static inline __attribute__((always_inline)) void grow2_avx2(const uint8_t *q, const float *sb, const __m256i *const *act2,
+                                                                  const float *const *dx2, const float *const *sxp, int G, int ppg,
+                                                                  int np, int nx, __m256 *res) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256 acc0[2], acc1[2];
+    for (int t = 0; t < nx; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int gi = 0; gi < G; gi++) {
+        const int p0 = gi * ppg, p1 = p0 + ppg < np ? p0 + ppg : np;
+        __m256 T[2];
+        for (int t = 0; t < nx; t++) T[t] = _mm256_setzero_ps();
+        for (int p = p0; p < p1; p++) {
+            if (!(p & 1)) _mm_prefetch((const char *)q + 32 * (size_t)p + QPFD_G, _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * (size_t)p));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int t = 0; t < nx; t++) {
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(act2[t] + 2 * p)),
+                                                   _mm256_maddubs_epi16(hi, _mm256_loadu_si256(act2[t] + 2 * p + 1)));
+                T[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, one16)), _mm256_loadu_ps(dx2[t] + 8 * (size_t)p), T[t]);
+            }
+        }
+        for (int t = 0; t < nx; t++) {
+            if (gi & 1) acc1[t] = _mm256_fmadd_ps(T[t], _mm256_broadcast_ss(sb + 2 * gi), acc1[t]);
+            else acc0[t] = _mm256_fmadd_ps(T[t], _mm256_broadcast_ss(sb + 2 * gi), acc0[t]);
+        }
+    }
+    for (int t = 0; t < nx; t++) {
+        for (int k = 0; k + 8 <= 2 * G; k += 8) acc0[t] = _mm256_fmadd_ps(_mm256_loadu_ps(sb + k), _mm256_loadu_ps(sxp[t] + k), acc0[t]);
+        res[t] = _mm256_add_ps(acc0[t], acc1[t]);
+    }
+}
+
+/* rows r0 .. r1-1 for n activation rows (2..7), two per pass; out[t][r],
+ * with the [s, b] . [0, SX] terms past the last multiple of 8 and the bias
+ * added as grows_avx2 and its caller add them */
+AVX2 static void growsm_avx2(const struct qgrp *g, int64_t r0, int64_t r1, const __m256i *act2, const float *dx2, const float *sxp, int G,
+                             int ppg, int np, int n, int N, const float *bias, float *out) {
+    const int k0 = 2 * G / 8 * 8;
+    for (int t = 0; t < n; t += 2) {
+        const int nx = n - t < 2 ? n - t : 2, t1 = nx == 2 ? t + 1 : t;
+        const __m256i *a2[2] = {act2 + (size_t)t * 2 * np, act2 + (size_t)t1 * 2 * np};
+        const float *d2[2] = {dx2 + (size_t)t * 8 * np, dx2 + (size_t)t1 * 8 * np};
+        const float *s2[2] = {sxp + (size_t)t * 2 * G, sxp + (size_t)t1 * 2 * G};
+        CPU_FOR_ROWS2(r, r0, r1) {
+            const float *sb = g->sb + (size_t)r * G * 2;
+            __m256 v[2];
+            if (nx == 2) grow2_avx2(g->q + (size_t)r * g->row_bytes, sb, a2, d2, s2, G, ppg, np, 2, v);
+            else grow2_avx2(g->q + (size_t)r * g->row_bytes, sb, a2, d2, s2, G, ppg, np, 1, v);
+            for (int i = 0; i < nx; i++) {
+                float o = _mm_cvtss_f32(kiln_hsum8x4(v[i], v[i], v[i], v[i]));
+                for (int k = k0; k < 2 * G; k++) o += sb[k] * s2[i][k];
+                out[(size_t)(t + i) * N + r] = bias ? o + bias[r] : o;
+            }
+        }
+    }
+}
+
 /* Rows r0 .. r1-1 through QM_ROWS4 (qmatmul_internal.h: a call per row
  * spent a fifth of a 1024-wide row's time on its prologue and horizontal
  * sum), then the [s, b] . [0, SX] terms past the last multiple of 8 one by
@@ -315,6 +375,10 @@ static void g_rows(void *arg, int64_t r0, int64_t r1, int tid) {
         grows_avx2(g, r0, r1, j->act2, j->dx2, j->sx, j->G, j->gs / 64, j->nb / 2, j->out);
         if (j->bias)
             for (int64_t r = r0; r < r1; r++) j->out[r] += j->bias[r];
+        return;
+    }
+    if (j->dec2) {
+        growsm_avx2(g, r0, r1, j->act2, j->dx2, j->sx, j->G, j->gs / 64, j->nb / 2, j->n, j->N, j->bias, j->out);
         return;
     }
     if (j->n == 1 && j->vnni && j->gs == 128 && j->K % 1024 == 0) {
@@ -491,11 +555,12 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
     if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
     const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
-    /* AVX2 decode by block pairs: groups of an even number of blocks */
-    j.dec2 = !gemm && n == 1 && !j.vnni && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
+    /* AVX2 decode by block pairs: groups of an even number of blocks; one
+     * sequence without VNNI (with it: dec), or 2-7 of them on any AVX2 CPU */
+    j.dec2 = !gemm && (n > 1 || !j.vnni) && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
     cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
     const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
-                          dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb : 0};
+                          dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb * n : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb * n : 0};
     void *ptr[4];
     if (qm_buf_get(be, sz, ptr, 4)) return -1; /* reported by cpu_error */
     j.xa = ptr[0], j.sx = ptr[1];
@@ -509,15 +574,23 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     cpu_parallel_for(be, nrow, (16384 + j.K - 1) / j.K, g_quant, &j);
 #if defined(KILN_X86)
     if (j.dec2) {
-        /* act2[2p] = [x_2p 0..15 | x_2p+1 0..15], act2[2p+1] the 16..31
-         * halves; dx2 per pair; sx becomes the [0, SX_g] pairs */
-        for (int p = 0; p < j.nb / 2; p++) {
-            const struct q8a *x0 = &j.xa[2 * p], *x1 = x0 + 1;
-            int8_t *d = (int8_t *)&j.act2[2 * p];
-            memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
-            for (int i = 0; i < 4; i++) j.dx2[8 * p + i] = x0->d, j.dx2[8 * p + 4 + i] = x1->d;
-        }
-        for (int gi = j.G - 1; gi >= 0; gi--) j.sx[2 * gi + 1] = j.sx[gi], j.sx[2 * gi] = 0;
+        /* per token t: act2[2p] = [x_2p 0..15 | x_2p+1 0..15], act2[2p+1]
+         * the 16..31 halves; dx2 per pair; sx becomes the [0, SX_g] pairs
+         * ([t][2G], filled from the back over the [t][G] values) */
+        const int np = j.nb / 2;
+        for (int t = 0; t < n; t++)
+            for (int p = 0; p < np; p++) {
+                const struct q8a *x0 = &j.xa[(size_t)t * j.nb + 2 * p], *x1 = x0 + 1;
+                int8_t *d = (int8_t *)&j.act2[(size_t)t * 2 * np + 2 * p];
+                float *dx = j.dx2 + (size_t)t * 8 * np + 8 * p;
+                memcpy(d, x0->qs, 16), memcpy(d + 16, x1->qs, 16), memcpy(d + 32, x0->qs + 16, 16), memcpy(d + 48, x1->qs + 16, 16);
+                for (int i = 0; i < 4; i++) dx[i] = x0->d, dx[4 + i] = x1->d;
+            }
+        for (int t = n - 1; t >= 0; t--)
+            for (int gi = j.G - 1; gi >= 0; gi--) {
+                const float v = j.sx[(size_t)t * j.G + gi];
+                j.sx[(size_t)t * 2 * j.G + 2 * gi] = 0, j.sx[(size_t)t * 2 * j.G + 2 * gi + 1] = v;
+            }
     }
     if (dec) {
         /* act4[2u] = [x_b 0..15 for b = 4u .. 4u+3], act4[2u+1] the 16..31
