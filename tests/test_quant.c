@@ -208,13 +208,13 @@ static void test_kernels(void) {
  * qm_gemm_q6k_avx2): every code at its extreme (Q4_K 15, Q5_K 31, Q6_K 31
  * and -32) against activations all at +127 or all at -127, where an int16
  * lane summing 16 Q5_K or Q6_K products would wrap; each ISA against the
- * scalar kernels at prefill and decode sizes (1 and 4 sequences) */
+ * scalar kernels at prefill and decode sizes (1, 4 and 9 sequences) */
 static void test_kq_extremes(void) {
     char err[512];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     CHECK(be != NULL, "%s", err);
     if (!be) return;
-    const int saved = cpu_isa(), N = 11, K = 512, maxn = 9;
+    const int saved = cpu_isa(), N = 11, K = 512, maxn = 20;
     static const char *fmts[] = {"q4_k", "q5_k", "q6_k", "q6_k"};
     for (int f = 0; f < 4; f++) {
         void **owned = kiln_calloc(1, sizeof(void *));
@@ -228,8 +228,8 @@ static void test_kq_extremes(void) {
         float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
         for (int sign = -1; sign <= 1; sign += 2) {
             for (int i = 0; i < maxn * K; i++) x[i] = (float)sign * (1.0f + (float)(i / K)); /* every block at amax: codes +-127 */
-            static const int nks[] = {1, 4, 9}; /* decode, 4 sequences, prefill */
-            for (int ni = 0; ni < 3; ni++) {
+            static const int nks[] = {1, 4, 9, 20}; /* decode, 4 and 9 sequences (row dots), prefill (the GEMM) */
+            for (int ni = 0; ni < 4; ni++) {
                 const int n = nks[ni];
                 cpu_set_isa(CPU_ISA_SCALAR);
                 be->matmul(be, ref, x, &w, n);
@@ -278,7 +278,9 @@ static void test_qgemm(void) {
               {"gptq-int4", 48, 2048, 0, 128, 2}, {"gptq-int4", 40, 640, 0, 128, 0},   {"awq", 40, 352, 0, 32, 0},
               {"awq", 24, 1024, 0, 128, 0},       {"gptq-int4", 16, 256, 0, 0, 1},     {"gptq-int4", 600, 1024, 0, 128, 1},
               {"gptq-int4", 40, 1024, 1, 128, 2}};
-    static const int ns[] = {1, 2, 3, 5, 8, 13, 37}; /* 2-7: the decode of that many sequences (5: a pass of 4, then 1) */
+    /* 2-7: the decode of that many sequences (5: a pass of 4, then 1); 8 and 13 take the row dots on AVX2, 17 and 37 the
+     * int8 GEMM on every x86 ISA (qmatmul_int8.c igemm_min) */
+    static const int ns[] = {1, 2, 3, 5, 8, 13, 17, 37};
     const int maxn = 37;
     struct kiln_rng r;
     kiln_rng_seed(&r, 99);

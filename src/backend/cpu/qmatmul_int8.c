@@ -288,6 +288,9 @@ typedef void (*qdotx_fn)(const uint8_t *w, const struct q8a *const *a, int nx, i
 typedef float (*qdot1v_fn)(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 #endif
 
+/* the most rows the multi-row decode kernels (decm) take in one call */
+#define DECM_MAX 32
+
 struct ijob {
     const struct qlinear *w;
     float *out;
@@ -311,8 +314,8 @@ struct ijob {
     float *xs;     /* per block: the activation scale x the code sum */
     int32_t *hs;   /* Q6_K GEMM on VNNI: per block of xa, 32 x its two halves' code sums */
     int decm;      /* decode of 2-7 rows, Q4_0: 1 (qm_rowm_q4_0), Q8_0: 2 (qm_rowm_q8_0): per row its act2 / xd / cs below */
-    const __m256i *x2m[NX * 2];
-    const float *xdm[NX * 2], *csm[NX * 2];
+    const __m256i *x2m[DECM_MAX];
+    const float *xdm[DECM_MAX], *csm[DECM_MAX];
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -463,10 +466,24 @@ static void act_q4_vectors(float *xd, float *cs, int8_t *pairs, const struct q8a
 }
 #endif
 
-/* n at or above which Q8_0 / Q4_0 and the K formats run the int8 GEMM (below: row dots) */
-#define IGEMM_MIN 8
-
 #if defined(KILN_X86)
+/* n at or above which Q8_0 / Q4_0 and the K formats run the int8 GEMM
+ * (below: the row dots, which read the weights once per 4 rows but pack
+ * nothing). Measured with `--profile batch` on 0.6B GGUFs, 2 threads
+ * (fifteenth session, docs/cpu.md): on AVX2 the row dots win up to 16
+ * rows for Q4_0 / Q8_0 (batch 8: 57-58 -> 76-87 tok/s Q4_0) and up to 12
+ * for the K formats (GEMM ahead at 16); with VNNI the GEMM is ahead from
+ * 12. KILN_CPU_IGEMM_MIN=n overrides (2..DECM_MAX + 1). */
+static int igemm_min(int vnni, enum kiln_dtype t) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KILN_CPU_IGEMM_MIN");
+        env = e && atoi(e) > 1 && atoi(e) <= DECM_MAX + 1 ? atoi(e) : 0;
+    }
+    if (env) return env;
+    return vnni ? 12 : t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q8_0 ? 17 : 16;
+}
+
 /* KILN_CPU_KGEMM=0: Q4_K / Q5_K / Q6_K prefill on the row dots, as before
  * the GEMM, for A/B runs; read once */
 static int kgemm_on(void) {
@@ -528,7 +545,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
         j.dot1 = vnni ? qm_dot1_q4_0_vnni : qm_dot1_q4_0_avx2;
     const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K;
-    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
+    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, w->w.dtype) && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
     if (gemm) {
         j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
@@ -546,7 +563,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
     /* decode of 2-7 rows: rowa_q4_0's / rowa_q8_0's step over up to 4 rows at once (qm_rowm_*) */
-    j.decm = gemm || n < 2 || n > NX * 2 || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_0 ? 1 : w->w.dtype == KILN_DTYPE_Q8_0 ? 2 : 0;
+    j.decm = gemm || n < 2 || n > DECM_MAX || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_0 ? 1 : w->w.dtype == KILN_DTYPE_Q8_0 ? 2 : 0;
     /* Q4_K / Q5_K / Q6_K row dots on AVX2 and up (the AVX-512 machines take them too), below the GEMM's n */
     j.deck = gemm || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_K ? 1 : w->w.dtype == KILN_DTYPE_Q5_K ? 2
              : w->w.dtype == KILN_DTYPE_Q6_K ? 3 : 0;
@@ -659,7 +676,11 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     struct ijob j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     const int isa = cpu_isa();
-    if (isa >= CPU_ISA_AVX2 && n >= IGEMM_MIN) return 0;
+#if defined(KILN_X86)
+    if (isa >= CPU_ISA_AVX2 && n >= igemm_min(isa >= CPU_ISA_AVX512 && qm_have_vnni(), ws[0]->w.dtype)) return 0;
+#else
+    (void)isa;
+#endif
     for (int i = 1; i < count; i++)
         if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
     const int gemm = int8_setup(be, &j[0], outs[0], x, ws[0], n);
