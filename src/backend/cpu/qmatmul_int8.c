@@ -494,6 +494,14 @@ static int kgemm_on(void) {
     }
     return on;
 }
+
+/* whether an int8 matmul of n activation rows of dtype t runs the GEMM
+ * (else the row dots); int8_setup and qm_int8_multi ask the same */
+static int int8_gemm(int isa, enum kiln_dtype t, int n) {
+    const int vnni = isa >= CPU_ISA_AVX512 && qm_have_vnni();
+    const int kq = t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K;
+    return isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, t) && (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
+}
 #endif
 
 /* everything of an int8 matmul before its parallel part: the kernels for
@@ -544,8 +552,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         j.dot1 = vnni ? qm_dot1_q8_0_vnni : qm_dot1_q8_0_avx2;
     if (j.isa >= CPU_ISA_AVX2 && w->w.dtype == KILN_DTYPE_Q4_0)
         j.dot1 = vnni ? qm_dot1_q4_0_vnni : qm_dot1_q4_0_avx2;
-    const int kq = w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K;
-    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, w->w.dtype) && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
+    const int gemm = int8_gemm(j.isa, w->w.dtype, n);
     if (gemm) {
         j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
@@ -677,7 +684,7 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     struct cpu_task t[MULTI_MAX];
     const int isa = cpu_isa();
 #if defined(KILN_X86)
-    if (isa >= CPU_ISA_AVX2 && n >= igemm_min(isa >= CPU_ISA_AVX512 && qm_have_vnni(), ws[0]->w.dtype)) return 0;
+    if (int8_gemm(isa, ws[0]->w.dtype, n)) return 0;
 #else
     (void)isa;
 #endif
