@@ -72,6 +72,12 @@ static double prof_t0, prof_issue, prof_wait, prof_copy;
 static long prof_n;
 int cu_pdl = 1;
 
+/* the environment variable name is set to exactly v (the switches below) */
+static int env_is(const char *name, const char *v) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, v);
+}
+
 int cu_sm90_code(const void *k) {
     int dev = 0, major = 0;
     cudaFuncAttributes fa;
@@ -828,39 +834,25 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, blas_ws));
     c->bytes_ws += blas_ws;
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
-    const char *g = getenv("KILN_CUDA_GRAPHS");
-    c->no_graphs = g && !strcmp(g, "0");
-    const char *sk = getenv("KILN_CUDA_STEPK");
-    c->no_sk = !(sk && !strcmp(sk, "1")); /* opt-in: not faster yet (step.cu, docs/cuda.md) */
-    const char *df = getenv("KILN_CUDA_DEFER");
-    c->no_defer = df && !strcmp(df, "0");
-    const char *fu = getenv("KILN_CUDA_FUSE");
-    c->no_fuse = fu && !strcmp(fu, "0");
-    const char *fa = getenv("KILN_CUDA_FUSE_ATT"); /* =0: decode rope + KV write as their own launch */
-    c->no_fuse_att = fa && !strcmp(fa, "0");
+    c->no_graphs = env_is("KILN_CUDA_GRAPHS", "0");
+    c->no_sk = !env_is("KILN_CUDA_STEPK", "1"); /* opt-in: not faster yet (step.cu, docs/cuda.md) */
+    c->no_defer = env_is("KILN_CUDA_DEFER", "0");
+    c->no_fuse = env_is("KILN_CUDA_FUSE", "0");
+    c->no_fuse_att = env_is("KILN_CUDA_FUSE_ATT", "0"); /* decode rope + KV write as their own launch */
     /* folding the norm into the next GEMV is off unless asked for: measured
      * on the H200 it cost 0.6B decode ~5% and gained nothing on 8B (each
      * block's norm prologue sits on the GEMV's critical path) */
-    const char *fn = getenv("KILN_CUDA_FUSE_NORM");
-    c->no_fuse_norm = !(fn && !strcmp(fn, "1"));
-    const char *nr = getenv("KILN_CUDA_NORM_R");
-    c->no_norm_r = nr && !strcmp(nr, "0");
-    const char *acl = getenv("KILN_CUDA_ATT_CLUSTER");
-    c->no_att_cluster = acl && !strcmp(acl, "0");
-    const char *mp = getenv("KILN_CUDA_MOE_PTR");
-    c->no_moe_ptr = mp && !strcmp(mp, "0");
-    const char *mb = getenv("KILN_CUDA_MOE_BULK");
-    c->no_moe_bulk = mb && !strcmp(mb, "0");
-    const char *mpre = getenv("KILN_CUDA_MOE_PRE");
-    c->no_moe_pre = mpre && !strcmp(mpre, "0");
-    const char *gb = getenv("KILN_CUDA_GEMV_B");
-    c->no_gemv_b = gb && !strcmp(gb, "0");
+    c->no_fuse_norm = !env_is("KILN_CUDA_FUSE_NORM", "1");
+    c->no_norm_r = env_is("KILN_CUDA_NORM_R", "0");
+    c->no_att_cluster = env_is("KILN_CUDA_ATT_CLUSTER", "0");
+    c->no_moe_ptr = env_is("KILN_CUDA_MOE_PTR", "0");
+    c->no_moe_bulk = env_is("KILN_CUDA_MOE_BULK", "0");
+    c->no_moe_pre = env_is("KILN_CUDA_MOE_PRE", "0");
+    c->no_gemv_b = env_is("KILN_CUDA_GEMV_B", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
-    const char *rd = getenv("KILN_CUDA_READ");
-    c->old_read = rd && !strcmp(rd, "0");
-    const char *pf = getenv("KILN_CUDA_PF");
-    cu_gemv_pf = !(pf && !strcmp(pf, "0"));
+    c->old_read = env_is("KILN_CUDA_READ", "0");
+    cu_gemv_pf = !env_is("KILN_CUDA_PF", "0");
     const char *bps = getenv("KILN_CUDA_GEMV_BPS");
     if (bps && *bps >= '0' && *bps <= '8' && !bps[1]) cu_gemv_bps = *bps - '0';
     const char *sr = getenv("KILN_CUDA_GEMV_SROWS");
@@ -876,16 +868,12 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     }
     CUDA_CHECK(cudaMalloc(&c->norm_cnt, 64));
     CUDA_CHECK(cudaMemset(c->norm_cnt, 0, 64));
-    const char *mg = getenv("KILN_CUDA_MOE_GROUPED");
-    c->moe_grouped = !(mg && !strcmp(mg, "0"));
+    c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
-    const char *pr = getenv("KILN_CUDA_PROFILE");
-    prof_on = pr && !strcmp(pr, "1");
-    const char *ap = getenv("KILN_CUDA_ATT_PRE");
-    c->no_att_pre = ap && !strcmp(ap, "0");
-    const char *pdl = getenv("KILN_CUDA_PDL");
-    cu_pdl = !(pdl && !strcmp(pdl, "0")) && prop.major >= 9;
+    prof_on = env_is("KILN_CUDA_PROFILE", "1");
+    c->no_att_pre = env_is("KILN_CUDA_ATT_PRE", "0");
+    cu_pdl = !env_is("KILN_CUDA_PDL", "0") && prop.major >= 9;
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     kiln_log(KILN_LOG_INFO, "cuda: %s, sm_%d%d, %d SMs, %.1f GiB free of %.1f%s", prop.name, prop.major, prop.minor,
