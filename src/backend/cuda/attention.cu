@@ -180,36 +180,6 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
  * the cache nor the tables (uploaded before the step). The cached keys
  * read are those of earlier steps; this launch writes only the new slot,
  * which none of its blocks reads from the cache. */
-/* decode attention's split-K merge (blocks of 128 threads): a (row, head)'s
- * n_split <= 64 partials [M, L, o[HD]] into its normalised output, in split
- * order; get(i, j) reads element j of split i (global partials or, in a
- * cluster, another block's shared memory). attn_gqa.cu still writes the same
- * merge out itself. */
-template <int HD, typename G>
-__device__ __forceinline__ void att_merge(bf16 *__restrict__ out, int n_split, G get) {
-    __shared__ float wsp[64];
-    __shared__ float MLs[2];
-    if (threadIdx.x < n_split) wsp[threadIdx.x] = get(threadIdx.x, 0);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float MM = -INFINITY, LL = 0.f;
-        for (int i = 0; i < n_split; i++) MM = fmaxf(MM, wsp[i]);
-        MLs[0] = MM;
-        for (int i = 0; i < n_split; i++) LL += wsp[i] == -INFINITY ? 0.f : exp2f(wsp[i] - MM) * get(i, 1);
-        MLs[1] = LL;
-    }
-    __syncthreads();
-    if (threadIdx.x < n_split) wsp[threadIdx.x] = wsp[threadIdx.x] == -INFINITY ? 0.f : exp2f(wsp[threadIdx.x] - MLs[0]);
-    __syncthreads();
-    const float invL = 1.f / MLs[1];
-    for (int d = threadIdx.x; d < HD; d += 128) {
-        float acc = 0.f;
-#pragma unroll 8
-        for (int i = 0; i < n_split; i++) acc += wsp[i] * get(i, 2 + d);
-        out[d] = __float2bfloat16(acc * invL);
-    }
-}
-
 /* CL (sm_90, 2 <= n_split <= 16): the launch's clusters are the n_split
  * blocks of one (row, head). Each block leaves its [M, L, o] in its own
  * shared memory, and after a cluster barrier the cluster's first block

@@ -141,30 +141,11 @@ __global__ void __launch_bounds__(128) k_att_gqa(bf16 *__restrict__ out, float *
     __syncthreads();
     if (!last) return;
     __threadfence();
-    __shared__ float wsp[64], MLs[2];
     for (int g = 0; g < G; g++) {
         const int h = kh * G + g;
         const float *pp = part + ((size_t)row * n_head + h) * n_split * (HD + 2);
-        if (threadIdx.x < n_split) wsp[threadIdx.x] = __ldcg(pp + (size_t)threadIdx.x * (HD + 2));
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float MM = -INFINITY, LL = 0.f;
-            for (int i = 0; i < n_split; i++) MM = fmaxf(MM, wsp[i]);
-            for (int i = 0; i < n_split; i++)
-                LL += wsp[i] == -INFINITY ? 0.f : exp2f(wsp[i] - MM) * __ldcg(pp + (size_t)i * (HD + 2) + 1);
-            MLs[0] = MM, MLs[1] = LL;
-        }
-        __syncthreads();
-        if (threadIdx.x < n_split) wsp[threadIdx.x] = wsp[threadIdx.x] == -INFINITY ? 0.f : exp2f(wsp[threadIdx.x] - MLs[0]);
-        __syncthreads();
-        const float invL = 1.f / MLs[1];
-        for (int dd = threadIdx.x; dd < HD; dd += 128) {
-            float acc = 0.f;
-#pragma unroll 8
-            for (int i = 0; i < n_split; i++) acc += wsp[i] * __ldcg(pp + (size_t)i * (HD + 2) + 2 + dd);
-            out[((size_t)row * n_head + h) * HD + dd] = __float2bfloat16(acc * invL);
-        }
-        __syncthreads(); /* wsp and MLs are rewritten for the next head */
+        att_merge<HD>(out + ((size_t)row * n_head + h) * HD, n_split, [&](int i, int j) { return __ldcg(pp + (size_t)i * (HD + 2) + j); });
+        __syncthreads(); /* att_merge's shared state is rewritten for the next head */
     }
     if (threadIdx.x == 0) done[rk] = 0;
 }
