@@ -733,6 +733,61 @@ static void test_scratch_oom(struct pair *p) {
     free_both(p, xc, xg), free(x), free(rows), free(hog), free(B);
 }
 
+/* Pinned host memory that cannot be had (kiln_cuda_pin_fail: the next
+ * allocations fail as if the host refused to pin them): read and argmax,
+ * which stage their results there, leave zeros, the backend reports the
+ * failed batch, and the next batch works. A fresh backend, so both buffers
+ * must grow. */
+void kiln_cuda_pin_fail(int n) __attribute__((weak));
+
+static void test_pinned_oom(void) {
+    if (!kiln_cuda_pin_fail) return;
+    char err[512];
+    struct kiln_backend *g = backend_create("cuda", 0, err, sizeof err);
+    CHECK(g != NULL, "%s", err);
+    if (!g) return;
+    struct bat *B = kiln_calloc(1, sizeof *B);
+    B->b = (struct kiln_batch){1, B->tok, B->pos, 1, B->v, 0, B->rows, NULL, NULL};
+    B->v[0] = (struct kiln_seq_view){0, 1, 0, NULL, 0};
+    const int rows = 3, width = 1000;
+    float *x = rand_vec((size_t)rows * width, 1.f), *y = kiln_malloc(sizeof(float) * rows * width);
+    x[width + 17] = 9.f; /* row 1's maximum */
+    void *xg = g->alloc(g, (size_t)rows * width * g->act_size);
+    g->write(g, xg, x, (size_t)rows * width);
+    int32_t ids[3] = {-1, -1, -1};
+    for (int round = 0; round < 2; round++) {
+        CHECK(g->begin(g, &B->b) == 0, "begin");
+        CHECK(g->error(g, err, sizeof err) == 0, "begin clears the failed batch's error: %s", err);
+        if (round == 0) kiln_cuda_pin_fail(1);
+        for (size_t i = 0; i < (size_t)rows * width; i++) y[i] = 1.f;
+        g->read(g, y, xg, (size_t)rows * width);
+        const int rc = g->error(g, err, sizeof err);
+        size_t same = 0, zero = 0;
+        for (size_t i = 0; i < (size_t)rows * width; i++) same += y[i] == x[i], zero += y[i] == 0.f;
+        if (round == 0) {
+            CHECK(rc == -1 && strstr(err, "pinned host memory"), "read without pinned memory: error %d \"%s\"", rc, rc ? err : "");
+            CHECK(zero == (size_t)rows * width, "read without pinned memory leaves zeros (%zu of %d)", zero, rows * width);
+        } else {
+            CHECK(rc == 0, "read with pinned memory back: %s", err);
+            CHECK(same == (size_t)rows * width, "read with pinned memory back: %zu of %d values", same, rows * width);
+        }
+        CHECK(g->begin(g, &B->b) == 0, "begin");
+        if (round == 0) kiln_cuda_pin_fail(1);
+        g->argmax(g, ids, xg, rows, width);
+        const int rc2 = g->error(g, err, sizeof err);
+        if (round == 0) {
+            CHECK(rc2 == -1 && strstr(err, "pinned host memory"), "argmax without pinned memory: error %d \"%s\"", rc2, rc2 ? err : "");
+            CHECK(ids[0] == 0 && ids[1] == 0 && ids[2] == 0, "argmax without pinned memory leaves zeros (%d %d %d)", ids[0], ids[1], ids[2]);
+        } else {
+            CHECK(rc2 == 0 && ids[1] == 17, "argmax with pinned memory back: error %d, row 1's id %d (17)", rc2, ids[1]);
+        }
+    }
+    kiln_cuda_pin_fail(0);
+    g->free(g, xg);
+    g->destroy(g);
+    free(x), free(y), free(B);
+}
+
 /* The decode paths that only a model's forward reaches: q/k/v reading one x
  * (one launch of three jobs) and gate/up folded into swiglu (the GLU GEMV,
  * which also writes up), at batch 1 and 2, at Qwen3-8B shapes (the streaming
@@ -1376,6 +1431,21 @@ static void check_load_refusals(void) {
         CHECK(rc == 0, "cpu loads %s: %s", path, err);
         remove(path);
     }
+    /* a KV cache the CUDA attention does not read: refused at open, not at
+     * the first forward */
+    static const char *const kvs[] = {"f16", "f32"};
+    for (int i = 0; i < 2; i++) {
+        char err[512] = "";
+        struct kiln_engine_opts o = {.dummy = LONG_CFG, .seed = 7, .backend = "cuda", .max_total_tokens = 256, .kv_dtype = kvs[i]};
+        kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+        CHECK(!e && strstr(err, "--kv-dtype") && strstr(err, "BF16"), "cuda with --kv-dtype %s: %s", kvs[i], e ? "opened" : err);
+        if (e) kiln_engine_close(e);
+    }
+    char err[512] = "";
+    struct kiln_engine_opts o = {.dummy = LONG_CFG, .seed = 7, .backend = "cuda", .max_total_tokens = 256, .kv_dtype = "bf16"};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    CHECK(e != NULL, "cuda with --kv-dtype bf16: %s", err);
+    if (e) kiln_engine_close(e);
 }
 
 void test_cuda(void) {
@@ -1396,6 +1466,7 @@ void test_cuda(void) {
     test_decode_fused(&p);
     test_moe(&p);
     test_scratch_oom(&p);
+    test_pinned_oom();
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
     check_load_refusals();

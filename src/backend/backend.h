@@ -89,6 +89,9 @@ struct kiln_backend {
      * a backend whose scratch is scarce device memory, sized by the first
      * forward of a shape */
     int warm_at_open;
+    /* the KV cache dtypes its attention reads: bit 1 << dtype; 0 for any
+     * the engine offers (f32, f16, bf16) */
+    unsigned kv_dtypes;
 
     /* the width in bytes of the vector loads its weight-streaming kernels
      * use now (the CPU: 16, 32 with AVX2, 64 with AVX-512), for a bandwidth

@@ -5,6 +5,7 @@
  * into prefill chunks of at most prefill_chunk tokens.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "engine/engine_internal.h"
@@ -82,6 +83,14 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     enum kiln_dtype kvt = e->be->act_size == 4 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
     if (o->kv_dtype && (kvt = parse_dtype(o->kv_dtype)) == KILN_DTYPE_NONE) {
         kiln_errf(err, errlen, "--kv-dtype %s: expected f32, f16 or bf16", o->kv_dtype);
+        goto fail;
+    }
+    if (e->be->kv_dtypes && !(e->be->kv_dtypes & (1u << kvt))) {
+        char ok[64] = "";
+        const enum kiln_dtype kvs[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+        for (int i = 0; i < 3; i++)
+            if (e->be->kv_dtypes & (1u << kvs[i])) snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%s%s", *ok ? " or " : "", dtype_name(kvs[i]));
+        kiln_errf(err, errlen, "--kv-dtype %s: the %s backend keeps its KV cache in %s", o->kv_dtype, e->be->name, ok);
         goto fail;
     }
     if (o->mem_fraction > 0 && kv_tokens_for_fraction(e, o, kvt, &tokens, err, errlen)) goto fail;

@@ -84,7 +84,8 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
     struct cuda_ctx *c = cu_ctx(be);
     CU_TAPE(c, SKT_KVW, kv, k, v, NULL, NULL, NULL, b->n_tokens, 0, layer, 0, 0.f);
     if (kv->dtype != KILN_DTYPE_BF16) {
-        fprintf(stderr, "kiln: cuda: the KV cache must be BF16 (got %s)\n", dtype_name(kv->dtype));
+        fprintf(stderr, "kiln: cuda: (a bug: the engine refuses this at open, kv_dtypes) the KV cache must be BF16 (got %s)\n",
+                dtype_name(kv->dtype));
         abort();
     }
     if (!c->bytes_kv)

@@ -157,6 +157,28 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
     return *p;
 }
 
+/* test hook: the next n pinned allocations fail, as if the host could not
+ * pin the memory */
+static int pin_fail;
+extern "C" void kiln_cuda_pin_fail(int n);
+extern "C" void kiln_cuda_pin_fail(int n) { pin_fail = n; }
+
+int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return 0;
+    if (*p) CUDA_CHECK(cudaFreeHost(*p));
+    *p = NULL, *cap = 0;
+    bytes = bytes + bytes / 4 + 256;
+    if (pin_fail > 0 || cudaMallocHost(p, bytes) != cudaSuccess) {
+        if (pin_fail > 0) pin_fail--;
+        cudaGetLastError(); /* not a sticky error */
+        *p = NULL;
+        if (!c->fault_bytes) c->fault_bytes = bytes, c->fault_host = 1;
+        return -1;
+    }
+    *cap = bytes;
+    return 0;
+}
+
 int *cu_att_cnt(struct cuda_ctx *c, size_t n) {
     if (n * sizeof(int) > c->att_cnt_cap) {
         if (!cu_scratch(c, (void **)&c->att_cnt, &c->att_cnt_cap, n * sizeof(int))) return NULL;
@@ -169,6 +191,11 @@ int *cu_att_cnt(struct cuda_ctx *c, size_t n) {
 static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
     const struct cuda_ctx *c = cu_ctx(be);
     if (!c->fault_bytes) return 0;
+    if (c->fault_host)
+        return kiln_errf(err, errlen,
+                         "cuda: out of host memory: %.1f MiB of pinned host memory for this batch's results could not be "
+                         "allocated; the batch failed, nothing else changed",
+                         c->fault_bytes / 1048576.0);
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
     return kiln_errf(err, errlen,
@@ -291,10 +318,10 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
     }
     /* the bf16 values to pinned memory (half the bytes of f32, and a
      * pinned copy is a DMA, not a staged one), widened here: exact */
-    if (n > c->logit_host_cap) {
-        if (c->logit_host) CUDA_CHECK(cudaFreeHost(c->logit_host));
-        c->logit_host_cap = n + n / 4 + 64;
-        CUDA_CHECK(cudaMallocHost(&c->logit_host, c->logit_host_cap * 2));
+    if (cu_pinned(c, (void **)&c->logit_host, &c->logit_host_cap, n * 2)) { /* reported by cu_error */
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        memset(dst, 0, n * sizeof(float));
+        return;
     }
     if (n) CUDA_CHECK(cudaMemcpyAsync(c->logit_host, src, n * 2, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -353,10 +380,10 @@ static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int 
         CU_LAUNCHED();
     }
     cu_finish(c);
-    if ((size_t)n > c->ids_host_cap) {
-        if (c->ids_host) CUDA_CHECK(cudaFreeHost(c->ids_host));
-        c->ids_host_cap = (size_t)n * 2 + 64;
-        CUDA_CHECK(cudaMallocHost(&c->ids_host, c->ids_host_cap * 4));
+    if (cu_pinned(c, (void **)&c->ids_host, &c->ids_host_cap, (size_t)n * 4)) { /* reported by cu_error */
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        memset(ids, 0, (size_t)n * 4);
+        return;
     }
     CUDA_CHECK(cudaMemcpyAsync(c->ids_host, d, (size_t)n * 4, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -614,7 +641,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     if (c->fault_bytes) { /* the last forward failed: its shape's graph is not recorded from it */
         for (int i = 0; i < c->n_graphs; i++)
             if (!c->graphs[i].exec && !c->graphs[i].sk) c->graphs[i].seen = 0;
-        c->fault_bytes = 0;
+        c->fault_bytes = 0, c->fault_host = 0;
     }
     const int n = b->n_tokens, S = b->n_seqs, no = b->n_out;
     size_t tot_pages = 0;
@@ -882,6 +909,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->name = "cuda";
     be->warm_at_open = 1;
     be->act_size = 2;
+    be->kv_dtypes = 1u << KILN_DTYPE_BF16;
     be->ctx = c;
     be->alloc = cu_alloc;
     be->free = cu_free;

@@ -168,7 +168,7 @@ struct cuda_ctx {
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
     int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
-    void **moe_ptr_host; int moe_ptr_cap;   /* pinned: pointer tables of the grouped expert GEMMs */
+    void **moe_ptr_host; size_t moe_ptr_cap; /* pinned: pointer tables of the grouped expert GEMMs */
     int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
 
     struct cu_moe_tab *moe_tabs;
@@ -233,7 +233,7 @@ struct cuda_ctx {
     int *gs_cnt;
     /* the logits' bf16 staging copy in pinned host memory (read) */
     uint16_t *logit_host;
-    size_t logit_host_cap;
+    size_t logit_host_cap; /* bytes, as every pinned buffer's cap (cu_pinned) */
     /* argmax of the out rows: device ids (scratch) and their pinned host copy */
     int *ids_dev, *ids_host;
     size_t ids_dev_cap, ids_host_cap;
@@ -252,6 +252,7 @@ struct cuda_ctx {
      * none); the ops that needed it skipped their launches and the `error`
      * op reports it, so the batch fails and the process goes on */
     size_t fault_bytes;
+    int fault_host; /* ... and it was pinned host memory (cu_pinned) */
     /* the tied embedding, so lm_head shares its upload */
     const void *embed_host;
     bf16 *embed_dev;
@@ -266,6 +267,10 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
 /* the split merges' counters (att_cnt), at least n, zeroed when grown (the
  * kernels leave them zeroed); NULL when device memory runs out */
 int *cu_att_cnt(struct cuda_ctx *c, size_t n);
+/* grows a pinned host buffer to at least `bytes` (cap in bytes; old contents
+ * dropped): 0, or -1 when the host cannot pin that much (recorded in
+ * fault_bytes and fault_host): the caller skips its work, the batch fails */
+int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
 
 /* ops, one family per file */
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);

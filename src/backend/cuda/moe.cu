@@ -21,7 +21,8 @@
 
 #define MOE_DIRECT_MAX 8
 
-/* the per-layer device tables of expert pointers */
+/* the per-layer device tables of expert pointers; NULL when device memory
+ * runs out (recorded in fault_bytes) */
 static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn *m) {
     for (int i = 0; i < c->n_moe_tabs; i++)
         if (c->moe_tabs[i].key == (const void *)m->gate) return &c->moe_tabs[i];
@@ -32,8 +33,13 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
         h[E + e] = ((const struct cu_linear *)m->up[e].be)->w;
         h[2 * E + e] = ((const struct cu_linear *)m->down[e].be)->w;
     }
-    const bf16 **d;
-    CUDA_CHECK(cudaMalloc(&d, sizeof(bf16 *) * 3 * (size_t)E));
+    const bf16 **d = NULL;
+    if (cudaMalloc(&d, sizeof(bf16 *) * 3 * (size_t)E) != cudaSuccess) { /* out of device memory: cu_error reports it */
+        cudaGetLastError();
+        free(h);
+        if (!c->fault_bytes) c->fault_bytes = sizeof(bf16 *) * 3 * (size_t)E;
+        return NULL;
+    }
     CUDA_CHECK(cudaMemcpy(d, h, sizeof(bf16 *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
     free(h);
     c->bytes_ws += sizeof(bf16 *) * 3 * (size_t)E;
@@ -209,15 +215,22 @@ static int grouped_gemm(struct cuda_ctx *c, int np, const int *rows, int n_out, 
 }
 
 /* fills the pointer tables of both calls, copies them up, runs the calls;
- * 0 if cuBLAS refused the first (nothing was computed then) */
+ * 1, or 0 if cuBLAS refused the first, -1 if there was no pinned memory for
+ * the tables (nothing was computed in either case) */
 static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, bf16 *xg, bf16 *hg, bf16 *hu, bf16 *y,
                                int F, int dim, const void **dtab) {
     const int E = m->n_expert;
-    if (c->moe_ptr_cap < 9 * E) {
+    const size_t tab_bytes = sizeof(void *) * 9 * (size_t)E;
+    if (c->moe_ptr_cap < tab_bytes) {
         CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* no copy from the old table in flight */
-        if (c->moe_ptr_host) cudaFreeHost(c->moe_ptr_host);
-        c->moe_ptr_cap = 9 * E;
-        CUDA_CHECK(cudaMallocHost(&c->moe_ptr_host, sizeof(void *) * (size_t)c->moe_ptr_cap));
+        /* no pinned table this time: the caller runs one call per expert
+         * (same results), so this is not the batch's failure */
+        const size_t fb = c->fault_bytes;
+        const int fh = c->fault_host;
+        if (cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, tab_bytes)) {
+            c->fault_bytes = fb, c->fault_host = fh;
+            return -1;
+        }
     }
     int *rows = (int *)kiln_malloc(sizeof(int) * 2 * (size_t)E), g = 0;
     const void **h = (const void **)c->moe_ptr_host;
@@ -263,6 +276,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         abort();
     }
     const struct cu_moe_tab *tab = moe_tab(c, m);
+    if (!tab) return; /* out of device memory: cu_error reports it */
     const size_t nk = (size_t)n * K;
     const int direct = n <= MOE_DIRECT_MAX;
     /* scratch: logits | sel | wsel | (direct: h) (grouped: pos | tok | xg | hg | hu | y) */
@@ -298,11 +312,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     CU_LAUNCHED();
     cu_launch(c->stream, k_moe_place, E, 256, 0, pos, tok, sel, dcnt, (int)nk, K);
     CU_LAUNCHED();
-    if (c->moe_host_cap < (size_t)2 * E + 1) {
-        if (c->moe_host) cudaFreeHost(c->moe_host);
-        c->moe_host_cap = (size_t)2 * E + 1;
-        CUDA_CHECK(cudaMallocHost(&c->moe_host, c->moe_host_cap * 4));
-    }
+    if (cu_pinned(c, (void **)&c->moe_host, &c->moe_host_cap, ((size_t)2 * E + 1) * 4)) return; /* the batch fails (cu_error) */
     int *hcnt = c->moe_host, *cnt = hcnt + E;
     CUDA_CHECK(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -311,7 +321,9 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
     cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, tok, dim);
     CU_LAUNCHED();
-    if (!(c->moe_grouped && (c->moe_grouped = moe_experts_grouped(c, m, cnt, xg, hg, hu, y, F, dim, (const void **)(buf + o_tab))))) {
+    const int grouped = c->moe_grouped ? moe_experts_grouped(c, m, cnt, xg, hg, hu, y, F, dim, (const void **)(buf + o_tab)) : 0;
+    if (grouped == 0) c->moe_grouped = 0; /* cuBLAS refused: one call per expert from now on */
+    if (grouped <= 0) {
         for (int e = 0; e < E; e++) {
             int o = cnt[e], ne = cnt[e + 1] - cnt[e];
             if (!ne) continue;
