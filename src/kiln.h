@@ -57,6 +57,9 @@ void kiln_engine_weight_format(const kiln_engine *e, char *buf, size_t len);
 int64_t kiln_engine_n_params(const kiln_engine *e);
 /* Weight bytes one decode step reads (see model_decode_bytes in model/model.h). */
 double kiln_engine_decode_bytes(const kiln_engine *e);
+/* KV cache bytes one token of context holds (keys and values, every layer):
+ * what attention reads per cached token at each decode step. */
+double kiln_engine_kv_token_bytes(const kiln_engine *e);
 
 /* One sequence with its own KV pages: for run, logits and in-process bench. */
 kiln_seq *kiln_seq_new(kiln_engine *e, char *err, size_t errlen);

@@ -454,6 +454,12 @@ void test_cpukernels(void) {
             check_attention_tiled(be, &r, name, 64, 2, 5, KILN_DTYPE_F16, &worst);
             check_attention_tiled(be, &r, name, 128, 1, 64, KILN_DTYPE_BF16, &worst);
             check_attention_tiled(be, &r, name, 64, 8, 5, KILN_DTYPE_BF16, &worst);
+            /* the row path's head_dim-128 loops take a KV group's heads 4 at
+             * a time: groups of 2, 3, 5 (4 + 1) and 8 (4 + 4) */
+            check_attention_tiled(be, &r, name, 128, 2, 16, KILN_DTYPE_F16, &worst);
+            check_attention_tiled(be, &r, name, 128, 3, 16, KILN_DTYPE_BF16, &worst);
+            check_attention_tiled(be, &r, name, 128, 5, 16, KILN_DTYPE_F16, &worst);
+            check_attention_tiled(be, &r, name, 128, 8, 32, KILN_DTYPE_BF16, &worst);
         }
         check_swiglu_rope(be, &r, name);
     }

@@ -236,109 +236,142 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
               cuda ? "GPU memory in use (cudaMemGetInfo total - free) after the test"
                    : "peak resident memory of the process during the test (VmHWM, reset per test)");
 
+    static const int depth0 = 0;
+    const int *depths = o->n_depth > 0 ? o->depth : &depth0, n_depth = o->n_depth > 0 ? o->n_depth : 1;
+    const double kvb = kiln_engine_kv_token_bytes(e);
+    int any_depth = 0, max_depth = 0;
+    for (int di = 0; di < n_depth; di++) any_depth |= depths[di] > 0, max_depth = depths[di] > max_depth ? depths[di] : max_depth;
+    if (any_depth)
+        bt_footer(t, "@ d<d>: the same test after d random tokens (seed %llu) evaluated into the sequence untimed (for tg, "
+                     "in place of the one-token prompt), as llama-bench's -d. There the bytes per step behind GB/s%s also "
+                     "count the KV cache read: %.1f KB per cached token x the timed steps' mean context.",
+                  (unsigned long long)o->seed, o->roofline ? " and roofline(%)" : "", kvb / 1e3);
     int n_tests = 0;
     for (int i = 0; i < o->n_pp; i++) n_tests += o->pp[i] > 0;
     for (int i = 0; i < o->n_tg; i++) n_tests += o->tg[i] > 0;
+    n_tests *= n_depth;
     double tw = 0;
-    for (int i = 0; i < o->n_pp; i++) tw += (double)o->pp[i] * (reps + o->warmup);
-    for (int i = 0; i < o->n_tg; i++) tw += 12.0 * o->tg[i] * reps;
+    for (int di = 0; di < n_depth; di++) {
+        for (int i = 0; i < o->n_pp; i++) tw += ((double)o->pp[i] + depths[di]) * (reps + o->warmup);
+        for (int i = 0; i < o->n_tg; i++) tw += (12.0 * o->tg[i] + depths[di]) * reps;
+    }
     struct bench_progress pr;
     bench_progress_start(&pr, o->progress, n_tests, tw, kiln_now());
     int rc = 0, row_i = 0;
-    for (int pass = 0; pass < 2 && rc == 0; pass++) {
-        const int *list = pass ? o->tg : o->pp;
-        int n_list = pass ? o->n_tg : o->n_pp;
-        for (int li = 0; li < n_list && rc == 0; li++) {
-            int n = list[li];
-            if (n <= 0) continue;
-            char test[32];
-            snprintf(test, sizeof test, "%s%d", pass ? "tg" : "pp", n);
-            bench_progress_row(&pr, ++row_i, test, kiln_now());
-            int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
-            double mem = NAN;
-            const int roofline = o->roofline && pass;
-            for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
-                if (roofline && k >= 0 && (rc = probe_bw(&bw[k], o, bw_mib, bw_width, err, errlen))) break;
-                random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
-                kiln_seq *s = kiln_seq_new(e, err, errlen);
-                if (!s) {
-                    rc = -1;
+    int32_t *dids = kiln_malloc(sizeof(int32_t) * (size_t)(max_depth > 0 ? max_depth : 1));
+    for (int di = 0; di < n_depth && rc == 0; di++) {
+        const int d = depths[di];
+        for (int pass = 0; pass < 2 && rc == 0; pass++) {
+            const int *list = pass ? o->tg : o->pp;
+            int n_list = pass ? o->n_tg : o->n_pp;
+            for (int li = 0; li < n_list && rc == 0; li++) {
+                int n = list[li];
+                if (n <= 0) continue;
+                char test[48], tkey[48];
+                snprintf(test, sizeof test, "%s%d", pass ? "tg" : "pp", n);
+                snprintf(tkey, sizeof tkey, "%s%d", pass ? "tg" : "pp", n);
+                if (d > 0) {
+                    snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", d);
+                    snprintf(tkey + strlen(tkey), sizeof tkey - strlen(tkey), "_d%d", d);
+                }
+                bench_progress_row(&pr, ++row_i, test, kiln_now());
+                int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
+                double mem = NAN;
+                const int roofline = o->roofline && pass;
+                /* bytes a timed decode step reads: the weights, and at depth the
+                 * KV cache over the steps' mean context (d + (n + 1) / 2) */
+                const double sbytes = dbytes + (d > 0 ? kvb * (d + (n + 1) / 2.0) : 0.0);
+                for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
+                    if (roofline && k >= 0 && (rc = probe_bw(&bw[k], o, bw_mib, bw_width, err, errlen))) break;
+                    random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
+                    kiln_seq *s = kiln_seq_new(e, err, errlen);
+                    if (!s) {
+                        rc = -1;
+                        break;
+                    }
+                    if (d > 0) { /* the context, untimed */
+                        random_ids(dids, d, V, o->seed + 104729u * (uint64_t)(k + 2) + (uint64_t)d);
+                        if ((rc = kiln_seq_eval(s, dids, d, logits, 0, err, errlen))) {
+                            kiln_seq_free(s);
+                            break;
+                        }
+                    }
+                    if (!cuda) bench_mem_reset_peak();
+                    if (!pass) {
+                        double t0 = kiln_now();
+                        rc = kiln_seq_eval(s, ids, n, logits, 0, err, errlen);
+                        double t1 = kiln_now();
+                        volatile int32_t first = sampler_argmax(logits, V);
+                        (void)first;
+                        double t2 = kiln_now();
+                        if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = (t2 - t0) * 1e3;
+                    } else {
+                        if (d == 0) rc = kiln_seq_eval(s, ids, 1, logits, 0, err, errlen);
+                        double t0 = kiln_now();
+                        int steps = k < 0 ? 1 : n;
+                        for (int i = 0; i < steps && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
+                        double t1 = kiln_now();
+                        if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = NAN;
+                    }
+                    double m = mem_now(&memp);
+                    if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
+                    kiln_seq_free(s);
+                }
+                free(ids);
+                if (rc == 0 && roofline && (rc = probe_bw(&bw[reps], o, bw_mib, bw_width, err, errlen)) == 0) {
+                    for (int k = 0; k < reps; k++) {
+                        if (bw[k + 1] > bw[k]) bw[k] = bw[k + 1]; /* the higher of the two around rep k (bw[k + 1] is read before it moves) */
+                        roof[k] = 100.0 * sbytes * ts[k] / 1e9 / bw[k];
+                    }
+                }
+                if (rc) {
+                    kiln_err_prefix(err, errlen, "%s", test);
                     break;
                 }
-                if (!cuda) bench_mem_reset_peak();
-                if (!pass) {
-                    double t0 = kiln_now();
-                    rc = kiln_seq_eval(s, ids, n, logits, 0, err, errlen);
-                    double t1 = kiln_now();
-                    volatile int32_t first = sampler_argmax(logits, V);
-                    (void)first;
-                    double t2 = kiln_now();
-                    if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = (t2 - t0) * 1e3;
-                } else {
-                    rc = kiln_seq_eval(s, ids, 1, logits, 0, err, errlen);
-                    double t0 = kiln_now();
-                    int steps = k < 0 ? 1 : n;
-                    for (int i = 0; i < steps && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
-                    double t1 = kiln_now();
-                    if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = NAN;
-                }
-                double m = mem_now(&memp);
-                if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
-                kiln_seq_free(s);
-            }
-            free(ids);
-            if (rc == 0 && roofline && (rc = probe_bw(&bw[reps], o, bw_mib, bw_width, err, errlen)) == 0) {
-                for (int k = 0; k < reps; k++) {
-                    if (bw[k + 1] > bw[k]) bw[k] = bw[k + 1]; /* the higher of the two around rep k (bw[k + 1] is read before it moves) */
-                    roof[k] = 100.0 * dbytes * ts[k] / 1e9 / bw[k];
-                }
-            }
-            if (rc) {
-                kiln_err_prefix(err, errlen, "%s", test);
-                break;
-            }
-            struct bench_stat st = bench_stat_of(ts, reps), sf = bench_stat_of(ttft, pass ? 0 : reps);
-            int r = bt_row(t);
-            char model[300];
-            snprintf(model, sizeof model, "%s %s", o->lab.model, o->lab.precision);
-            bt_set_str(t, r, c_model, model);
-            bt_set_str(t, r, c_size, o->size_str);
-            bt_set_str(t, r, c_params, o->params_str);
-            bt_set_str(t, r, c_be, o->lab.backend);
-            bt_set_num(t, r, c_thr, o->lab.threads);
-            bt_set_str(t, r, c_test, test);
-            bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
-            if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
-            if (pass) bt_set_num(t, r, c_gbs, dbytes * st.mean / 1e9);
-            struct bench_stat sb = {0}, sr = {0};
-            if (roofline) {
-                sb = bench_stat_of(bw, reps), sr = bench_stat_of(roof, reps);
-                bt_set_num(t, r, c_bw, sb.mean);
-                bt_set_range(t, r, c_roof, sr.mean, sr.sd, sr.min, sr.max);
-            }
-            bt_set_num(t, r, c_mem, mem / (1 << 20));
-            char key[48];
-            bt_summary(t, test, st.mean);
-            snprintf(key, sizeof key, "%s_sd", test);
-            bt_summary(t, key, st.sd);
-            if (!pass) {
-                snprintf(key, sizeof key, "%s_ttft_ms", test);
-                bt_summary(t, key, sf.mean);
-            } else {
-                snprintf(key, sizeof key, "%s_gbps", test);
-                bt_summary(t, key, dbytes * st.mean / 1e9);
+                struct bench_stat st = bench_stat_of(ts, reps), sf = bench_stat_of(ttft, pass ? 0 : reps);
+                int r = bt_row(t);
+                char model[300];
+                snprintf(model, sizeof model, "%s %s", o->lab.model, o->lab.precision);
+                bt_set_str(t, r, c_model, model);
+                bt_set_str(t, r, c_size, o->size_str);
+                bt_set_str(t, r, c_params, o->params_str);
+                bt_set_str(t, r, c_be, o->lab.backend);
+                bt_set_num(t, r, c_thr, o->lab.threads);
+                bt_set_str(t, r, c_test, test);
+                bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
+                if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
+                if (pass) bt_set_num(t, r, c_gbs, sbytes * st.mean / 1e9);
+                struct bench_stat sb = {0}, sr = {0};
                 if (roofline) {
-                    snprintf(key, sizeof key, "%s_membw_gbps", test);
-                    bt_summary(t, key, sb.mean);
-                    snprintf(key, sizeof key, "%s_roofline_pct", test);
-                    bt_summary(t, key, sr.mean);
+                    sb = bench_stat_of(bw, reps), sr = bench_stat_of(roof, reps);
+                    bt_set_num(t, r, c_bw, sb.mean);
+                    bt_set_range(t, r, c_roof, sr.mean, sr.sd, sr.min, sr.max);
                 }
+                bt_set_num(t, r, c_mem, mem / (1 << 20));
+                char key[48];
+                bt_summary(t, tkey, st.mean);
+                snprintf(key, sizeof key, "%s_sd", tkey);
+                bt_summary(t, key, st.sd);
+                if (!pass) {
+                    snprintf(key, sizeof key, "%s_ttft_ms", tkey);
+                    bt_summary(t, key, sf.mean);
+                } else {
+                    snprintf(key, sizeof key, "%s_gbps", tkey);
+                    bt_summary(t, key, sbytes * st.mean / 1e9);
+                    if (roofline) {
+                        snprintf(key, sizeof key, "%s_membw_gbps", tkey);
+                        bt_summary(t, key, sb.mean);
+                        snprintf(key, sizeof key, "%s_roofline_pct", tkey);
+                        bt_summary(t, key, sr.mean);
+                    }
+                }
+                snprintf(key, sizeof key, "%s_mem_mib", tkey);
+                bt_summary(t, key, mem / (1 << 20));
+                bench_progress_done(&pr, pass ? (12.0 * n + d) * reps : ((double)n + d) * (reps + o->warmup), kiln_now());
             }
-            snprintf(key, sizeof key, "%s_mem_mib", test);
-            bt_summary(t, key, mem / (1 << 20));
-            bench_progress_done(&pr, pass ? 12.0 * n * reps : (double)n * (reps + o->warmup), kiln_now());
         }
     }
+    free(dids);
     bench_progress_end(&pr);
     free(logits), free(ts), free(ttft), free(bw), free(roof);
     return rc;

@@ -15,6 +15,8 @@ void bench_inproc_free(struct bench_target *t);
 struct bench_pptg_opts {
     const int *pp, *tg; /* -p and -n lists (0 entries are skipped) */
     int n_pp, n_tg;
+    const int *depth; /* -d list: each test after that many cached tokens (NULL: 0 only) */
+    int n_depth;
     int reps, warmup;
     uint64_t seed;
     struct bench_labels lab;

@@ -55,6 +55,8 @@ static void bench_usage(FILE *f) {
             "  --batches LIST         batch sizes (batch profile; default 1,2,4,8,16)\n"
             "  --max-input N          skip rows with more input tokens (0: none; CPU default for prefix: 2000)\n"
             "  -p LIST, -n LIST       pp-tg prompt lengths (default 512) and decode lengths (default 128)\n"
+            "  -d, --depth LIST       pp-tg: run each test after that many cached tokens too (default 0;\n"
+            "                         as llama-bench -d: \"tg128 @ d4096\")\n"
             "  --roofline             pp-tg on the CPU: measure the memory bandwidth around each tg repetition\n"
             "                         and report decode GB/s as a share of it (roofline %%)\n"
             "  --quant Q              weight format, passed to the engine when it supports it\n"
@@ -252,7 +254,7 @@ struct cli_opts {
     const char *profile, *out_path, *plot_path, *label, *quant, *url, *model_name;
     int fmt_set, reps_set, out_len_set, max_input_set, progress_set, roofline;
     enum bt_format fmt;
-    int *pp, n_pp, *tg, n_tg, *inputs, n_inputs, *batches, n_batches;
+    int *pp, n_pp, *tg, n_tg, *depth, n_depth, *inputs, n_inputs, *batches, n_batches;
     int token_range, max_tokens, context;
     struct bench_serving_opts sv;
     int sv_in_set;
@@ -263,7 +265,7 @@ static int bench_opt(int argc, char **argv, int *i, struct cli_opts *c, int serv
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     static const char *valued[] = {"--profile", "-r", "--reps", "--output-len", "--gen-len", "--inputs", "--batches", "--max-input",
-                                   "-p", "-n", "--quant", "--seed", "--format", "-o", "--output", "--plot", "--label", "--url",
+                                   "-p", "-n", "-d", "--depth", "--quant", "--seed", "--format", "-o", "--output", "--plot", "--label", "--url",
                                    "--model", "--token-range", "--num-prompts", "--input-len", "--range-ratio", "--request-rate",
                                    "--max-concurrency", "--warmup-requests", "--context", NULL};
     int is_valued = 0;
@@ -296,6 +298,9 @@ static int bench_opt(int argc, char **argv, int *i, struct cli_opts *c, int serv
     } else if (!strcmp(a, "-n")) {
         free(c->tg);
         if (parse_list(a, v, &c->tg, &c->n_tg)) return -1;
+    } else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) {
+        free(c->depth);
+        if (parse_list(a, v, &c->depth, &c->n_depth)) return -1;
     } else if (!strcmp(a, "--quant")) {
         if (!serve) {
             fprintf(stderr, "kiln bench: --quant %s: this kiln's engine options have no --quant yet (quantized formats are "
@@ -358,7 +363,7 @@ static void cli_opts_init(struct cli_opts *c) {
                                         .progress = c->b.progress};
 }
 
-static void cli_opts_free(struct cli_opts *c) { free(c->pp), free(c->tg), free(c->inputs), free(c->batches); }
+static void cli_opts_free(struct cli_opts *c) { free(c->pp), free(c->tg), free(c->depth), free(c->inputs), free(c->batches); }
 
 static void finish_formats(struct cli_opts *c) {
     if (!c->fmt_set && c->out_path) {
@@ -387,6 +392,10 @@ static int cli_bench_serve(int argc, char **argv) {
             fprintf(stderr, "kiln bench serve: unknown option '%s'\n", argv[i]);
             goto out;
         }
+    }
+    if (c.pp || c.tg || c.depth) {
+        fprintf(stderr, "kiln bench serve: -p, -n and -d belong to kiln bench --profile pp-tg\n");
+        goto out;
     }
     if (!c.url) {
         fprintf(stderr, "kiln bench serve: give --url http://HOST:PORT\n");
@@ -494,8 +503,8 @@ int cli_bench(int argc, char **argv) {
         if (!c.tg) c.tg = kiln_malloc(sizeof(int)), c.tg[0] = 128, c.n_tg = 1;
         if (!c.reps_set) c.b.reps = 5;
     } else {
-        if (c.pp || c.tg) {
-            fprintf(stderr, "kiln bench: -p and -n belong to --profile pp-tg (profiles take --inputs and --output-len)\n");
+        if (c.pp || c.tg || c.depth) {
+            fprintf(stderr, "kiln bench: -p, -n and -d belong to --profile pp-tg (profiles take --inputs and --output-len)\n");
             goto out;
         }
         if (!c.reps_set) c.b.reps = cpu ? 1 : 3, NOTE_DEFAULT(" -r %d", c.b.reps);
@@ -512,6 +521,9 @@ int cli_bench(int argc, char **argv) {
         int need = 0;
         for (int i = 0; i < c.n_pp; i++) need = c.pp[i] > need ? c.pp[i] : need;
         for (int i = 0; i < c.n_tg; i++) need = c.tg[i] + 1 > need ? c.tg[i] + 1 : need;
+        int dmax = 0;
+        for (int i = 0; i < c.n_depth; i++) dmax = c.depth[i] > dmax ? c.depth[i] : dmax;
+        need += dmax;
         eo.max_total_tokens = (need + 255) / 256 * 256;
         NOTE_DEFAULT(" --max-total-tokens %d", eo.max_total_tokens);
     }
@@ -568,7 +580,8 @@ int cli_bench(int argc, char **argv) {
         char size_s[32], params_s[32];
         snprintf(size_s, sizeof size_s, "%.2f GiB", nb / (1 << 30));
         snprintf(params_s, sizeof params_s, "%.2f B", np / 1e9);
-        struct bench_pptg_opts po = {.pp = c.pp, .n_pp = c.n_pp, .tg = c.tg, .n_tg = c.n_tg, .reps = c.b.reps,
+        struct bench_pptg_opts po = {.pp = c.pp, .n_pp = c.n_pp, .tg = c.tg, .n_tg = c.n_tg, .depth = c.depth,
+                                     .n_depth = c.n_depth, .reps = c.b.reps,
                                      .warmup = c.b.warmup, .seed = c.b.seed, .lab = *lab, .size_str = size_s,
                                      .params_str = params_s, .progress = c.b.progress, .roofline = c.roofline};
         prc = bench_pptg(e, &po, &t, err, sizeof err);

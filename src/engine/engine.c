@@ -126,6 +126,11 @@ int64_t kiln_engine_n_params(const kiln_engine *e) { return model_n_params(&e->m
 
 double kiln_engine_decode_bytes(const kiln_engine *e) { return model_decode_bytes(&e->model); }
 
+double kiln_engine_kv_token_bytes(const kiln_engine *e) {
+    const struct kv_cache *c = &e->kv.cache;
+    return 2.0 * c->n_layer * c->n_head_kv * c->head_dim * (double)dtype_size(c->dtype);
+}
+
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id) {
     const struct kiln_config *c = &e->model.cfg;
     for (int i = 0; i < c->n_eos; i++)

@@ -118,3 +118,22 @@ def test_bench_names_the_checkpoint_weight_format(file, precision):
     out = json.loads(r.stdout)
     assert out["meta"]["precision"] == precision
     assert out["pp8"] > 0 and out["tg2"] > 0
+
+
+def test_bench_depth_runs_each_test_after_a_cached_context():
+    """-d (as llama-bench's): every pp and tg test again after d cached
+    tokens, named "tg4 @ d48" in the table and tg4_d48 in the JSON; at depth
+    the decode GB/s counts the KV cache read too, so it is above depth 0's
+    for the same speed."""
+    r = kiln("bench", "--profile", "pp-tg", "-m", TINY, "-t", "1", "-p", "8", "-n", "4", "-d", "0,48", "-r", "1",
+             "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    tests = [row["test"] for row in out["rows"]]
+    assert tests == ["pp8", "tg4", "pp8 @ d48", "tg4 @ d48"], tests
+    for key in ("pp8", "tg4", "pp8_d48", "tg4_d48"):
+        assert out[key] > 0, key
+    assert out["tg4_d48_gbps"] / out["tg4_d48"] > out["tg4_gbps"] / out["tg4"]
+    r = kiln("bench", "--profile", "speed", "-m", TINY, "-d", "64")
+    assert r.returncode != 0 and b"-d belong to --profile pp-tg" in r.stderr
+

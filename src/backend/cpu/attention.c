@@ -156,9 +156,13 @@ typedef void (*qk_fn)(const float *q, const float *k, int nk, int hd, float scal
 typedef float (*expsum_fn)(float *sc, int n, float mx);
 /* o[0..hd) += sum_j p[j] * v[j] for nk values of hd floats, contiguous */
 typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
-/* the same two at head_dim 128 on 16-bit rows (F16 or BF16, widened in registers) */
-typedef void (*qk16_fn)(const float *q, const uint16_t *k, int nk, float scale, float *sc);
-typedef void (*pv16_fn)(float *o, const float *p, const uint16_t *v, int nk);
+/* the same two at head_dim 128 on 16-bit rows (F16 or BF16, widened in
+ * registers), for the ng query heads of a KV group at once: q head g at
+ * q + 128 g with its scores at sc + sl g; its output at o + 128 g with its
+ * probabilities at p + sl g. Each row is widened once for all ng heads;
+ * every head's sums are the one-head loops' to the bit. */
+typedef void (*qk16_fn)(const float *q, int ng, const uint16_t *k, int nk, float scale, float *sc, size_t sl);
+typedef void (*pv16_fn)(float *o, const float *p, int ng, size_t sl, const uint16_t *v, int nk);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -260,23 +264,141 @@ KV_INLINE KILN_AVX512 void pv128_avx512(float *o, const float *p, const void *v,
     for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
 }
 
-/* the 16-bit row kernels of the table (qk16_fn, pv16_fn) */
-KILN_AVX2 static void qk128_f16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_avx2(q, k, nk, scale, sc, KV_F16);
+/* The grouped loops behind qk16_fn / pv16_fn: GQ <= 4 query heads of a KV
+ * group per pass over a page's rows (a group of more heads takes several
+ * passes), each key or value chunk widened once for all of them. Per head
+ * the same operations in the same order as qk128_* / pv128_*: scores from
+ * two accumulators over alternate chunks, one horizontal sum, times scale;
+ * outputs accumulate p[j] v[j] over j in order (a pass covers S chunks of
+ * the head for all GQ heads, so accumulators and widened chunks fit in the
+ * registers). */
+KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ) {
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 128;
+        __m256 a0[4], a1[4];
+        const __m256 k0 = ld8_kv(k, r, t), k1 = ld8_kv(k, r + 8, t);
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+            a0[g] = _mm256_mul_ps(_mm256_loadu_ps(q + 128 * g), k0), a1[g] = _mm256_mul_ps(_mm256_loadu_ps(q + 128 * g + 8), k1);
+#pragma GCC unroll 7
+        for (int i = 2; i < 16; i += 2) {
+            const __m256 ka = ld8_kv(k, r + 8 * i, t), kb = ld8_kv(k, r + 8 * i + 8, t);
+#pragma GCC unroll 4
+            for (int g = 0; g < GQ; g++) {
+                a0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 128 * g + 8 * i), ka, a0[g]);
+                a1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 128 * g + 8 * i + 8), kb, a1[g]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) sc[sl * g + j] = kiln_hsum8(_mm256_add_ps(a0[g], a1[g])) * scale;
+    }
 }
-KILN_AVX2 static void qk128_bf16_avx2(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_avx2(q, k, nk, scale, sc, KV_BF16);
+
+KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ) {
+    enum { SMAX = 4 };
+    const int S = GQ <= 2 ? 4 : 2; /* chunks of 8 per pass: GQ S accumulators + S chunks + 1 broadcast <= 13 */
+    for (int c0 = 0; c0 < 16; c0 += S) {
+        __m256 a[4][SMAX];
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) a[g][c] = _mm256_loadu_ps(o + 128 * g + 8 * (c0 + c));
+        for (int j = 0; j < nk; j++) {
+            __m256 vv[SMAX];
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) vv[c] = ld8_kv(v, (size_t)j * 128 + 8 * (c0 + c), t);
+#pragma GCC unroll 4
+            for (int g = 0; g < GQ; g++) {
+                const __m256 pj = _mm256_set1_ps(p[sl * g + j]);
+#pragma GCC unroll 4
+                for (int c = 0; c < S; c++) a[g][c] = _mm256_fmadd_ps(pj, vv[c], a[g][c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) _mm256_storeu_ps(o + 128 * g + 8 * (c0 + c), a[g][c]);
+    }
 }
-KILN_AVX2 static void pv128_f16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx2(o, p, v, nk, KV_F16); }
-KILN_AVX2 static void pv128_bf16_avx2(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx2(o, p, v, nk, KV_BF16); }
-KILN_AVX512 static void qk128_f16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_avx512(q, k, nk, scale, sc, KV_F16);
+
+KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ) {
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 128;
+        __m512 a0[4], a1[4];
+        const __m512 k0 = ld16_kv(k, r, t), k1 = ld16_kv(k, r + 16, t);
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+            a0[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g), k0), a1[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g + 16), k1);
+#pragma GCC unroll 3
+        for (int i = 2; i < 8; i += 2) {
+            const __m512 ka = ld16_kv(k, r + 16 * i, t), kb = ld16_kv(k, r + 16 * i + 16, t);
+#pragma GCC unroll 4
+            for (int g = 0; g < GQ; g++) {
+                a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 128 * g + 16 * i), ka, a0[g]);
+                a1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 128 * g + 16 * i + 16), kb, a1[g]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) sc[sl * g + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[g], a1[g])) * scale;
+    }
 }
-KILN_AVX512 static void qk128_bf16_avx512(const float *q, const uint16_t *k, int nk, float scale, float *sc) {
-    qk128_avx512(q, k, nk, scale, sc, KV_BF16);
+
+KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ) {
+    enum { S = 4 }; /* chunks of 16 per pass: 4 GQ accumulators + 4 chunks + 1 broadcast <= 21 of 32 registers */
+    for (int c0 = 0; c0 < 8; c0 += S) {
+        __m512 a[4][S];
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + 128 * g + 16 * (c0 + c));
+        for (int j = 0; j < nk; j++) {
+            __m512 vv[S];
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) vv[c] = ld16_kv(v, (size_t)j * 128 + 16 * (c0 + c), t);
+#pragma GCC unroll 4
+            for (int g = 0; g < GQ; g++) {
+                const __m512 pj = _mm512_set1_ps(p[sl * g + j]);
+#pragma GCC unroll 4
+                for (int c = 0; c < S; c++) a[g][c] = _mm512_fmadd_ps(pj, vv[c], a[g][c]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++)
+#pragma GCC unroll 4
+            for (int c = 0; c < S; c++) _mm512_storeu_ps(o + 128 * g + 16 * (c0 + c), a[g][c]);
+    }
 }
-KILN_AVX512 static void pv128_f16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx512(o, p, v, nk, KV_F16); }
-KILN_AVX512 static void pv128_bf16_avx512(float *o, const float *p, const uint16_t *v, int nk) { pv128_avx512(o, p, v, nk, KV_BF16); }
+
+/* the 16-bit row kernels of the table (qk16_fn, pv16_fn): a group's heads
+ * four at a time, the constant GQ of each call unrolled */
+#define QK16G(NAME, ISA, BODY, T)                                                                                        \
+    ISA static void NAME(const float *q, int ng, const uint16_t *k, int nk, float scale, float *sc, size_t sl) {         \
+        for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl) switch (ng - g) {                                   \
+            case 1: BODY(q, k, nk, scale, sc, sl, T, 1); break;                                                          \
+            case 2: BODY(q, k, nk, scale, sc, sl, T, 2); break;                                                          \
+            case 3: BODY(q, k, nk, scale, sc, sl, T, 3); break;                                                          \
+            default: BODY(q, k, nk, scale, sc, sl, T, 4); break;                                                         \
+            }                                                                                                            \
+    }
+#define PV16G(NAME, ISA, BODY, T)                                                                                        \
+    ISA static void NAME(float *o, const float *p, int ng, size_t sl, const uint16_t *v, int nk) {                      \
+        for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl) switch (ng - g) {                                    \
+            case 1: BODY(o, p, sl, v, nk, T, 1); break;                                                                  \
+            case 2: BODY(o, p, sl, v, nk, T, 2); break;                                                                  \
+            case 3: BODY(o, p, sl, v, nk, T, 3); break;                                                                  \
+            default: BODY(o, p, sl, v, nk, T, 4); break;                                                                 \
+            }                                                                                                            \
+    }
+QK16G(qk128_f16_avx2, KILN_AVX2, qk128g_avx2, KV_F16)
+QK16G(qk128_bf16_avx2, KILN_AVX2, qk128g_avx2, KV_BF16)
+PV16G(pv128_f16_avx2, KILN_AVX2, pv128g_avx2, KV_F16)
+PV16G(pv128_bf16_avx2, KILN_AVX2, pv128g_avx2, KV_BF16)
+QK16G(qk128_f16_avx512, KILN_AVX512, qk128g_avx512, KV_F16)
+QK16G(qk128_bf16_avx512, KILN_AVX512, qk128g_avx512, KV_BF16)
+PV16G(pv128_f16_avx512, KILN_AVX512, pv128g_avx512, KV_F16)
+PV16G(pv128_bf16_avx512, KILN_AVX512, pv128g_avx512, KV_BF16)
+#undef QK16G
+#undef PV16G
 
 KILN_AVX2 static void qk_avx2(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     if (hd == 128) {
@@ -795,7 +917,7 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
             const float *q = qr + (size_t)h * G * hd;
             if (j->qk16) {
                 const uint16_t *kp = (const uint16_t *)kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
-                for (int g = 0; g < G; g++) j->qk16(q + (size_t)g * hd, kp, n, j->scale, s + (size_t)g * j->sc_len);
+                j->qk16(q, G, kp, n, j->scale, s, j->sc_len);
                 continue;
             }
             const float *kp = page_rows(j, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, n, wide);
@@ -818,7 +940,7 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
             float *o = out + (size_t)h * G * hd;
             if (j->pv16) {
                 const uint16_t *vp = (const uint16_t *)kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
-                for (int g = 0; g < G; g++) j->pv16(o + (size_t)g * hd, p + (size_t)g * j->sc_len, vp, n);
+                j->pv16(o, p, G, j->sc_len, vp, n);
                 continue;
             }
             const float *vp = page_rows(j, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, n, wide);
