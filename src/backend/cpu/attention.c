@@ -156,13 +156,14 @@ typedef void (*qk_fn)(const float *q, const float *k, int nk, int hd, float scal
 typedef float (*expsum_fn)(float *sc, int n, float mx);
 /* o[0..hd) += sum_j p[j] * v[j] for nk values of hd floats, contiguous */
 typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
-/* the same two at head_dim 128 on 16-bit rows (F16 or BF16, widened in
- * registers), for the ng query heads of a KV group at once: q head g at
- * q + 128 g with its scores at sc + sl g; its output at o + 128 g with its
- * probabilities at p + sl g. Each row is widened once for all ng heads;
- * every head's sums are the one-head loops' to the bit. */
-typedef void (*qk16_fn)(const float *q, int ng, const uint16_t *k, int nk, float scale, float *sc, size_t sl, const uint16_t *nx);
-typedef void (*pv16_fn)(float *o, const float *p, int ng, size_t sl, const uint16_t *v, int nk, const uint16_t *nx);
+/* the same two at head_dim 128 on the cache's rows (F32, or F16 / BF16
+ * widened in registers), for the ng query heads of a KV group at once: q
+ * head g at q + 128 g with its scores at sc + sl g; its output at o + 128 g
+ * with its probabilities at p + sl g. Each row is loaded (and widened) once
+ * for all ng heads; every head's sums are the one-head loops' to the bit.
+ * nx: the block read next, prefetched row by row (or NULL). */
+typedef void (*qk16_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx);
+typedef void (*pv16_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -384,11 +385,12 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
     }
 }
 
-/* the 16-bit row kernels of the table (qk16_fn, pv16_fn): a group's heads
- * four at a time, the constant GQ of each call unrolled */
+/* the head_dim-128 row kernels of the table (qk16_fn, pv16_fn), one per
+ * row type: a group's heads four at a time, the constant GQ of each call
+ * unrolled */
 #define QK16G(NAME, ISA, BODY, T)                                                                                        \
-    ISA static void NAME(const float *q, int ng, const uint16_t *k, int nk, float scale, float *sc, size_t sl,           \
-                         const uint16_t *nx) {                                                                           \
+    ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
+                         const void *nx) {                                                                               \
         for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl, nx = NULL) switch (ng - g) {                        \
             case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx); break;                                                      \
             case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx); break;                                                      \
@@ -397,7 +399,7 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
             }                                                                                                            \
     }
 #define PV16G(NAME, ISA, BODY, T)                                                                                        \
-    ISA static void NAME(float *o, const float *p, int ng, size_t sl, const uint16_t *v, int nk, const uint16_t *nx) {   \
+    ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx) {           \
         for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl, nx = NULL) switch (ng - g) {                        \
             case 1: BODY(o, p, sl, v, nk, T, 1, nx); break;                                                              \
             case 2: BODY(o, p, sl, v, nk, T, 2, nx); break;                                                              \
@@ -405,6 +407,10 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
             default: BODY(o, p, sl, v, nk, T, 4, nx); break;                                                             \
             }                                                                                                            \
     }
+QK16G(qk128_f32_avx2, KILN_AVX2, qk128g_avx2, KV_F32)
+PV16G(pv128_f32_avx2, KILN_AVX2, pv128g_avx2, KV_F32)
+QK16G(qk128_f32_avx512, KILN_AVX512, qk128g_avx512, KV_F32)
+PV16G(pv128_f32_avx512, KILN_AVX512, pv128g_avx512, KV_F32)
 QK16G(qk128_f16_avx2, KILN_AVX2, qk128g_avx2, KV_F16)
 QK16G(qk128_bf16_avx2, KILN_AVX2, qk128g_avx2, KV_BF16)
 PV16G(pv128_f16_avx2, KILN_AVX2, pv128g_avx2, KV_F16)
@@ -892,7 +898,7 @@ struct att_job {
     tsm_fn tsm;
     tpv_fn tpv;
     int isa;      /* for widening 16-bit cache rows */
-    qk16_fn qk16; /* head_dim 128 on a 16-bit cache, or NULL (then pages are widened into scratch) */
+    qk16_fn qk16; /* head_dim 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
     pv16_fn pv16;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
 };
@@ -931,11 +937,11 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
             float *s = sc + (size_t)h * G * j->sc_len + t0;
             const float *q = qr + (size_t)h * G * hd;
             if (j->qk16) { /* the block after this one (the V pass's first after the last) is prefetched row by row */
-                const uint16_t *kp = (const uint16_t *)kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
+                const void *kp = kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : kv_at(kv, kv->v[j->layer], sq->pages[0], kh0, 0);
-                j->qk16(q, G, kp, n, j->scale, s, j->sc_len, (const uint16_t *)nx);
+                j->qk16(q, G, kp, n, j->scale, s, j->sc_len, nx);
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -957,11 +963,11 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
             const float *p = sc + (size_t)h * G * j->sc_len + t0;
             float *o = out + (size_t)h * G * hd;
             if (j->pv16) {
-                const uint16_t *vp = (const uint16_t *)kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
+                const void *vp = kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : NULL;
-                j->pv16(o, p, G, j->sc_len, vp, n, (const uint16_t *)nx);
+                j->pv16(o, p, G, j->sc_len, vp, n, nx);
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -1082,10 +1088,12 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tqk = isa == CPU_ISA_AVX512 ? tqk_avx512 : isa == CPU_ISA_AVX2 ? tqk_avx2 : tqk_scalar;
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
-    if (hd == 128 && kv->dtype != KILN_DTYPE_F32 && isa >= CPU_ISA_AVX2) {
-        const int f16 = kv->dtype == KILN_DTYPE_F16, z = isa == CPU_ISA_AVX512;
-        j.qk16 = z ? (f16 ? qk128_f16_avx512 : qk128_bf16_avx512) : (f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
-        j.pv16 = z ? (f16 ? pv128_f16_avx512 : pv128_bf16_avx512) : (f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
+    if (hd == 128 && isa >= CPU_ISA_AVX2) {
+        const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
+        j.qk16 = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
+                   : (f32 ? qk128_f32_avx2 : f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
+        j.pv16 = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
+                   : (f32 ? pv128_f32_avx2 : f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
     }
 #elif defined(KILN_NEON)
     const int neon = isa >= CPU_ISA_NEON;
