@@ -160,10 +160,10 @@ typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
  * widened in registers), for the ng query heads of a KV group at once: q
  * head g at q + 128 g with its scores at sc + sl g; its output at o + 128 g
  * with its probabilities at p + sl g. Each row is loaded (and widened) once
- * for all ng heads; every head's sums are the one-head loops' to the bit.
+ * for all ng heads; a head's sums do not depend on ng or the row type.
  * nx: the block read next, prefetched row by row (or NULL). */
-typedef void (*qk16_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx);
-typedef void (*pv16_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx);
+typedef void (*qk128_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx);
+typedef void (*pv128_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -188,12 +188,12 @@ static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) 
 }
 
 #if defined(KILN_X86)
-/* The head_dim 128 loops of the row path, one body for every row type the
- * cache holds: f32 rows, or 16-bit rows whose loads of 8 (AVX2) or 16
- * (AVX-512) values are widened in registers (F16: vcvtph2ps; BF16:
- * zero-extend and shift), so a 16-bit page is read once at half the bytes
- * and its sums are the f32 loops' to the bit. t is a constant in each
- * caller (the bodies are inlined). */
+/* The head_dim 128 loops of the row path (qk128_fn, pv128_fn), one body for
+ * every row type the cache holds: f32 rows, or 16-bit rows whose loads of 8
+ * (AVX2) or 16 (AVX-512) values are widened in registers (F16: vcvtph2ps;
+ * BF16: zero-extend and shift), so a 16-bit page is read once at half the
+ * bytes and its sums are the f32 rows' to the bit. t is a constant in each
+ * caller (the bodies are inlined). Other head sizes take qk_fn / pv_fn. */
 enum { KV_F32 = 0, KV_F16, KV_BF16 };
 #define KV_INLINE static inline __attribute__((always_inline))
 
@@ -203,77 +203,22 @@ KV_INLINE KILN_AVX2 __m256 ld8_kv(const void *p, size_t i, int t) {
     return t == KV_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-KV_INLINE KILN_AVX2 void qk128_avx2(const float *q, const void *k, int nk, float scale, float *sc, int t) {
-    __m256 qv[16];
-    for (int i = 0; i < 16; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
-    for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 128;
-        __m256 a0 = _mm256_mul_ps(qv[0], ld8_kv(k, r, t)), a1 = _mm256_mul_ps(qv[1], ld8_kv(k, r + 8, t));
-        for (int i = 2; i < 16; i += 2) {
-            a0 = _mm256_fmadd_ps(qv[i], ld8_kv(k, r + 8 * i, t), a0);
-            a1 = _mm256_fmadd_ps(qv[i + 1], ld8_kv(k, r + 8 * i + 8, t), a1);
-        }
-        sc[j] = kiln_hsum8(_mm256_add_ps(a0, a1)) * scale;
-    }
-}
-
-/* constant-trip loops unrolled, so a[] stays in registers (GCC kept it on
- * the stack: a store and reload per FMA) */
-KV_INLINE KILN_AVX2 void pv128_avx2(float *o, const float *p, const void *v, int nk, int t) {
-    __m256 a[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) a[i] = _mm256_loadu_ps(o + 8 * i);
-    for (int j = 0; j < nk; j++) {
-        __m256 pj = _mm256_set1_ps(p[j]);
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) a[i] = _mm256_fmadd_ps(pj, ld8_kv(v, (size_t)j * 128 + 8 * i, t), a[i]);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++) _mm256_storeu_ps(o + 8 * i, a[i]);
-}
-
 KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
     if (t == KV_F32) return _mm512_loadu_ps((const float *)p + i);
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
     return t == KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-KV_INLINE KILN_AVX512 void qk128_avx512(const float *q, const void *k, int nk, float scale, float *sc, int t) {
-    __m512 qv[8];
-    for (int i = 0; i < 8; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
-    for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 128;
-        __m512 a0 = _mm512_mul_ps(qv[0], ld16_kv(k, r, t)), a1 = _mm512_mul_ps(qv[1], ld16_kv(k, r + 16, t));
-        for (int i = 2; i < 8; i += 2) {
-            a0 = _mm512_fmadd_ps(qv[i], ld16_kv(k, r + 16 * i, t), a0);
-            a1 = _mm512_fmadd_ps(qv[i + 1], ld16_kv(k, r + 16 * i + 16, t), a1);
-        }
-        sc[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
-    }
-}
-
-KV_INLINE KILN_AVX512 void pv128_avx512(float *o, const float *p, const void *v, int nk, int t) {
-    __m512 a[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) a[i] = _mm512_loadu_ps(o + 16 * i);
-    for (int j = 0; j < nk; j++) {
-        __m512 pj = _mm512_set1_ps(p[j]);
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) a[i] = _mm512_fmadd_ps(pj, ld16_kv(v, (size_t)j * 128 + 16 * i, t), a[i]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) _mm512_storeu_ps(o + 16 * i, a[i]);
-}
-
-/* The grouped loops behind qk16_fn / pv16_fn: GQ <= 4 query heads of a KV
- * group per pass over a page's rows (a group of more heads takes several
- * passes), each key or value chunk widened once for all of them. Per head
- * the same operations in the same order as qk128_* / pv128_*: scores from
- * two accumulators over alternate chunks, one horizontal sum, times scale;
- * outputs accumulate p[j] v[j] over j in order (a pass covers S chunks of
- * the head for all GQ heads, so accumulators and widened chunks fit in the
- * registers). nx: the block the caller reads next (the next head of the
- * run, or the next page's first), or NULL; row j of it is prefetched while
+/* The grouped loops behind qk128_fn / pv128_fn: GQ <= 4 query heads of a
+ * KV group per pass over a page's rows (a group of more heads takes
+ * several passes), each key or value chunk loaded (and widened) once for
+ * all of them. Per head, whatever GQ is: scores from two accumulators over
+ * alternate chunks (a multiply, then FMAs in chunk order), one horizontal
+ * sum, times scale; outputs accumulate p[j] v[j] over j in order (a pass
+ * covers S chunks of the head for all GQ heads, so accumulators and chunks
+ * fit in the registers). nx: the block the caller reads next (the next
+ * head of the run, or the next page's first), or NULL; row j of it is
+ * prefetched while
  * row j of this one is read, one block (4 KB at 16 keys) ahead of use, as a
  * plain stream would be: the hardware prefetcher alone fed these loops ~5
  * GB/s a core, against ~9 with it (one AVX2 core, F16 rows from DRAM). */
@@ -385,10 +330,10 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
     }
 }
 
-/* the head_dim-128 row kernels of the table (qk16_fn, pv16_fn), one per
+/* the head_dim-128 row kernels of the table (qk128_fn, pv128_fn), one per
  * row type: a group's heads four at a time, the constant GQ of each call
  * unrolled */
-#define QK16G(NAME, ISA, BODY, T)                                                                                        \
+#define QK128G(NAME, ISA, BODY, T)                                                                                        \
     ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
                          const void *nx) {                                                                               \
         for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl, nx = NULL) switch (ng - g) {                        \
@@ -398,7 +343,7 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
             default: BODY(q, k, nk, scale, sc, sl, T, 4, nx); break;                                                     \
             }                                                                                                            \
     }
-#define PV16G(NAME, ISA, BODY, T)                                                                                        \
+#define PV128G(NAME, ISA, BODY, T)                                                                                        \
     ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx) {           \
         for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl, nx = NULL) switch (ng - g) {                        \
             case 1: BODY(o, p, sl, v, nk, T, 1, nx); break;                                                              \
@@ -407,26 +352,22 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
             default: BODY(o, p, sl, v, nk, T, 4, nx); break;                                                             \
             }                                                                                                            \
     }
-QK16G(qk128_f32_avx2, KILN_AVX2, qk128g_avx2, KV_F32)
-PV16G(pv128_f32_avx2, KILN_AVX2, pv128g_avx2, KV_F32)
-QK16G(qk128_f32_avx512, KILN_AVX512, qk128g_avx512, KV_F32)
-PV16G(pv128_f32_avx512, KILN_AVX512, pv128g_avx512, KV_F32)
-QK16G(qk128_f16_avx2, KILN_AVX2, qk128g_avx2, KV_F16)
-QK16G(qk128_bf16_avx2, KILN_AVX2, qk128g_avx2, KV_BF16)
-PV16G(pv128_f16_avx2, KILN_AVX2, pv128g_avx2, KV_F16)
-PV16G(pv128_bf16_avx2, KILN_AVX2, pv128g_avx2, KV_BF16)
-QK16G(qk128_f16_avx512, KILN_AVX512, qk128g_avx512, KV_F16)
-QK16G(qk128_bf16_avx512, KILN_AVX512, qk128g_avx512, KV_BF16)
-PV16G(pv128_f16_avx512, KILN_AVX512, pv128g_avx512, KV_F16)
-PV16G(pv128_bf16_avx512, KILN_AVX512, pv128g_avx512, KV_BF16)
-#undef QK16G
-#undef PV16G
+QK128G(qk128_f32_avx2, KILN_AVX2, qk128g_avx2, KV_F32)
+PV128G(pv128_f32_avx2, KILN_AVX2, pv128g_avx2, KV_F32)
+QK128G(qk128_f32_avx512, KILN_AVX512, qk128g_avx512, KV_F32)
+PV128G(pv128_f32_avx512, KILN_AVX512, pv128g_avx512, KV_F32)
+QK128G(qk128_f16_avx2, KILN_AVX2, qk128g_avx2, KV_F16)
+QK128G(qk128_bf16_avx2, KILN_AVX2, qk128g_avx2, KV_BF16)
+PV128G(pv128_f16_avx2, KILN_AVX2, pv128g_avx2, KV_F16)
+PV128G(pv128_bf16_avx2, KILN_AVX2, pv128g_avx2, KV_BF16)
+QK128G(qk128_f16_avx512, KILN_AVX512, qk128g_avx512, KV_F16)
+QK128G(qk128_bf16_avx512, KILN_AVX512, qk128g_avx512, KV_BF16)
+PV128G(pv128_f16_avx512, KILN_AVX512, pv128g_avx512, KV_F16)
+PV128G(pv128_bf16_avx512, KILN_AVX512, pv128g_avx512, KV_BF16)
+#undef QK128G
+#undef PV128G
 
 KILN_AVX2 static void qk_avx2(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
-    if (hd == 128) {
-        qk128_avx2(q, k, nk, scale, sc, KV_F32);
-        return;
-    }
     for (int j = 0; j < nk; j++, k += hd) {
         __m256 a = _mm256_setzero_ps();
         int i = 0;
@@ -457,10 +398,6 @@ KILN_AVX2 static float expsum_avx2(float *sc, int n, float mx) {
 }
 
 KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, int hd) {
-    if (hd == 128) {
-        pv128_avx2(o, p, v, nk, KV_F32);
-        return;
-    }
     for (int j = 0; j < nk; j++, v += hd) {
         __m256 pj = _mm256_set1_ps(p[j]);
         int i = 0;
@@ -470,10 +407,6 @@ KILN_AVX2 static void pv_avx2(float *o, const float *p, const float *v, int nk, 
 }
 
 KILN_AVX512 static void qk_avx512(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
-    if (hd == 128) {
-        qk128_avx512(q, k, nk, scale, sc, KV_F32);
-        return;
-    }
     for (int j = 0; j < nk; j++, k += hd) {
         __m512 a = _mm512_setzero_ps();
         for (int i = 0; i < hd; i += 16) {
@@ -496,10 +429,6 @@ KILN_AVX512 static float expsum_avx512(float *sc, int n, float mx) {
 }
 
 KILN_AVX512 static void pv_avx512(float *o, const float *p, const float *v, int nk, int hd) {
-    if (hd == 128) {
-        pv128_avx512(o, p, v, nk, KV_F32);
-        return;
-    }
     for (int j = 0; j < nk; j++, v += hd) {
         __m512 pj = _mm512_set1_ps(p[j]);
         for (int i = 0; i < hd; i += 16) {
@@ -898,8 +827,8 @@ struct att_job {
     tsm_fn tsm;
     tpv_fn tpv;
     int isa;      /* for widening 16-bit cache rows */
-    qk16_fn qk16; /* head_dim 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
-    pv16_fn pv16;
+    qk128_fn qk128; /* head_dim 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
+    pv128_fn pv128;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
 };
 
@@ -936,12 +865,12 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
         for (int h = 0; h < nkh; h++) {
             float *s = sc + (size_t)h * G * j->sc_len + t0;
             const float *q = qr + (size_t)h * G * hd;
-            if (j->qk16) { /* the block after this one (the V pass's first after the last) is prefetched row by row */
+            if (j->qk128) { /* the block after this one (the V pass's first after the last) is prefetched row by row */
                 const void *kp = kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : kv_at(kv, kv->v[j->layer], sq->pages[0], kh0, 0);
-                j->qk16(q, G, kp, n, j->scale, s, j->sc_len, nx);
+                j->qk128(q, G, kp, n, j->scale, s, j->sc_len, nx);
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -962,12 +891,12 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
         for (int h = 0; h < nkh; h++) {
             const float *p = sc + (size_t)h * G * j->sc_len + t0;
             float *o = out + (size_t)h * G * hd;
-            if (j->pv16) {
+            if (j->pv128) {
                 const void *vp = kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : NULL;
-                j->pv16(o, p, G, j->sc_len, vp, n, nx);
+                j->pv128(o, p, G, j->sc_len, vp, n, nx);
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -1090,9 +1019,9 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
     if (hd == 128 && isa >= CPU_ISA_AVX2) {
         const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
-        j.qk16 = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
+        j.qk128 = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
                    : (f32 ? qk128_f32_avx2 : f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
-        j.pv16 = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
+        j.pv128 = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
                    : (f32 ? pv128_f32_avx2 : f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
     }
 #elif defined(KILN_NEON)
