@@ -149,7 +149,7 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
     if (cudaMalloc(p, bytes) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not a sticky error */
         *p = NULL;
-        if (!c->fault_bytes) c->fault_bytes = bytes;
+        cu_fault(c, bytes, 0);
         return NULL;
     }
     c->bytes_ws += bytes;
@@ -172,7 +172,6 @@ int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
         if (pin_fail > 0) pin_fail--;
         cudaGetLastError(); /* not a sticky error */
         *p = NULL;
-        if (!c->fault_bytes) c->fault_bytes = bytes, c->fault_host = 1;
         return -1;
     }
     *cap = bytes;
@@ -318,7 +317,8 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
     }
     /* the bf16 values to pinned memory (half the bytes of f32, and a
      * pinned copy is a DMA, not a staged one), widened here: exact */
-    if (cu_pinned(c, (void **)&c->logit_host, &c->logit_host_cap, n * 2)) { /* reported by cu_error */
+    if (cu_pinned(c, (void **)&c->logit_host, &c->logit_host_cap, n * 2)) {
+        cu_fault(c, n * 2, 1); /* reported by cu_error */
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         memset(dst, 0, n * sizeof(float));
         return;
@@ -380,7 +380,8 @@ static void cu_argmax(struct kiln_backend *be, int32_t *ids, const void *x, int 
         CU_LAUNCHED();
     }
     cu_finish(c);
-    if (cu_pinned(c, (void **)&c->ids_host, &c->ids_host_cap, (size_t)n * 4)) { /* reported by cu_error */
+    if (cu_pinned(c, (void **)&c->ids_host, &c->ids_host_cap, (size_t)n * 4)) {
+        cu_fault(c, (size_t)n * 4, 1); /* reported by cu_error */
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         memset(ids, 0, (size_t)n * 4);
         return;

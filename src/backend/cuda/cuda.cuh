@@ -260,6 +260,12 @@ struct cuda_ctx {
 
 static inline struct cuda_ctx *cu_ctx(struct kiln_backend *be) { return (struct cuda_ctx *)be->ctx; }
 
+/* this forward failed for want of `bytes` of device (or, host, pinned host)
+ * memory; the first such failure is the one `error` reports */
+static inline void cu_fault(struct cuda_ctx *c, size_t bytes, int host) {
+    if (!c->fault_bytes) c->fault_bytes = bytes, c->fault_host = host;
+}
+
 /* grows a device scratch buffer (old contents dropped); counts workspace.
  * NULL when device memory runs out (recorded in fault_bytes): the caller
  * skips its launch */
@@ -268,8 +274,8 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
  * kernels leave them zeroed); NULL when device memory runs out */
 int *cu_att_cnt(struct cuda_ctx *c, size_t n);
 /* grows a pinned host buffer to at least `bytes` (cap in bytes; old contents
- * dropped): 0, or -1 when the host cannot pin that much (recorded in
- * fault_bytes and fault_host): the caller skips its work, the batch fails */
+ * dropped): 0, or -1 when the host cannot pin that much; a caller whose
+ * batch fails then records it (cu_fault) and skips its work */
 int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
 
 /* ops, one family per file */

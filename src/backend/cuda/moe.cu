@@ -22,7 +22,7 @@
 #define MOE_DIRECT_MAX 8
 
 /* the per-layer device tables of expert pointers; NULL when device memory
- * runs out (recorded in fault_bytes) */
+ * runs out (recorded by cu_fault) */
 static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn *m) {
     for (int i = 0; i < c->n_moe_tabs; i++)
         if (c->moe_tabs[i].key == (const void *)m->gate) return &c->moe_tabs[i];
@@ -37,7 +37,7 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
     if (cudaMalloc(&d, sizeof(bf16 *) * 3 * (size_t)E) != cudaSuccess) { /* out of device memory: cu_error reports it */
         cudaGetLastError();
         free(h);
-        if (!c->fault_bytes) c->fault_bytes = sizeof(bf16 *) * 3 * (size_t)E;
+        cu_fault(c, sizeof(bf16 *) * 3 * (size_t)E, 0);
         return NULL;
     }
     CUDA_CHECK(cudaMemcpy(d, h, sizeof(bf16 *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
@@ -225,12 +225,7 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
         CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* no copy from the old table in flight */
         /* no pinned table this time: the caller runs one call per expert
          * (same results), so this is not the batch's failure */
-        const size_t fb = c->fault_bytes;
-        const int fh = c->fault_host;
-        if (cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, tab_bytes)) {
-            c->fault_bytes = fb, c->fault_host = fh;
-            return -1;
-        }
+        if (cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, tab_bytes)) return -1;
     }
     int *rows = (int *)kiln_malloc(sizeof(int) * 2 * (size_t)E), g = 0;
     const void **h = (const void **)c->moe_ptr_host;
@@ -312,7 +307,10 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     CU_LAUNCHED();
     cu_launch(c->stream, k_moe_place, E, 256, 0, pos, tok, sel, dcnt, (int)nk, K);
     CU_LAUNCHED();
-    if (cu_pinned(c, (void **)&c->moe_host, &c->moe_host_cap, ((size_t)2 * E + 1) * 4)) return; /* the batch fails (cu_error) */
+    if (cu_pinned(c, (void **)&c->moe_host, &c->moe_host_cap, ((size_t)2 * E + 1) * 4)) {
+        cu_fault(c, ((size_t)2 * E + 1) * 4, 1); /* the batch fails (cu_error) */
+        return;
+    }
     int *hcnt = c->moe_host, *cnt = hcnt + E;
     CUDA_CHECK(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
