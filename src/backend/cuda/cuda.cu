@@ -877,6 +877,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_moe_bulk = env_is("KILN_CUDA_MOE_BULK", "0");
     c->no_moe_pre = env_is("KILN_CUDA_MOE_PRE", "0");
     c->no_gemv_b = env_is("KILN_CUDA_GEMV_B", "0");
+    c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
     c->old_read = env_is("KILN_CUDA_READ", "0");

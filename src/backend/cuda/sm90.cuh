@@ -34,6 +34,18 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigne
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
+/* the same with an L2 eviction policy (createpolicy) */
+__device__ __forceinline__ void bulk_load_pol(unsigned dst, const void *src, unsigned bytes, unsigned bar, uint64_t pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+                 : "memory");
+}
+/* an L2 policy that evicts the lines it touches first */
+__device__ __forceinline__ uint64_t pol_evict_first(void) {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
