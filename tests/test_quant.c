@@ -997,6 +997,35 @@ static void test_quantize_roundtrip(void) {
     free(ref);
 }
 
+/* an allocator that refuses every request after the first `left` */
+struct fail_alloc {
+    void **owned;
+    int left;
+};
+static void *fail_alloc(void *ctx, size_t n) {
+    struct fail_alloc *f = ctx;
+    if (f->left-- <= 0) return NULL;
+    return test_alloc(&f->owned, n);
+}
+
+/* dummy quantized weights when memory runs out part way: an error naming
+ * it, never a crash (library code does not exit) */
+static void test_dummy_oom(void) {
+    static const char *fmts[] = {"fp8", "gptq-int4", "awq", "q4_0", "q6_k"};
+    static const int allocs[] = {2, 3, 3, 1, 1}; /* what each format makes */
+    for (int f = 0; f < 5; f++)
+        for (int left = 0; left <= allocs[f]; left++) {
+            struct fail_alloc fa = {kiln_calloc(1, sizeof(void *)), left};
+            struct qlinear w = {.n_out = 64, .n_in = 256};
+            char err[256] = "";
+            int rc = quant_dummy_linear(&w, fmts[f], 128, 5, 0.05f, fail_alloc, &fa, err, sizeof err);
+            if (left < allocs[f]) CHECK(rc != 0 && strstr(err, "out of memory"), "%s, %d allocations allowed: rc %d, '%s'", fmts[f], left, rc, err);
+            else CHECK(rc == 0, "%s with every allocation: %s", fmts[f], err);
+            for (int k = 0; fa.owned[k]; k++) free(fa.owned[k]);
+            free(fa.owned);
+        }
+}
+
 void test_quant(void) {
     const char *ql = getenv("KILN_QUANT_QUALITY");
     if (ql) {
@@ -1017,4 +1046,5 @@ void test_quant(void) {
     test_dummy();
     test_isa_dispatch();
     test_scratch_oom();
+    test_dummy_oom();
 }

@@ -482,6 +482,7 @@ static void add_t(struct st_set *s, const char *name, enum kiln_dtype dt, int nd
  * (i in {0,1} the rotate-half, j < hd/2) went to row 2j + i. Undo it. */
 static void *unpermute(const uint8_t *src, int64_t rows, size_t rb, int n_head, void *(*alloc)(void *, size_t), void *ctx) {
     uint8_t *dst = alloc(ctx, (size_t)rows * rb);
+    if (!dst) return NULL;
     int64_t hd = rows / n_head;
     for (int64_t h = 0; h < n_head; h++)
         for (int i = 0; i < 2; i++)
@@ -537,6 +538,7 @@ int gguf_to_st(const struct gguf_file *g, const struct kiln_config *c, struct st
             int64_t rows = ti->n_dims == 2 ? ti->ne[1] : ti->ne[0];
             if (rows % (2 * nh)) return kiln_errf(err, errlen, "GGUF: tensor '%s' rows %lld do not split into %d heads", n, (long long)rows, nh);
             data = unpermute(ti->data, rows, ti->nbytes / (size_t)rows, nh, alloc, ctx);
+            if (!data) return kiln_errf(err, errlen, "GGUF: out of memory for tensor '%s' (%zu bytes)", n, ti->nbytes);
         }
         if (ti->n_dims == 1) add_t(s, hf, dt, 1, 1, ti->ne[0], data, ti->nbytes, file);
         else add_t(s, hf, dt, 2, ti->ne[1], ti->ne[0], data, ti->nbytes, file);

@@ -81,7 +81,8 @@ int gguf_to_config(const struct gguf_file *g, struct kiln_config *cfg, char *err
 /* Adds the tensors to s under their Hugging Face names (file index `file`),
  * splitting merged expert tensors per expert and un-permuting the Llama q/k
  * rows (convert_hf_to_gguf permutes them for its interleaved RoPE). Copies
- * (only the permuted q/k) are made with alloc(ctx, bytes). */
+ * (only the permuted q/k) are made with alloc(ctx, bytes), which returns NULL
+ * when out of memory (an error). */
 int gguf_to_st(const struct gguf_file *g, const struct kiln_config *cfg, struct st_set *s, int file,
                void *(*alloc)(void *ctx, size_t bytes), void *ctx, char *err, size_t errlen);
 

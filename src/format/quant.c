@@ -388,6 +388,10 @@ static void fill_bytes(uint8_t *p, size_t n, uint64_t seed) {
     }
 }
 
+static int oom(char *err, size_t errlen, size_t bytes) {
+    return kiln_errf(err, errlen, "dummy weights: out of memory (%zu bytes)", bytes);
+}
+
 /* Random codes are uniform; scales are set so the dequantized weights have
  * roughly standard deviation std. Block scales in the GGUF blocks are
  * rewritten after the random fill so they are sane f16 values. */
@@ -401,9 +405,11 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
         w->block_n = w->block_k = 128;
         int bn = (N + 127) / 128, bk = (K + 127) / 128;
         uint8_t *q = alloc(ctx, (size_t)N * K);
+        if (!q) return oom(err, errlen, (size_t)N * K);
         fill_bytes(q, (size_t)N * K, seed);
         for (size_t i = 0; i < (size_t)N * K; i++) q[i] &= 0xB7; /* |v| <= 0x37 (~0.94): no NaN, a plausible spread */
         float *s = alloc(ctx, sizeof(float) * (size_t)bn * bk);
+        if (!s) return oom(err, errlen, sizeof(float) * (size_t)bn * bk);
         for (int i = 0; i < bn * bk; i++) s[i] = std * 2.0f;
         w->w = (struct ktensor){.dtype = KILN_DTYPE_F8_E4M3, .rows = N, .cols = K, .data = q};
         w->scales = (struct ktensor){.dtype = KILN_DTYPE_F32, .rows = bn, .cols = bk, .data = s};
@@ -419,12 +425,15 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
         w->bits = bits, w->group = group, w->zero_plus1 = !awq;
         size_t nq = awq ? (size_t)K * (N / 8) : (size_t)(K / pf) * N;
         uint8_t *q = alloc(ctx, nq * 4);
+        if (!q) return oom(err, errlen, nq * 4);
         fill_bytes(q, nq * 4, seed);
         size_t nz = (size_t)G * (N / pf);
         uint32_t *z = alloc(ctx, nz * 4);
+        if (!z) return oom(err, errlen, nz * 4);
         uint32_t zw = bits == 4 ? (awq ? 0x88888888u : 0x77777777u) : (awq ? 0x80808080u : 0x7F7F7F7Fu);
         for (size_t i = 0; i < nz; i++) z[i] = zw;
         uint16_t *s = alloc(ctx, sizeof(uint16_t) * (size_t)G * N);
+        if (!s) return oom(err, errlen, sizeof(uint16_t) * (size_t)G * N);
         float sv = std * 1.7320508f / (float)(1 << (bits - 1));
         for (size_t i = 0; i < (size_t)G * N; i++) s[i] = kiln_f32_to_f16(sv * (0.75f + 0.5f * (float)kiln_rng_uniform(&r)));
         w->w = awq ? (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = K, .cols = N / 8, .data = q}
@@ -446,6 +455,7 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
     if (K % qt->block_elems) return kiln_errf(err, errlen, "--quant %s: %d input columns are not a multiple of %d", fmt, K, qt->block_elems);
     size_t rb = quant_row_bytes(t, K), nb = rb * (size_t)N;
     uint8_t *q = alloc(ctx, nb);
+    if (!q) return oom(err, errlen, nb);
     fill_bytes(q, nb, seed);
     /* sane block headers: replace the f16 scales with positive values */
     size_t nblk = nb / (size_t)qt->block_bytes;

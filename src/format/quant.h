@@ -111,7 +111,8 @@ float quant_scalar(const struct ktensor *t, int64_t i);
 /* Dummy quantized weights: fills w (n_out, n_in already set) with seeded
  * random codes and scales of the named format ("gptq-int4", "gptq-int8",
  * "awq", "fp8", "q8_0", "q4_0", "q4_k", ...), allocating through alloc(ctx,
- * bytes) (memory the model frees). std: the dequantized weights' spread. */
+ * bytes) (memory the model frees; NULL when out of memory, reported as an
+ * error). std: the dequantized weights' spread. */
 int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t seed, float std,
                        void *(*alloc)(void *ctx, size_t bytes), void *ctx, char *err, size_t errlen);
 /* Is fmt a name quant_dummy_linear accepts? */

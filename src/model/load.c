@@ -127,7 +127,7 @@ static int get_raw(struct wsrc *s, struct ktensor *t, const char *name, int requ
 static void *owned_alloc(void *ctx, size_t nb) {
     struct kiln_model *m = ctx;
     void *p = NULL;
-    if (posix_memalign(&p, 64, nb ? nb : 64)) kiln_fatal("dummy weights: out of memory", __FILE__, __LINE__);
+    if (posix_memalign(&p, 64, nb ? nb : 64)) return NULL; /* the caller reports it */
     m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
     m->owned[m->n_owned++] = p;
     return p;
