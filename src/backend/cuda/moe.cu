@@ -45,7 +45,6 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
     c->bytes_ws += sizeof(bf16 *) * 3 * (size_t)E;
     c->moe_tabs = (struct cu_moe_tab *)kiln_realloc(c->moe_tabs, sizeof *c->moe_tabs * (size_t)(c->n_moe_tabs + 1));
     struct cu_moe_tab *t = &c->moe_tabs[c->n_moe_tabs++];
-    memset(t, 0, sizeof *t);
     t->key = m->gate, t->gate = d, t->up = d + E, t->down = d + 2 * E;
     return t;
 }
