@@ -189,6 +189,13 @@ static int probe_bw(double *gbs, const struct bench_pptg_opts *o, int mib, int w
     return kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", mib);
 }
 
+/* a test's share of the progress estimate: ppN costs ~N token-evals per
+ * run (the warm-up included), tgN ~12 N, and depth d adds its d untimed
+ * tokens to each run */
+static double test_weight(int tg, int n, int d, int reps, int warmup) {
+    return tg ? (12.0 * n + d) * reps : ((double)n + d) * (reps + warmup);
+}
+
 int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table *t, char *err, size_t errlen) {
     const int V = kiln_engine_config(e)->vocab;
     const int cuda = !strcmp(kiln_engine_backend(e), "cuda");
@@ -252,8 +259,8 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     n_tests *= n_depth;
     double tw = 0;
     for (int di = 0; di < n_depth; di++) {
-        for (int i = 0; i < o->n_pp; i++) tw += ((double)o->pp[i] + depths[di]) * (reps + o->warmup);
-        for (int i = 0; i < o->n_tg; i++) tw += (12.0 * o->tg[i] + depths[di]) * reps;
+        for (int i = 0; i < o->n_pp; i++) tw += test_weight(0, o->pp[i], depths[di], reps, o->warmup);
+        for (int i = 0; i < o->n_tg; i++) tw += test_weight(1, o->tg[i], depths[di], reps, o->warmup);
     }
     struct bench_progress pr;
     bench_progress_start(&pr, o->progress, n_tests, tw, kiln_now());
@@ -269,7 +276,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 if (n <= 0) continue;
                 char test[48], tkey[48];
                 snprintf(test, sizeof test, "%s%d", pass ? "tg" : "pp", n);
-                snprintf(tkey, sizeof tkey, "%s%d", pass ? "tg" : "pp", n);
+                memcpy(tkey, test, sizeof tkey); /* the table's name and the JSON key differ only at depth */
                 if (d > 0) {
                     snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", d);
                     snprintf(tkey + strlen(tkey), sizeof tkey - strlen(tkey), "_d%d", d);
@@ -367,7 +374,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 }
                 snprintf(key, sizeof key, "%s_mem_mib", tkey);
                 bt_summary(t, key, mem / (1 << 20));
-                bench_progress_done(&pr, pass ? (12.0 * n + d) * reps : ((double)n + d) * (reps + o->warmup), kiln_now());
+                bench_progress_done(&pr, test_weight(pass, n, d, reps, o->warmup), kiln_now());
             }
         }
     }
