@@ -218,10 +218,10 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
  * covers S chunks of the head for all GQ heads, so accumulators and chunks
  * fit in the registers). nx: the block the caller reads next (the next
  * head of the run, or the next page's first), or NULL; row j of it is
- * prefetched while
- * row j of this one is read, one block (4 KB at 16 keys) ahead of use, as a
- * plain stream would be: the hardware prefetcher alone fed these loops ~5
- * GB/s a core, against ~9 with it (one AVX2 core, F16 rows from DRAM). */
+ * prefetched while row j of this one is read, one block (4 KB at 16 keys)
+ * ahead of use, as a plain stream would be: the hardware prefetcher alone
+ * fed these loops ~5 GB/s a core, against ~9 with it (one AVX2 core, F16
+ * rows from DRAM). */
 KV_INLINE void pf_row128(const void *nx, size_t r, int t) {
     const char *p = (const char *)nx + r * (t == KV_F32 ? 4 : 2);
     for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
