@@ -10,6 +10,7 @@ CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp 
 LDLIBS   += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
 NVCC     ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
+NVFLAGS  ?=
 PYTHON   ?= python3
 
 SRC      := $(shell find src -name '*.c' | sort)
@@ -28,11 +29,16 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpat
 endif
 endif
 
-.PHONY: all cpu arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench clean help format
+.PHONY: all cpu ktrace arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench clean help format
 all: $(BUILD)/kiln $(BUILD)/test-kiln
 
 cpu:
 	$(MAKE) NVCC= BUILD=build-cpu all
+
+# kernels that time themselves (src/backend/cuda/ktrace.cuh): build-trace/kiln,
+# sm_90a only; KILN_CUDA_KTRACE=FILE at run time, tools/ktrace.py to read FILE
+ktrace:
+	$(MAKE) BUILD=build-trace NVFLAGS=-DKILN_CUDA_TRACE CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" build-trace/kiln
 
 # AArch64 (NEON) cross build, run under qemu-user: Debian's gcc-aarch64-linux-gnu,
 # qemu-user and the arm64 -dev packages of the libraries (dpkg --add-architecture
@@ -60,7 +66,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) $(NVFLAGS) -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 # the Qwen3 configs in configs/ are compiled in, so --dummy NAME works anywhere
 $(BUILD)/gen/configs.c: $(sort $(wildcard configs/*.json)) scripts/embed-configs.sh
@@ -107,6 +113,7 @@ help:                           ## this list
 	@echo "kiln make targets:"
 	@echo "  make            build ./build/kiln and the test runner (CUDA too when nvcc is found)"
 	@echo "  make cpu        CPU-only build in build-cpu/"
+	@echo "  make ktrace     build-trace/kiln, whose CUDA kernels time themselves (KILN_CUDA_KTRACE=FILE; tools/ktrace.py)"
 	@echo "  make arm64      aarch64 (NEON) cross build in build-arm64/; make test-arm64 runs its C tests under qemu-user"
 	@echo "  make test       all tests: C runner (parsers, kernels, HF parity, engine) + server and CLI pytest"
 	@echo "  make test-c     C runner only; ARGS='group ...' picks groups, ARGS=--list lists them"

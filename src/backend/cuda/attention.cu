@@ -61,6 +61,7 @@ template <int U>
 __global__ void k_kv_write(bf16 *__restrict__ kc, bf16 *__restrict__ vc, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                            const int *__restrict__ row_seq, const int *__restrict__ row_t, const int *__restrict__ seq,
                            const int *__restrict__ pages, int n, int nkv, int hd, int P) {
+    KTRACE();
     pdl_wait();
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int per_head = hd / U, per_row = nkv * per_head;
@@ -197,6 +198,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
                                                   const int *__restrict__ row_seq, const int *__restrict__ row_t,
                                                   const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                   int P, float sl2, int n_split, int *__restrict__ done, att_rope R) {
+    KTRACE();
     constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL;
     const bool pre = ROPE && R.pre;
     if (!pre) pdl_wait();
@@ -372,6 +374,7 @@ __global__ void __launch_bounds__(128) k_flash(bf16 *__restrict__ out, float *__
                                                const bf16 *__restrict__ vc, const int *__restrict__ tiles,
                                                const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                int P, float sl2) {
+    KTRACE();
     pdl_wait();
     constexpr int LD = D + 8;
     extern __shared__ uint4 smem_u4[];

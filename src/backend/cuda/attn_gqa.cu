@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(128) k_att_gqa(bf16 *__restrict__ out, float *
                                                  const int *__restrict__ row_seq, const int *__restrict__ row_t,
                                                  const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                  int P, float sl2, int n_split, int *__restrict__ done) {
+    KTRACE();
     pdl_wait();
     constexpr int EPL = HD / 32, U = G <= 4 ? 4 : 2;
     const int rk = blockIdx.x, row = rk / nkv, kh = rk % nkv, sp = blockIdx.y;

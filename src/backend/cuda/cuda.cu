@@ -211,18 +211,21 @@ static void cu_memzero(struct kiln_backend *be, void *p, size_t bytes) {
 }
 
 __global__ void k_bf16_to_f32(float *out, const bf16 *in, size_t n) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __bfloat162float(in[i]);
 }
 
 __global__ void k_f16_to_bf16(bf16 *out, const __half *in, size_t n) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2bfloat16(__half2float(in[i]));
 }
 
 __global__ void k_f32_to_bf16(bf16 *out, const float *in, size_t n) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = __float2bfloat16(in[i]);
@@ -294,6 +297,7 @@ static void cu_finish(struct cuda_ctx *c) {
         else CUDA_CHECK(cudaGraphLaunch(c->graphs[c->cur_graph].exec, c->stream));
         c->mode = CU_EAGER;
     }
+    ktrace_end(c->stream);
 }
 
 static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t n) {
@@ -342,6 +346,7 @@ static void cu_read(struct kiln_backend *be, float *dst, const void *src, size_t
  * kiln_argmax returns on the same (bf16-exact) values.
  */
 __global__ void __launch_bounds__(256) k_argmax(int *ids, const bf16 *x, int width) {
+    KTRACE();
     pdl_wait();
     const bf16 *r = x + (size_t)blockIdx.x * width;
     float m = -INFINITY;
@@ -638,6 +643,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         c->graphs[c->cur_graph].seen = 0;
     }
     c->mode = CU_EAGER;
+    ktrace_begin(c->stream);
     c->tape_on = 0;
     if (c->fault_bytes) { /* the last forward failed: its shape's graph is not recorded from it */
         for (int i = 0; i < c->n_graphs; i++)
@@ -848,6 +854,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
         return NULL;
     }
     CUDA_CHECK(cudaSetDevice(0));
+    ktrace_init();
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     struct kiln_backend *be = (struct kiln_backend *)kiln_calloc(1, sizeof *be);

@@ -41,6 +41,7 @@ extern "C" {
 #include "backend/backend.h"
 #include "base/base.h"
 }
+#include "backend/cuda/ktrace.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -356,6 +357,7 @@ __device__ __forceinline__ void pdl_wait(void) {
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    KTRACE_WAITED();
 }
 
 /* cl: thread-block cluster dimensions (sm_90; (1, 1, 1) for none) */

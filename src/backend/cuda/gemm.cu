@@ -166,6 +166,7 @@ __device__ __forceinline__ void prefetch_row(const uint4 *w, int c, int c1) {
 template <int NB, typename OutT, bool GLU, bool NORM>
 __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int ks,
                                               const struct gemv_norm N, int pf, int nblk) {
+    KTRACE();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nch = n_in >> 3, per = (nch + ks - 1) / ks;
     const int part = warp % ks, c0 = part * per, c1 = min(nch, c0 + per);
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    KTRACE_WAITED();
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
     extern __shared__ uint4 xs_raw[];
@@ -374,6 +376,7 @@ __device__ __forceinline__ void gs_piece(const struct gemv_jobs &J, float *slot,
 template <int NB, typename OutT, bool GLU>
 __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows,
                                                    float *__restrict__ slot, int *__restrict__ cnt) {
+    KTRACE();
     constexpr int QD = GLU ? 1 : 2; /* quads in flight: 8 loads per lane */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = blockIdx.x * 8 + warp, Wt = gridDim.x * 8;
@@ -407,6 +410,7 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
         if (q0 + r < q1) load_quad(r);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    KTRACE_WAITED();
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
     const uint4 *xv = (const uint4 *)x + lane;
@@ -468,6 +472,7 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
 template <int NB, typename OutT, bool GLU>
 __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows, int R,
                                                 int ks) {
+    KTRACE();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char gb_s[];
     __shared__ __align__(8) uint64_t bar;
@@ -493,6 +498,7 @@ __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const 
         }
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    KTRACE_WAITED();
     asm volatile("griddepcontrol.launch_dependents;");
     for (int i = threadIdx.x; i < NB * nch; i += blockDim.x) ((uint4 *)xs)[i] = __ldg((const uint4 *)x + i);
     __syncthreads();
@@ -576,6 +582,7 @@ static int gemv_b_launch(struct cuda_ctx *c, const struct gemv_jobs *J, const bf
 template <typename OutT>
 __global__ void k_gemv_any(OutT *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
                            const float *__restrict__ bias, int n, int n_out, int n_in) {
+    KTRACE();
     pdl_wait();
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= n_out) return;
@@ -767,6 +774,7 @@ static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf
 
 /* k_bias: out[i][r] += bias[r]; one thread per element */
 __global__ void k_bias(bf16 *out, const float *bias, int n_out, size_t total) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) out[i] = __float2bfloat16(__bfloat162float(out[i]) + bias[i % n_out]);
@@ -849,6 +857,7 @@ template <bool EF>
 __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const bf16 *__restrict__ x, const int *__restrict__ sel,
                                                      const bf16 *const *__restrict__ selp, const bf16 *const *__restrict__ gate,
                                                      const bf16 *const *__restrict__ up, int K, int ffn, int dim) {
+    KTRACE();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint64_t pol = EF ? pol_evict_first() : 0;
     auto ld = [&](const uint4 *q) { return EF ? ld_stream_pol(q, pol) : ld_stream(q); };
@@ -860,6 +869,7 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const
      * is done */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    KTRACE_WAITED();
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
     const int p = blockIdx.y, i = p / K;
@@ -896,6 +906,7 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const
 __global__ void __launch_bounds__(256) k_moe_down(bf16 *__restrict__ out, const bf16 *__restrict__ h, const int *__restrict__ sel,
                                                   const bf16 *const *__restrict__ selp, const float *__restrict__ wsel,
                                                   const bf16 *const *__restrict__ down, int K, int ffn, int dim) {
+    KTRACE();
     pdl_wait();
     const int i = blockIdx.y, r0 = blockIdx.x * MOE_DOWN_ROWS, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nch = ffn >> 3;
@@ -946,6 +957,7 @@ template <int R>
 __global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, const bf16 *__restrict__ h,
                                                     const bf16 *const *__restrict__ selp, const float *__restrict__ wsel, int K,
                                                     int ffn, int dim, int pre, int ef) {
+    KTRACE();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char mdb[];
     __shared__ __align__(8) uint64_t bar[2]; /* weights, h */

@@ -9,6 +9,7 @@
 
 /* k_copy_rows: out[i] = src[idx[i]] (rows of `dim` bf16; idx from the device) */
 __global__ void k_copy_rows(bf16 *__restrict__ out, const bf16 *__restrict__ src, const int *__restrict__ idx, int dim) {
+    KTRACE();
     pdl_wait();
     const int i = blockIdx.x;
     const bf16 *s = src + (size_t)idx[i] * dim;
@@ -58,6 +59,7 @@ void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int
 
 /* k_swiglu8: out = silu(g) * u over 8-element chunks */
 __global__ void k_swiglu8(bf16 *out, const bf16 *g, const bf16 *u, size_t n8) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
@@ -73,6 +75,7 @@ __global__ void k_swiglu8(bf16 *out, const bf16 *g, const bf16 *u, size_t n8) {
 }
 
 __global__ void k_swiglu1(bf16 *out, const bf16 *g, const bf16 *u, size_t n) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -95,6 +98,7 @@ void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void 
 }
 
 __global__ void k_add8(bf16 *x, const bf16 *y, size_t n8) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
@@ -110,6 +114,7 @@ __global__ void k_add8(bf16 *x, const bf16 *y, size_t n8) {
 }
 
 __global__ void k_add1(bf16 *x, const bf16 *y, size_t n) {
+    KTRACE();
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));

@@ -62,6 +62,7 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
 __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const bf16 **__restrict__ selp,
                         const bf16 *const *__restrict__ tab, const float *__restrict__ logits, int n, int E, int K,
                         int norm_topk) {
+    KTRACE();
     extern __shared__ float sp_dyn[];
     const bf16 **st = (const bf16 **)sp_dyn; /* 3E pointers first (8-byte aligned), then the probabilities */
     if (tab)
@@ -115,6 +116,7 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const b
  * counts of the warps before it; pos[j] = its slot, tok[slot] = its token.
  */
 __global__ void k_moe_count(int *__restrict__ cnt, const int *__restrict__ sel, int nk) {
+    KTRACE();
     pdl_wait();
     const int e = blockIdx.x;
     int c = 0;
@@ -132,6 +134,7 @@ __global__ void k_moe_count(int *__restrict__ cnt, const int *__restrict__ sel, 
 
 __global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const int *__restrict__ sel, const int *__restrict__ cnt,
                             int nk, int K) {
+    KTRACE();
     pdl_wait();
     const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     __shared__ int base, wc[32];
@@ -162,6 +165,7 @@ __global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const 
 
 /* k_gather: xg[j] = x[tok[j]], rows of dim (dim % 8 == 0); one block per row */
 __global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, const int *__restrict__ tok, int dim) {
+    KTRACE();
     pdl_wait();
     const uint4 *s = (const uint4 *)(x + (size_t)tok[blockIdx.x] * dim);
     uint4 *o = (uint4 *)(xg + (size_t)blockIdx.x * dim);
@@ -171,6 +175,7 @@ __global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, cons
 /* k_combine: out[i][d] = sum_k wsel[i][k] * y[pos[i][k]][d]; one block per token */
 __global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, const int *__restrict__ pos,
                           const float *__restrict__ wsel, int K, int dim) {
+    KTRACE();
     pdl_wait();
     const int i = blockIdx.x;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {

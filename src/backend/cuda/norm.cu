@@ -13,6 +13,7 @@
 /* k_add_rmsnorm: x += y (when y), then out = x / rms(x) * w; see the header */
 __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const bf16 *y, const float *__restrict__ w, int dim,
                                                      float eps) {
+    KTRACE();
     pdl_wait();
     bf16 *xr = x + (size_t)blockIdx.x * dim, *orow = out + (size_t)blockIdx.x * dim;
     const bf16 *yr = y ? y + (size_t)blockIdx.x * dim : NULL;
@@ -63,6 +64,7 @@ __global__ void __launch_bounds__(256) k_add_rmsnorm(bf16 *x, bf16 *out, const b
 template <int CH>
 __global__ void __launch_bounds__(256) k_add_rmsnorm_r(bf16 *x, bf16 *out, const bf16 *y, const float *__restrict__ w, int dim,
                                                        float eps) {
+    KTRACE();
     float wv[CH][8], a[CH][8];
 #pragma unroll
     for (int k = 0; k < CH; k++) {

@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
                                                       const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
                                                       const int *__restrict__ row_t, const int *__restrict__ seq,
                                                       const int *__restrict__ pages, int P) {
+    KTRACE();
     pdl_wait();
     __shared__ float cs[2][32 * ROPE_MAX_PAIRS];
     const int lane = threadIdx.x & 31, t = blockIdx.x, h = blockIdx.y * 8 + (threadIdx.x >> 5), half = hd / 2;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
                                                         const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
                                                         const int *__restrict__ row_t, const int *__restrict__ seq,
                                                         const int *__restrict__ pages, int P) {
+    KTRACE();
     constexpr int HD = 8 * G, HALF = HD / 2;
     pdl_wait();
     __shared__ float cs[2][HALF];

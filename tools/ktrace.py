@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Read a kernel trace (KILN_CUDA_KTRACE=FILE with build-trace/kiln, see
+src/backend/cuda/ktrace.cuh) and print where the traced forward's time went.
+
+    python3 tools/ktrace.py FILE [--timeline N] [--src DIR]
+
+A launch is the set of blocks with one grid id. For each launch:
+  start  its first block's start (blocks may start early, under PDL)
+  wait   its first and last block's return from the wait on the kernel before
+  end    its last block's exit
+  adds   end minus the latest end of the launches before it: what the launch
+         adds to the step's critical path (the time DRAM or SMs spend on it
+         and nothing later)
+The summary sums "adds" per kernel: the partition of the step's time that
+says which kernel to make shorter.
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+
+def kernel_names(units, src):
+    """(unit, line) -> kernel name, read from the source around the KTRACE()"""
+    cache = {}
+
+    def name(unit, line):
+        key = (unit, line)
+        if key in cache:
+            return cache[key]
+        path = units.get(unit, "?")
+        full = path if os.path.isabs(path) else os.path.join(src, path)
+        nm = "%s:%d" % (os.path.basename(path), line)
+        try:
+            lines = open(full).read().split("\n")
+            for i in range(line - 1, max(line - 40, 0), -1):
+                if lines[i].startswith("__global__"):
+                    sig = " ".join(lines[i:line])
+                    m = re.search(r"(\w+)\s*\(", re.sub(r"__launch_bounds__\([^)]*\)", "", sig.split("__global__", 1)[1]))
+                    if m:
+                        nm = m.group(1)
+                    break
+        except OSError:
+            pass
+        cache[key] = nm
+        return nm
+
+    return name
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--timeline", type=int, default=40, help="launches to list one by one (default 40)")
+    ap.add_argument("--src", default=".", help="the repository root the unit paths are relative to")
+    a = ap.parse_args()
+
+    units, recs = {}, []
+    for ln in open(a.file):
+        if ln.startswith("# unit"):
+            _, _, i, path = ln.split(None, 3)
+            units[int(i)] = path.strip()
+        elif not ln.startswith("#") and ln.strip():
+            g, t0, tw, t1, u, line, sm, blk = map(int, ln.split())
+            recs.append((g, t0, tw, t1, u, line, sm, blk))
+    if not recs:
+        sys.exit("ktrace: no records in %s" % a.file)
+    name = kernel_names(units, a.src)
+
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[r[0]].append(r)
+    T0 = min(r[1] for r in recs)
+    launches = []
+    for g, rs in by.items():
+        tws = [r[2] for r in rs if r[2]]
+        launches.append(
+            dict(
+                grid=g,
+                name=name(rs[0][4], rs[0][5]),
+                blocks=len(rs),
+                sms=len(set(r[6] for r in rs)),
+                start=min(r[1] for r in rs) - T0,
+                w0=(min(tws) - T0) if tws else None,
+                w1=(max(tws) - T0) if tws else None,
+                end=max(r[3] for r in rs) - T0,
+            )
+        )
+    launches.sort(key=lambda l: l["grid"])
+    latest = 0
+    for l in launches:
+        l["adds"] = max(0, l["end"] - latest)
+        latest = max(latest, l["end"])
+    step = latest
+
+    us = lambda ns: "%8.2f" % (ns / 1000.0) if ns is not None else "       -"
+    print("%d launches, %d blocks, step %.1f us (first block start to last block end)" % (len(launches), len(recs), step / 1000.0))
+    print()
+    print("  #  kernel                  blocks  SMs    start   wait0   wait1      end     adds")
+    for i, l in enumerate(launches[: a.timeline]):
+        print(
+            "%3d  %-22s %7d %4d %s %s %s %s %s"
+            % (i, l["name"][:22], l["blocks"], l["sms"], us(l["start"]), us(l["w0"]), us(l["w1"]), us(l["end"]), us(l["adds"]))
+        )
+    print()
+    agg = collections.OrderedDict()
+    for l in launches:
+        s = agg.setdefault(l["name"], dict(n=0, adds=0, span=0, blocks=0))
+        s["n"] += 1
+        s["adds"] += l["adds"]
+        s["blocks"] += l["blocks"]
+        s["span"] += l["end"] - (l["w0"] if l["w0"] is not None else l["start"])
+    print("kernel                  launches  blocks/launch  span/launch (us)  adds/launch (us)  adds total (us)  share")
+    for k, s in sorted(agg.items(), key=lambda kv: -kv[1]["adds"]):
+        print(
+            "%-22s %9d %14.0f %17.2f %17.2f %16.1f %5.1f%%"
+            % (k[:22], s["n"], s["blocks"] / s["n"], s["span"] / s["n"] / 1000.0, s["adds"] / s["n"] / 1000.0, s["adds"] / 1000.0, 100.0 * s["adds"] / step)
+        )
+
+
+if __name__ == "__main__":
+    main()
