@@ -142,16 +142,19 @@ struct lin2 {
     struct qlinear c, g;
 };
 
-static struct lin2 lin_make(struct pair *p, int n_out, int n_in, int bias) {
+/* w on both backends (the CPU's copy owns w's host data) */
+static struct lin2 lin_prepare(struct pair *p, struct qlinear w) {
     char err[256];
     struct lin2 l;
-    l.c = rand_linear(n_out, n_in, bias);
+    l.c = w;
     l.g = l.c;
     l.c.bias.be = l.g.bias.be = NULL;
     CHECK(p->cpu->prepare_linear(p->cpu, &l.c, err, sizeof err) == 0, "%s", err);
     CHECK(p->gpu->prepare_linear(p->gpu, &l.g, err, sizeof err) == 0, "%s", err);
     return l;
 }
+
+static struct lin2 lin_make(struct pair *p, int n_out, int n_in, int bias) { return lin_prepare(p, rand_linear(n_out, n_in, bias)); }
 
 static void lin_free(struct pair *p, struct lin2 *l) {
     p->cpu->release_linear(p->cpu, &l->c);
@@ -907,9 +910,19 @@ int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
  * direct path's down GEMV is the bulk-copy kernel (gemm.cu k_moe_down_b),
  * with rows per block R from the shape: 8 at 768 wide, 2 at 1536, 1 at
  * 2048 with 10 slots (two per warp) */
-static void moe_case(struct pair *p, int E, int K, int dim, int F) {
+enum { ROUTER_RANDOM, ROUTER_TIED };
+
+static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_kind) {
     struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
-    struct lin2 router = lin_make(p, E, dim, 0);
+    struct qlinear rw = rand_linear(E, dim, 0);
+    const int tied = router_kind == ROUTER_TIED;
+    if (tied) { /* experts 2m and 2m + 1 get the same logit, x[m % dim], exactly on both backends */
+        CHECK(rw.w.dtype == KILN_DTYPE_BF16, "rand_linear's weights are bf16");
+        uint16_t *w = (uint16_t *)rw.w.data;
+        memset(w, 0, sizeof *w * (size_t)E * dim);
+        for (int e = 0; e < E; e++) w[(size_t)e * dim + (e / 2) % dim] = kiln_f32_to_bf16(1.f);
+    }
+    struct lin2 router = lin_prepare(p, rw);
     struct lin2 *ex = kiln_malloc(sizeof(struct lin2) * 3 * E);
     mc.gate = kiln_malloc(sizeof(struct qlinear) * E), mc.up = kiln_malloc(sizeof(struct qlinear) * E);
     mc.down = kiln_malloc(sizeof(struct qlinear) * E);
@@ -935,7 +948,8 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F) {
         p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
-        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped");
+        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped",
+                 tied ? ", logits tied in pairs" : "");
         check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
         if (kiln_cuda_moe_down_b_count)
             CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && n <= 8), "%s: bulk-copy down kernel ran %ld times", what,
@@ -947,10 +961,15 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F) {
     free(ex), free(mc.gate), free(mc.up), free(mc.down), free(mg.gate), free(mg.up), free(mg.down);
 }
 
+/* tied: the top K (odd) ends inside a pair of equal probabilities, which
+ * both backends break towards the lower expert id */
 static void test_moe(struct pair *p) {
-    moe_case(p, 32, 8, 1024, 768);
-    moe_case(p, 16, 8, 512, 1536);
-    moe_case(p, 16, 10, 256, 2048);
+    moe_case(p, 32, 8, 1024, 768, ROUTER_RANDOM);
+    moe_case(p, 16, 8, 512, 1536, ROUTER_RANDOM);
+    moe_case(p, 16, 10, 256, 2048, ROUTER_RANDOM);
+    moe_case(p, 128, 8, 512, 768, ROUTER_RANDOM); /* Qwen3-MoE's E and K */
+    moe_case(p, 16, 5, 256, 768, ROUTER_TIED);
+    moe_case(p, 128, 7, 512, 768, ROUTER_TIED);
 }
 
 /* ==== (b) models ==== */
