@@ -910,18 +910,19 @@ int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
  * direct path's down GEMV is the bulk-copy kernel (gemm.cu k_moe_down_b),
  * with rows per block R from the shape: 8 at 768 wide, 2 at 1536, 1 at
  * 2048 with 10 slots (two per warp) */
-enum { ROUTER_RANDOM, ROUTER_TIED };
+enum { ROUTER_RANDOM, ROUTER_TIED, ROUTER_NAN };
 
 static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_kind) {
     struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
     struct qlinear rw = rand_linear(E, dim, 0);
-    const int tied = router_kind == ROUTER_TIED;
+    CHECK(rw.w.dtype == KILN_DTYPE_BF16, "rand_linear's weights are bf16");
+    uint16_t *w = (uint16_t *)rw.w.data;
+    const int tied = router_kind == ROUTER_TIED, nan = router_kind == ROUTER_NAN;
     if (tied) { /* experts 2m and 2m + 1 get the same logit, x[m % dim], exactly on both backends */
-        CHECK(rw.w.dtype == KILN_DTYPE_BF16, "rand_linear's weights are bf16");
-        uint16_t *w = (uint16_t *)rw.w.data;
         memset(w, 0, sizeof *w * (size_t)E * dim);
         for (int e = 0; e < E; e++) w[(size_t)e * dim + (e / 2) % dim] = kiln_f32_to_bf16(1.f);
     }
+    if (nan) w[0] = 0x7fc0; /* expert 0's logit is NaN, so every probability is */
     struct lin2 router = lin_prepare(p, rw);
     struct lin2 *ex = kiln_malloc(sizeof(struct lin2) * 3 * E);
     mc.gate = kiln_malloc(sizeof(struct qlinear) * E), mc.up = kiln_malloc(sizeof(struct qlinear) * E);
@@ -949,8 +950,17 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
         snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped",
-                 tied ? ", logits tied in pairs" : "");
-        check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
+                 tied ? ", logits tied in pairs" : nan ? ", a NaN router weight" : "");
+        if (nan) { /* experts are still chosen among the E (no read past the tables), and NaN comes out everywhere */
+            float *hc = kiln_malloc(sizeof(float) * (size_t)n * dim), *hg = kiln_malloc(sizeof(float) * (size_t)n * dim);
+            p->cpu->read(p->cpu, hc, oc, (size_t)n * dim);
+            p->gpu->read(p->gpu, hg, og, (size_t)n * dim);
+            size_t bad = 0;
+            for (size_t e = 0; e < (size_t)n * dim; e++) bad += !isnan(hc[e]) || !isnan(hg[e]);
+            CHECK(bad == 0, "%s: %zu outputs are not NaN on both backends", what, bad);
+            free(hc), free(hg);
+        } else
+            check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
         if (kiln_cuda_moe_down_b_count)
             CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && n <= 8), "%s: bulk-copy down kernel ran %ld times", what,
                   kiln_cuda_moe_down_b_count() - b0);
@@ -970,6 +980,46 @@ static void test_moe(struct pair *p) {
     moe_case(p, 128, 8, 512, 768, ROUTER_RANDOM); /* Qwen3-MoE's E and K */
     moe_case(p, 16, 5, 256, 768, ROUTER_TIED);
     moe_case(p, 128, 7, 512, 768, ROUTER_TIED);
+    moe_case(p, 128, 8, 512, 768, ROUTER_NAN);
+}
+
+/* a MoE layer whose host arrays are reused for other experts, as when a
+ * model is freed and the next one's arrays land at the same addresses: the
+ * GPU must run the new experts, not its table of the freed ones' pointers.
+ * The second set is made before the first is freed, so that its device
+ * addresses differ. */
+static void test_moe_reuse(struct pair *p) {
+    const int E = 8, K = 2, dim = 256, F = 256, n = 2;
+    struct qlinear *arr_c = kiln_malloc(sizeof(struct qlinear) * 3 * E), *arr_g = kiln_malloc(sizeof(struct qlinear) * 3 * E);
+    struct lin2 *ex[2] = {kiln_malloc(sizeof(struct lin2) * 3 * E), kiln_malloc(sizeof(struct lin2) * 3 * E)};
+    for (int round = 0; round < 2; round++) {
+        struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
+        struct lin2 router = lin_make(p, E, dim, 0);
+        mc.router = router.c, mg.router = router.g;
+        mc.gate = arr_c, mc.up = arr_c + E, mc.down = arr_c + 2 * E;
+        mg.gate = arr_g, mg.up = arr_g + E, mg.down = arr_g + 2 * E;
+        struct lin2 *x3 = ex[round];
+        for (int e = 0; e < E; e++) {
+            x3[3 * e] = lin_make(p, F, dim, 0), x3[3 * e + 1] = lin_make(p, F, dim, 0), x3[3 * e + 2] = lin_make(p, dim, F, 0);
+            arr_c[e] = x3[3 * e].c, arr_g[e] = x3[3 * e].g;
+            arr_c[E + e] = x3[3 * e + 1].c, arr_g[E + e] = x3[3 * e + 1].g;
+            arr_c[2 * E + e] = x3[3 * e + 2].c, arr_g[2 * E + e] = x3[3 * e + 2].g;
+        }
+        if (round == 1)
+            for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[0][e]);
+        float *x = rand_vec((size_t)n * dim, 3.f);
+        void *xc, *xg, *og, *oc = alloc_both(p, &og, (size_t)n * dim);
+        put(p, &xc, &xg, x, (size_t)n * dim);
+        p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
+        p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
+        char what[64];
+        snprintf(what, sizeof what, "moe, host arrays reused, round %d", round + 1);
+        check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
+        free_both(p, xc, xg), free_both(p, oc, og), free(x);
+        lin_free(p, &router);
+    }
+    for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[1][e]);
+    free(ex[0]), free(ex[1]), free(arr_c), free(arr_g);
 }
 
 /* ==== (b) models ==== */
@@ -1484,6 +1534,7 @@ void test_cuda(void) {
     test_misc(&p);
     test_decode_fused(&p);
     test_moe(&p);
+    test_moe_reuse(&p);
     test_scratch_oom(&p);
     test_pinned_oom();
     p.cpu->destroy(p.cpu);

@@ -806,7 +806,7 @@ static void cu_destroy(struct kiln_backend *be) {
     cudaStreamSynchronize(c->stream);
     graphs_drop(c);
     free(c->graphs);
-    for (int i = 0; i < c->n_moe_tabs; i++) cudaFree((void *)c->moe_tabs[i].gate);
+    for (int i = 0; i < c->n_moe_tabs; i++) cudaFree((void *)c->moe_tabs[i].gate), free(c->moe_tabs[i].host);
     free(c->moe_tabs);
     void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->moe_buf, c->blas_ws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)

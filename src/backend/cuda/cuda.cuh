@@ -74,7 +74,9 @@ struct cu_linear {
 
 /* Per-MoE-layer device tables of expert weight pointers, built on first use. */
 struct cu_moe_tab {
-    const void *key; /* the moe_ffn's host `gate` array */
+    const void *key;   /* the moe_ffn's host `gate` array */
+    int n_expert;
+    const bf16 **host; /* what the device arrays hold: gate | up | down, 3 n_expert */
     const bf16 **gate, **up, **down; /* device arrays [n_expert] */
 };
 

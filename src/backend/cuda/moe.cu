@@ -17,15 +17,20 @@
  *    contiguous slice (cuBLAS; every expert's weights read once), and a
  *    combine kernel sums each token's k results in slot order.
  */
+#include <string.h>
+
 #include "backend/cuda/cuda.cuh"
 
 #define MOE_DIRECT_MAX 8
 
 /* the per-layer device tables of expert pointers; NULL when device memory
- * runs out (recorded by cu_fault) */
+ * runs out (recorded by cu_fault). A table is found by the moe_ffn's host
+ * `gate` array, and checked against the experts' device pointers: a model
+ * freed and another loaded can get the same host address (malloc reuses
+ * it), and its layer must not run on the freed model's pointers. That
+ * happened in make test-cuda, one MoE case after another, as an illegal
+ * address now and then (eighteenth session). */
 static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn *m) {
-    for (int i = 0; i < c->n_moe_tabs; i++)
-        if (c->moe_tabs[i].key == (const void *)m->gate) return &c->moe_tabs[i];
     const int E = m->n_expert;
     const bf16 **h = (const bf16 **)kiln_malloc(sizeof(bf16 *) * 3 * (size_t)E);
     for (int e = 0; e < E; e++) {
@@ -33,19 +38,30 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
         h[E + e] = ((const struct cu_linear *)m->up[e].be)->w;
         h[2 * E + e] = ((const struct cu_linear *)m->down[e].be)->w;
     }
+    const size_t bytes = sizeof(bf16 *) * 3 * (size_t)E;
+    for (int i = 0; i < c->n_moe_tabs; i++) {
+        struct cu_moe_tab *t = &c->moe_tabs[i];
+        if (t->key != (const void *)m->gate || t->n_expert != E) continue;
+        if (memcmp(t->host, h, bytes)) { /* another model's layer at the old address: new pointers, in stream order */
+            free(t->host);
+            t->host = h;
+            CUDA_CHECK(cudaMemcpyAsync((void *)t->gate, h, bytes, cudaMemcpyHostToDevice, c->stream));
+        } else
+            free(h);
+        return t;
+    }
     const bf16 **d = NULL;
-    if (cudaMalloc(&d, sizeof(bf16 *) * 3 * (size_t)E) != cudaSuccess) { /* out of device memory: cu_error reports it */
+    if (cudaMalloc(&d, bytes) != cudaSuccess) { /* out of device memory: cu_error reports it */
         cudaGetLastError();
         free(h);
-        cu_fault(c, sizeof(bf16 *) * 3 * (size_t)E, 0);
+        cu_fault(c, bytes, 0);
         return NULL;
     }
-    CUDA_CHECK(cudaMemcpy(d, h, sizeof(bf16 *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
-    free(h);
-    c->bytes_ws += sizeof(bf16 *) * 3 * (size_t)E;
+    CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    c->bytes_ws += bytes;
     c->moe_tabs = (struct cu_moe_tab *)kiln_realloc(c->moe_tabs, sizeof *c->moe_tabs * (size_t)(c->n_moe_tabs + 1));
     struct cu_moe_tab *t = &c->moe_tabs[c->n_moe_tabs++];
-    t->key = m->gate, t->gate = d, t->up = d + E, t->down = d + 2 * E;
+    t->key = m->gate, t->n_expert = E, t->host = h, t->gate = d, t->up = d + E, t->down = d + 2 * E;
     return t;
 }
 
@@ -85,19 +101,25 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const b
     __syncwarp();
     float tot = 0.f;
     for (int k = 0; k < K; k++) {
-        float bv = -1.f;
+        /* keys: the probability; a NaN one -1 (below every probability,
+         * above taken ones), so a choice is made and is < E even from NaN
+         * logits (broken weights), as the CPU backend's first untaken id */
+        float bv = -1.5f;
         int be = E;
-        for (int e = lane; e < E; e += 32)
-            if (p[e] > bv) bv = p[e], be = e;
+        for (int e = lane; e < E; e += 32) {
+            const float v = p[e] == p[e] ? p[e] : -1.f;
+            if (v > bv) bv = v, be = e;
+        }
         for (int o = 16; o; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oe = __shfl_xor_sync(0xffffffffu, be, o);
             if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
         }
         const size_t j = (size_t)i * K + k;
-        if (lane == 0) sel[j] = be, wsel[j] = bv;
+        const float pv = p[be]; /* bv, or the NaN behind a key of -1 */
+        if (lane == 0) sel[j] = be, wsel[j] = pv;
         if (tab && lane < 3) selp[3 * j + lane] = st[lane * E + be];
-        tot += bv;
+        tot += pv;
         __syncwarp();
         if (lane == (be & 31)) p[be] = -2.f; /* taken */
         __syncwarp();
