@@ -12,7 +12,8 @@ A launch is the set of blocks with one grid id. For each launch:
          adds to the step's critical path (the time DRAM or SMs spend on it
          and nothing later)
 The summary sums "adds" per kernel: the partition of the step's time that
-says which kernel to make shorter.
+says which kernel to make shorter. Kernel names come from the source lines
+the records name, so read a trace against the source it was built from.
 """
 import argparse
 import collections
@@ -49,33 +50,29 @@ def kernel_names(units, src):
     return name
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("file")
-    ap.add_argument("--timeline", type=int, default=40, help="launches to list one by one (default 40)")
-    ap.add_argument("--src", default=".", help="the repository root the unit paths are relative to")
-    a = ap.parse_args()
-
+def load(path):
+    """the file's units {index: path} and records (grid, t0, tw, t1, unit, line, sm, block)"""
     units, recs = {}, []
-    for ln in open(a.file):
+    for ln in open(path):
         if ln.startswith("# unit"):
-            _, _, i, path = ln.split(None, 3)
-            units[int(i)] = path.strip()
+            _, _, i, upath = ln.split(None, 3)
+            units[int(i)] = upath.strip()
         elif not ln.startswith("#") and ln.strip():
-            g, t0, tw, t1, u, line, sm, blk = map(int, ln.split())
-            recs.append((g, t0, tw, t1, u, line, sm, blk))
-    if not recs:
-        sys.exit("ktrace: no records in %s" % a.file)
-    name = kernel_names(units, a.src)
+            recs.append(tuple(map(int, ln.split())))
+    return units, recs
 
+
+def launches(recs, name):
+    """one dict per launch in grid-id order, times in ns from the first
+    block's start; name(unit, line) names its kernel"""
     by = collections.defaultdict(list)
     for r in recs:
         by[r[0]].append(r)
     T0 = min(r[1] for r in recs)
-    launches = []
+    out = []
     for g, rs in by.items():
         tws = [r[2] for r in rs if r[2]]
-        launches.append(
+        out.append(
             dict(
                 grid=g,
                 name=name(rs[0][4], rs[0][5]),
@@ -87,32 +84,51 @@ def main():
                 end=max(r[3] for r in rs) - T0,
             )
         )
-    launches.sort(key=lambda l: l["grid"])
+    out.sort(key=lambda l: l["grid"])
     latest = 0
-    for l in launches:
+    for l in out:
         l["adds"] = max(0, l["end"] - latest)
         latest = max(latest, l["end"])
-    step = latest
+    return out
 
-    us = lambda ns: "%8.2f" % (ns / 1000.0) if ns is not None else "       -"
-    print("%d launches, %d blocks, step %.1f us (first block start to last block end)" % (len(launches), len(recs), step / 1000.0))
-    print()
-    print("  #  kernel                  blocks  SMs    start   wait0   wait1      end     adds")
-    for i, l in enumerate(launches[: a.timeline]):
-        print(
-            "%3d  %-22s %7d %4d %s %s %s %s %s"
-            % (i, l["name"][:22], l["blocks"], l["sms"], us(l["start"]), us(l["w0"]), us(l["w1"]), us(l["end"]), us(l["adds"]))
-        )
-    print()
+
+def per_kernel(ls):
+    """{kernel: launches n, adds, span, blocks} summed over its launches"""
     agg = collections.OrderedDict()
-    for l in launches:
+    for l in ls:
         s = agg.setdefault(l["name"], dict(n=0, adds=0, span=0, blocks=0))
         s["n"] += 1
         s["adds"] += l["adds"]
         s["blocks"] += l["blocks"]
         s["span"] += l["end"] - (l["w0"] if l["w0"] is not None else l["start"])
+    return agg
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--timeline", type=int, default=40, help="launches to list one by one (default 40)")
+    ap.add_argument("--src", default=".", help="the repository root the unit paths are relative to")
+    a = ap.parse_args()
+
+    units, recs = load(a.file)
+    if not recs:
+        sys.exit("ktrace: no records in %s" % a.file)
+    ls = launches(recs, kernel_names(units, a.src))
+    step = max(l["end"] for l in ls)
+
+    us = lambda ns: "%8.2f" % (ns / 1000.0) if ns is not None else "       -"
+    print("%d launches, %d blocks, step %.1f us (first block start to last block end)" % (len(ls), len(recs), step / 1000.0))
+    print()
+    print("  #  kernel                  blocks  SMs    start   wait0   wait1      end     adds")
+    for i, l in enumerate(ls[: a.timeline]):
+        print(
+            "%3d  %-22s %7d %4d %s %s %s %s %s"
+            % (i, l["name"][:22], l["blocks"], l["sms"], us(l["start"]), us(l["w0"]), us(l["w1"]), us(l["end"]), us(l["adds"]))
+        )
+    print()
     print("kernel                  launches  blocks/launch  span/launch (us)  adds/launch (us)  adds total (us)  share")
-    for k, s in sorted(agg.items(), key=lambda kv: -kv[1]["adds"]):
+    for k, s in sorted(per_kernel(ls).items(), key=lambda kv: -kv[1]["adds"]):
         print(
             "%-22s %9d %14.0f %17.2f %17.2f %16.1f %5.1f%%"
             % (k[:22], s["n"], s["blocks"] / s["n"], s["span"] / s["n"] / 1000.0, s["adds"] / s["n"] / 1000.0, s["adds"] / 1000.0, 100.0 * s["adds"] / step)
