@@ -51,15 +51,32 @@ def kernel_names(units, src):
 
 
 def load(path):
-    """the file's units {index: path} and records (grid, t0, tw, t1, unit, line, sm, block)"""
+    """the file's units {index: path} and records (grid, t0, tw, t1, unit,
+    line, sm, block, marks): marks a tuple of ns after t0, 0 where a
+    KTRACE_MARK was not reached (empty in traces from before marks)"""
     units, recs = {}, []
     for ln in open(path):
         if ln.startswith("# unit"):
             _, _, i, upath = ln.split(None, 3)
             units[int(i)] = upath.strip()
         elif not ln.startswith("#") and ln.strip():
-            recs.append(tuple(map(int, ln.split())))
+            v = tuple(map(int, ln.split()))
+            recs.append(v[:8] + (v[8:],))
     return units, recs
+
+
+def marks(ls_recs, name):
+    """{kernel: [(mark, blocks that reached it, mean us after the wait)]}:
+    where time goes inside the kernels that carry KTRACE_MARK"""
+    acc = collections.OrderedDict()
+    for r in ls_recs:
+        base = r[2] or r[1]
+        for i, m in enumerate(r[8]):
+            if m:
+                a = acc.setdefault(name(r[4], r[5]), collections.OrderedDict()).setdefault(i, [0, 0])
+                a[0] += 1
+                a[1] += r[1] + m - base
+    return {k: [(i, n, t / n / 1000.0) for i, (n, t) in sorted(v.items())] for k, v in acc.items()}
 
 
 def launches(recs, name):
@@ -133,6 +150,12 @@ def main():
             "%-22s %9d %14.0f %17.2f %17.2f %16.1f %5.1f%%"
             % (k[:22], s["n"], s["blocks"] / s["n"], s["span"] / s["n"] / 1000.0, s["adds"] / s["n"] / 1000.0, s["adds"] / 1000.0, 100.0 * s["adds"] / step)
         )
+    mk = marks(recs, kernel_names(units, a.src))
+    if mk:
+        print()
+        print("marks inside kernels: mark, blocks that reached it, mean us after the block's wait (or start)")
+        for k, v in mk.items():
+            print("%-22s %s" % (k[:22], "  ".join("%d: %d x %.2f" % m for m in v)))
 
 
 if __name__ == "__main__":

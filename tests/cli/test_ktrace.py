@@ -28,13 +28,13 @@ __global__ void k_gemv(float *y) {
 # grid t0 tw t1 unit line sm block (ns); unit 0 is the file above: k_norm's
 # KTRACE() on line 4, k_gemv's on line 9
 TRACE = """# unit 0 fake/unit.cu
-# grid t0 tw t1 unit line sm block (ns; tw 0: no wait)
-7 1000 0 3000 0 4 0 0
-8 1500 3200 9000 0 9 1 0
-8 1600 3300 9500 0 9 2 1
-8 1700 3300 8000 0 9 1 2
-9 2000 8900 9400 0 4 3 0
-10 9800 0 12000 0 9 0 0
+# grid t0 tw t1 unit line sm block mark0..mark3
+7 1000 0 3000 0 4 0 0 0 0 0 0
+8 1500 3200 9000 0 9 1 0 2700 4500 0 0
+8 1600 3300 9500 0 9 2 1 2700 0 0 0
+8 1700 3300 8000 0 9 1 2 0 0 0 0
+9 2000 8900 9400 0 4 3 0 0 0 0 0
+10 9800 0 12000 0 9 0 0 1000 0 0 0
 """
 
 
@@ -63,6 +63,11 @@ def test_launches_and_critical_path(tmp_path):
     assert agg["k_gemv"]["n"] == 2 and agg["k_gemv"]["adds"] == 9000 and agg["k_gemv"]["blocks"] == 4
     assert agg["k_norm"]["adds"] == 2000
     assert sum(s["adds"] for s in agg.values()) == max(l["end"] for l in ls)  # the adds partition the step
+    # marks, in us after each block's wait (or its start where it has none):
+    # k_gemv mark 0 = (4200 - 3200, 4300 - 3300, 10800 - 9800) / 3, mark 1 = 6000 - 3200
+    mk = ktrace.marks(recs, ktrace.kernel_names(units, str(tmp_path)))
+    assert list(mk) == ["k_gemv"]
+    assert [(i, n, round(t, 3)) for i, n, t in mk["k_gemv"]] == [(0, 3, 1.0), (1, 1, 2.8)]
 
 
 def test_printed_table(tmp_path):
@@ -73,8 +78,17 @@ def test_printed_table(tmp_path):
     assert lines[0] == "4 launches, 6 blocks, step 11.0 us (first block start to last block end)"
     row = lines[4].split()
     assert row[:4] == ["1", "k_gemv", "3", "2"] and row[-2:] == ["8.50", "6.50"]
-    summary = [l.split() for l in lines if l.startswith("k_gemv ")][-1]
+    summary = [l.split() for l in lines if l.startswith("k_gemv ")][-2]
     assert summary[1] == "2" and summary[-2:] == ["9.0", "81.8%"]
+    assert lines[-1].split() == ["k_gemv", "0:", "3", "x", "1.00", "1:", "1", "x", "2.80"]
+
+
+def test_reads_traces_without_marks(tmp_path):
+    f = write(tmp_path)
+    f.write_text("\n".join(" ".join(l.split()[:8]) if not l.startswith("#") else l for l in TRACE.splitlines()) + "\n")
+    units, recs = ktrace.load(str(f))
+    assert len(recs) == 6 and all(r[8] == () for r in recs)
+    assert ktrace.marks(recs, ktrace.kernel_names(units, str(tmp_path))) == {}
 
 
 def test_names_fall_back_to_file_and_line(tmp_path):

@@ -59,12 +59,14 @@ void ktrace_end(cudaStream_t s) {
     }
     CUDA_CHECK(cudaMemcpy(r, kt_buf, KT_RECS * sizeof *r, cudaMemcpyDeviceToHost));
     for (int i = 0; i < kt_n; i++) fprintf(f, "# unit %d %s\n", i, kt_units[i].name);
-    fprintf(f, "# grid t0 tw t1 unit line sm block (ns; tw 0: no wait)\n");
+    fprintf(f, "# grid t0 tw t1 unit line sm block mark0..mark%d (ns; tw 0: no wait; a mark: ns after t0, 0: not reached)\n", KT_MARKS - 1);
     size_t n = 0;
     for (size_t i = 0; i < KT_RECS; i++) {
         if (!r[i].t1) continue;
-        fprintf(f, "%u %llu %llu %llu %u %u %u %u\n", r[i].grid, r[i].t0, r[i].tw, r[i].t1, r[i].site >> 16, r[i].site & 0xffff, r[i].sm,
+        fprintf(f, "%u %llu %llu %llu %u %u %u %u", r[i].grid, r[i].t0, r[i].tw, r[i].t1, r[i].site >> 16, r[i].site & 0xffff, r[i].sm,
                 r[i].blk);
+        for (int m = 0; m < KT_MARKS; m++) fprintf(f, " %u", r[i].mark[m]);
+        fputc('\n', f);
         n++;
     }
     fclose(f);

@@ -13,7 +13,8 @@
  * from a destructor, so early returns count too); it then stores one record
  * {grid id, block, site, SM, t0, tw, t1} in a device buffer. The site is the
  * source line of the KTRACE() with the file's index among the units that
- * registered (ktrace.cu).
+ * registered (ktrace.cu). KTRACE_MARK(i) adds thread 0's time at up to
+ * KT_MARKS points inside a kernel.
  *
  * At run time KILN_CUDA_KTRACE=FILE turns it on: the records of forward
  * number KILN_CUDA_KTRACE_AT (default 40, counted from 1: a decode step of a
@@ -22,16 +23,18 @@
  * account of the step.
  *
  * Cost in the trace build: a barrier at each block's start, two shared
- * atomics per warp and a 40-byte store per block at its end; the figures it
+ * atomics per warp and a 56-byte store per block at its end; the figures it
  * gives are for comparing kernels within a step, not for the benchmark table.
  */
 #pragma once
 
 #ifdef KILN_CUDA_TRACE
 
+#define KT_MARKS 4
 struct ktrace_rec {
     unsigned grid, blk, site, sm;
     unsigned long long t0, tw, t1;
+    unsigned mark[KT_MARKS]; /* KTRACE_MARK(i)'s time, ns after t0; 0: not reached */
 };
 /* a record's slot: (grid id mod KT_LAUNCHES) x KT_BLOCKS + block. Grid ids
  * count launches one by one, so a forward of up to KT_LAUNCHES launches
@@ -62,7 +65,7 @@ __device__ __forceinline__ unsigned ktrace_tid(void) { return threadIdx.x + bloc
  * holds no registers across the kernel (more registers would change the
  * occupancy it is there to observe) */
 struct ktrace_shared {
-    unsigned long long t0, tw, t1;
+    unsigned long long t0, tw, t1, mark[KT_MARKS];
     unsigned exited;
 };
 __device__ __forceinline__ struct ktrace_shared &ktrace_sh(void) {
@@ -77,13 +80,18 @@ __device__ __forceinline__ unsigned long long &ktrace_tw(void) { return ktrace_s
 template <unsigned SITE>
 struct ktrace_scope {
     __device__ ktrace_scope() {
-        if (ktrace_tid() == 0) ktrace_sh().t0 = ktrace_now(), ktrace_sh().tw = 0, ktrace_sh().t1 = 0, ktrace_sh().exited = 0;
+        if (ktrace_tid() == 0) {
+            struct ktrace_shared &sh = ktrace_sh();
+            sh.t0 = ktrace_now(), sh.tw = 0, sh.t1 = 0, sh.exited = 0;
+            for (int i = 0; i < KT_MARKS; i++) sh.mark[i] = 0;
+        }
         __syncthreads();
     }
     __device__ ~ktrace_scope() {
         if ((ktrace_tid() & 31) != 0) return;
         struct ktrace_shared &sh = ktrace_sh();
         atomicMax(&sh.t1, ktrace_now());
+        __threadfence_block(); /* this warp's earlier stamps (tw, marks) before its exit count */
         const unsigned nw = (blockDim.x * blockDim.y * blockDim.z + 31) / 32;
         if (atomicAdd(&sh.exited, 1u) != nw - 1) return;
         struct ktrace_rec *buf = ktrace_buf;
@@ -96,6 +104,7 @@ struct ktrace_scope {
         struct ktrace_rec r;
         r.grid = (unsigned)g, r.blk = blk, r.site = ktrace_file << 16 | SITE, r.sm = sm;
         r.t0 = sh.t0, r.tw = sh.tw, r.t1 = *(volatile unsigned long long *)&sh.t1;
+        for (int i = 0; i < KT_MARKS; i++) r.mark[i] = sh.mark[i] ? (unsigned)(sh.mark[i] - sh.t0) : 0;
         buf[(size_t)(g % KT_LAUNCHES) * KT_BLOCKS + blk] = r;
     }
 };
@@ -103,6 +112,12 @@ struct ktrace_scope {
 #define KTRACE_WAITED()                                 \
     do {                                                \
         if (ktrace_tid() == 0) ktrace_tw() = ktrace_now(); \
+    } while (0)
+/* thread 0's time at a point inside a kernel (i < KT_MARKS), for a kernel
+ * whose own span needs taking apart */
+#define KTRACE_MARK(i)                                          \
+    do {                                                        \
+        if (ktrace_tid() == 0) ktrace_sh().mark[i] = ktrace_now(); \
     } while (0)
 
 /* host side (ktrace.cu): read the environment once the device is set; a
@@ -120,5 +135,8 @@ static inline void ktrace_end(cudaStream_t) {}
     } while (0)
 #define KTRACE_WAITED() \
     do {                \
+    } while (0)
+#define KTRACE_MARK(i) \
+    do {               \
     } while (0)
 #endif

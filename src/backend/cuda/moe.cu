@@ -85,6 +85,7 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const b
         for (int j = threadIdx.x; j < 3 * E; j += blockDim.x) st[j] = tab[j];
     pdl_wait();
     if (tab) __syncthreads();
+    KTRACE_MARK(0); /* past the barrier on the pointer table */
     float *sp = sp_dyn + (tab ? 6 * E : 0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = blockIdx.x * 8 + warp;
     if (i >= n) return;
@@ -93,12 +94,14 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const b
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    KTRACE_MARK(1); /* logits in */
     float sum = 0.f;
     for (int e = lane; e < E; e += 32) sum += (p[e] = expf(l[e] - mx));
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float inv = 1.f / sum;
     for (int e = lane; e < E; e += 32) p[e] *= inv;
     __syncwarp();
+    KTRACE_MARK(2); /* softmax done */
     float tot = 0.f;
     for (int k = 0; k < K; k++) {
         /* keys: the probability; a NaN one -1 (below every probability,
@@ -124,6 +127,7 @@ __global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const b
         if (lane == (be & 31)) p[be] = -2.f; /* taken */
         __syncwarp();
     }
+    KTRACE_MARK(3); /* top K chosen */
     if (norm_topk && lane < K) wsel[(size_t)i * K + lane] /= tot;
     /* K > 32 does not occur (Qwen3: 8) */
 }
