@@ -87,7 +87,7 @@ int cu_sm90_code(const void *k) {
     cudaGetLastError();
     return ok;
 }
-unsigned long cu_launch_seq;
+thread_local unsigned long cu_launch_seq;
 extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
 static std::unordered_map<void *, size_t> buf_sizes;

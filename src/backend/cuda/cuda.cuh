@@ -350,9 +350,12 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
  * KILN_CUDA_PDL=0 turns PDL off.
  */
 extern int cu_pdl;
-/* launches so far (cu_launch counts them): an op can tell what was launched
- * just before it */
-extern unsigned long cu_launch_seq;
+/* launches so far by this thread (cu_launch counts them): an op can tell
+ * what was launched just before it. Per thread, so that backends driven
+ * from two threads cannot lose each other's increments and make a launch
+ * look like it came right after one it did not (each check only ever turns
+ * an early read on when its kernel was the very last launch) */
+extern thread_local unsigned long cu_launch_seq;
 
 __device__ __forceinline__ void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
