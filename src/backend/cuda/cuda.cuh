@@ -365,6 +365,20 @@ __device__ __forceinline__ void pdl_wait(void) {
     KTRACE_WAITED();
 }
 
+/* the other order, wait then release (the GEMVs and k_moe_gate_up, gemm.cu):
+ * the next kernel starts only once the one before this is done, so it may
+ * read that kernel's results before its own wait (attention.cu after a
+ * GEMV, k_moe_down_b after gate/up) */
+__device__ __forceinline__ void pdl_wait_release(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    KTRACE_WAITED();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 /* cl: thread-block cluster dimensions (sm_90; (1, 1, 1) for none) */
 template <typename... KArgs, typename... Args>
 static inline void cu_launch_cl(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, dim3 cl, Args... args) {

@@ -180,11 +180,7 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
             if (GLU) prefetch_row((const uint4 *)(jb.w2 + (size_t)row * n_in), c0 + lane, c1);
         }
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    KTRACE_WAITED();
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_wait_release();
     extern __shared__ uint4 xs_raw[];
     bf16 *xs = (bf16 *)xs_raw;
     if (NORM) {
@@ -408,11 +404,7 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
 #pragma unroll
     for (int r = 0; r < QD; r++)
         if (q0 + r < q1) load_quad(r);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    KTRACE_WAITED();
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_wait_release();
     const uint4 *xv = (const uint4 *)x + lane;
     int cr = q0 / S4, cq = q0 - cr * S4, rs = q0; /* row, quad within it, first quad of its piece */
     float acc[NB], acc2[NB];
@@ -497,9 +489,7 @@ __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const 
                 bulk_load(smem_u32(ws + (size_t)(R + a - r0) * n_in), J.j[0].w2 + (size_t)(a - j0) * n_in, (unsigned)((e - a) * rb), b);
         }
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    KTRACE_WAITED();
-    asm volatile("griddepcontrol.launch_dependents;");
+    pdl_wait_release();
     for (int i = threadIdx.x; i < NB * nch; i += blockDim.x) ((uint4 *)xs)[i] = __ldg((const uint4 *)x + i);
     __syncthreads();
     mbar_wait(b, 0);
@@ -867,11 +857,7 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const
     /* wait, then release: k_moe_down_b reads k_route's pointers before its
      * own wait, which is safe only if this launch releases it after k_route
      * is done */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    KTRACE_WAITED();
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    pdl_wait_release();
     const int p = blockIdx.y, i = p / K;
     const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= ffn) return;
@@ -976,8 +962,9 @@ __global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, cons
         for (int t = threadIdx.x; t < K * nr; t += blockDim.x) {
             const int k = t / nr, q = t % nr;
             const bf16 *src = selp[3 * (i * K + k) + 2] + (size_t)(r0 + q) * ffn;
-            if (ef) bulk_load_pol(smem_u32(mdb + (size_t)(k * R + q) * rb), src, rb, bw, pol_evict_first());
-            else bulk_load(smem_u32(mdb + (size_t)(k * R + q) * rb), src, rb, bw);
+            const unsigned dst = smem_u32(mdb + (size_t)(k * R + q) * rb);
+            if (ef) bulk_load_pol(dst, src, rb, bw, pol_evict_first());
+            else bulk_load(dst, src, rb, bw);
         }
     };
     /* pre: the launch before (k_moe_gate_up) released this one after its
