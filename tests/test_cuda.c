@@ -905,6 +905,17 @@ static void test_decode_fused(struct pair *p) {
 long kiln_cuda_moe_down_b_count(void) __attribute__((weak));
 int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
 
+/* E random experts (gate, up: F x dim; down: dim x F) into ex[3E] and the
+ * layers' gate / up / down arrays, CPU copies in mc, GPU copies in mg */
+static void experts_make(struct pair *p, struct lin2 *ex, struct moe_ffn *mc, struct moe_ffn *mg, int E, int F, int dim) {
+    for (int e = 0; e < E; e++) {
+        ex[3 * e] = lin_make(p, F, dim, 0), ex[3 * e + 1] = lin_make(p, F, dim, 0), ex[3 * e + 2] = lin_make(p, dim, F, 0);
+        mc->gate[e] = ex[3 * e].c, mg->gate[e] = ex[3 * e].g;
+        mc->up[e] = ex[3 * e + 1].c, mg->up[e] = ex[3 * e + 1].g;
+        mc->down[e] = ex[3 * e + 2].c, mg->down[e] = ex[3 * e + 2].g;
+    }
+}
+
 /* one MoE layer of E experts, top-K, against the CPU, at n = 1, 4, 8
  * (decode's direct path) and 100 tokens (grouped GEMMs). On sm_90 the
  * direct path's down GEMV is the bulk-copy kernel (gemm.cu k_moe_down_b),
@@ -929,12 +940,7 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
     mc.down = kiln_malloc(sizeof(struct qlinear) * E);
     mg.gate = kiln_malloc(sizeof(struct qlinear) * E), mg.up = kiln_malloc(sizeof(struct qlinear) * E);
     mg.down = kiln_malloc(sizeof(struct qlinear) * E);
-    for (int e = 0; e < E; e++) {
-        ex[3 * e] = lin_make(p, F, dim, 0), ex[3 * e + 1] = lin_make(p, F, dim, 0), ex[3 * e + 2] = lin_make(p, dim, F, 0);
-        mc.gate[e] = ex[3 * e].c, mg.gate[e] = ex[3 * e].g;
-        mc.up[e] = ex[3 * e + 1].c, mg.up[e] = ex[3 * e + 1].g;
-        mc.down[e] = ex[3 * e + 2].c, mg.down[e] = ex[3 * e + 2].g;
-    }
+    experts_make(p, ex, &mc, &mg, E, F, dim);
     /* router logits spread over a few units so the top-k is not near-tied */
     mc.router = router.c, mg.router = router.g;
     static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
@@ -998,13 +1004,7 @@ static void test_moe_reuse(struct pair *p) {
         mc.router = router.c, mg.router = router.g;
         mc.gate = arr_c, mc.up = arr_c + E, mc.down = arr_c + 2 * E;
         mg.gate = arr_g, mg.up = arr_g + E, mg.down = arr_g + 2 * E;
-        struct lin2 *x3 = ex[round];
-        for (int e = 0; e < E; e++) {
-            x3[3 * e] = lin_make(p, F, dim, 0), x3[3 * e + 1] = lin_make(p, F, dim, 0), x3[3 * e + 2] = lin_make(p, dim, F, 0);
-            arr_c[e] = x3[3 * e].c, arr_g[e] = x3[3 * e].g;
-            arr_c[E + e] = x3[3 * e + 1].c, arr_g[E + e] = x3[3 * e + 1].g;
-            arr_c[2 * E + e] = x3[3 * e + 2].c, arr_g[2 * E + e] = x3[3 * e + 2].g;
-        }
+        experts_make(p, ex[round], &mc, &mg, E, F, dim);
         if (round == 1)
             for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[0][e]);
         float *x = rand_vec((size_t)n * dim, 3.f);

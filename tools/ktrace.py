@@ -65,11 +65,11 @@ def load(path):
     return units, recs
 
 
-def marks(ls_recs, name):
+def marks(recs, name):
     """{kernel: [(mark, blocks that reached it, mean us after the wait)]}:
     where time goes inside the kernels that carry KTRACE_MARK"""
     acc = collections.OrderedDict()
-    for r in ls_recs:
+    for r in recs:
         base = r[2] or r[1]
         for i, m in enumerate(r[8]):
             if m:
@@ -131,7 +131,8 @@ def main():
     units, recs = load(a.file)
     if not recs:
         sys.exit("ktrace: no records in %s" % a.file)
-    ls = launches(recs, kernel_names(units, a.src))
+    name = kernel_names(units, a.src)
+    ls = launches(recs, name)
     step = max(l["end"] for l in ls)
 
     us = lambda ns: "%8.2f" % (ns / 1000.0) if ns is not None else "       -"
@@ -150,7 +151,7 @@ def main():
             "%-22s %9d %14.0f %17.2f %17.2f %16.1f %5.1f%%"
             % (k[:22], s["n"], s["blocks"] / s["n"], s["span"] / s["n"] / 1000.0, s["adds"] / s["n"] / 1000.0, s["adds"] / 1000.0, 100.0 * s["adds"] / step)
         )
-    mk = marks(recs, kernel_names(units, a.src))
+    mk = marks(recs, name)
     if mk:
         print()
         print("marks inside kernels: mark, blocks that reached it, mean us after the block's wait (or start)")
