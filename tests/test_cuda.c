@@ -987,6 +987,8 @@ static void test_moe(struct pair *p) {
     moe_case(p, 16, 5, 256, 768, ROUTER_TIED);
     moe_case(p, 128, 7, 512, 768, ROUTER_TIED);
     moe_case(p, 128, 8, 512, 768, ROUTER_NAN);
+    moe_case(p, 512, 10, 256, 128, ROUTER_RANDOM); /* the most experts the CUDA backend takes (k_route's mask) */
+    moe_case(p, 200, 9, 256, 128, ROUTER_TIED);    /* E not a multiple of the warp */
 }
 
 /* a MoE layer whose host arrays are reused for other experts, as when a
@@ -1487,6 +1489,7 @@ static void check_load_refusals(void) {
         {96, 0, 0, 0, "head_dim 16, 32, 64, 128 or 256, not 96"},
         {48, 0, 0, 0, "not 48"},
         {64, 64, 40, 64, "at most 32 experts per token"},
+        {64, 513, 8, 64, "at most 512 experts"},
         {64, 8, 2, 36, "divisible by 8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

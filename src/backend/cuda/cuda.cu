@@ -510,11 +510,11 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return kiln_errf(err, errlen, "the CUDA backend runs head_dim 16, 32, 64, 128 or 256, not %d (use --backend cpu)", hd);
-    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32))
+    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32 || cfg->n_expert > 512))
         return kiln_errf(err, errlen,
-                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8 and at most 32 "
-                         "experts per token (got %d, %d, %d; use --backend cpu)",
-                         cfg->dim, cfg->moe_ffn, cfg->n_expert_used);
+                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most 512 "
+                         "experts and at most 32 experts per token (got %d, %d, %d, %d; use --backend cpu)",
+                         cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
     const enum kiln_quant_method q = cfg->quant.method;
     if (q == KILN_QUANT_GPTQ || q == KILN_QUANT_AWQ || q == KILN_QUANT_FP8)
         return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16 and F32 weights; %s checkpoints run on --backend cpu",
