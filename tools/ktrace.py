@@ -109,6 +109,31 @@ def launches(recs, name):
     return out
 
 
+def tails(recs, ls, name, min_blocks=8):
+    """{kernel: (launches, p50, p90, max)} for kernels of at least
+    min_blocks blocks a launch: when its blocks end, in us after the launch's
+    first wait (or first start), by nearest rank, averaged over its
+    launches. A max far past the p90 is a tail: the last blocks' DRAM
+    round trips with little else in flight."""
+    first = {l["grid"]: l["w0"] if l["w0"] is not None else l["start"] for l in ls}
+    T0 = min(r[1] for r in recs)
+    ends = collections.defaultdict(list)
+    for r in recs:
+        ends[r[0]].append(r[3] - T0 - first[r[0]])
+    acc = collections.OrderedDict()
+    for l in ls:
+        e = sorted(ends[l["grid"]])
+        if len(e) < min_blocks:
+            continue
+        q = lambda f: e[max(0, -(-len(e) * f // 100) - 1)]
+        a = acc.setdefault(l["name"], [0, 0, 0, 0])
+        a[0] += 1
+        a[1] += q(50)
+        a[2] += q(90)
+        a[3] += e[-1]
+    return {k: (n, p50 / n / 1000.0, p90 / n / 1000.0, mx / n / 1000.0) for k, (n, p50, p90, mx) in acc.items()}
+
+
 def per_kernel(ls):
     """{kernel: launches n, adds, span, blocks} summed over its launches"""
     agg = collections.OrderedDict()
@@ -151,6 +176,12 @@ def main():
             "%-22s %9d %14.0f %17.2f %17.2f %16.1f %5.1f%%"
             % (k[:22], s["n"], s["blocks"] / s["n"], s["span"] / s["n"] / 1000.0, s["adds"] / s["n"] / 1000.0, s["adds"] / 1000.0, 100.0 * s["adds"] / step)
         )
+    tl = tails(recs, ls, name)
+    if tl:
+        print()
+        print("block ends, us after the launch's first wait (mean over launches of >= 8 blocks): p50, p90, last")
+        for k, (n, p50, p90, mx) in sorted(tl.items(), key=lambda kv: -kv[1][3]):
+            print("%-22s %9d %8.2f %8.2f %8.2f" % (k[:22], n, p50, p90, mx))
     mk = marks(recs, name)
     if mk:
         print()

@@ -65,6 +65,13 @@ def test_launches_and_critical_path(tmp_path):
     assert sum(s["adds"] for s in agg.values()) == max(l["end"] for l in ls)  # the adds partition the step
     # marks, in us after each block's wait (or its start where it has none):
     # k_gemv mark 0 = (4200 - 3200, 4300 - 3300, 10800 - 9800) / 3, mark 1 = 6000 - 3200
+    # block ends after each launch's first wait (start where none waited):
+    # grid 8 (w0 3200): 4800, 5800, 6300 -> p50 5800, p90 6300, last 6300;
+    # grid 10 (start 9800): 2200. Grids 7 and 9 are one block each.
+    tl = ktrace.tails(recs, ls, ktrace.kernel_names(units, str(tmp_path)), min_blocks=3)
+    assert tl == {"k_gemv": (1, 5.8, 6.3, 6.3)}
+    tl = ktrace.tails(recs, ls, ktrace.kernel_names(units, str(tmp_path)), min_blocks=1)
+    assert tl["k_gemv"] == (2, (5.8 + 2.2) / 2, (6.3 + 2.2) / 2, (6.3 + 2.2) / 2) and tl["k_norm"][0] == 2
     mk = ktrace.marks(recs, ktrace.kernel_names(units, str(tmp_path)))
     assert list(mk) == ["k_gemv"]
     assert [(i, n, round(t, 3)) for i, n, t in mk["k_gemv"]] == [(0, 3, 1.0), (1, 1, 2.8)]
@@ -78,7 +85,7 @@ def test_printed_table(tmp_path):
     assert lines[0] == "4 launches, 6 blocks, step 11.0 us (first block start to last block end)"
     row = lines[4].split()
     assert row[:4] == ["1", "k_gemv", "3", "2"] and row[-2:] == ["8.50", "6.50"]
-    summary = [l.split() for l in lines if l.startswith("k_gemv ")][-2]
+    summary = [l.split() for l in lines if l.startswith("k_gemv ")][0]
     assert summary[1] == "2" and summary[-2:] == ["9.0", "81.8%"]
     assert lines[-1].split() == ["k_gemv", "0:", "3", "x", "1.00", "1:", "1", "x", "2.80"]
 
