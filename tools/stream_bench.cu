@@ -19,12 +19,14 @@
  * 3. The MoE down GEMV (2048 x 768 of each of the 8 experts): bulk copies
  *    of 8 rows x 8 experts per block (k_moe_down_b) against loads.
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/stream_bench tools/stream_bench.cu && /tmp/stream_bench
+ *   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/stream_bench tools/stream_bench.cu && /tmp/stream_bench
  */
 #include <cstdint>
 #include <cstdio>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda.cuh"   /* warp_sum */
+#include "backend/cuda/sm90.cuh"   /* mbarriers, bulk copies, evict_first */
+#include "backend/cuda/stream.cuh" /* the GEMVs' ld_stream, ld_stream_pol and dot8 */
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
@@ -35,7 +37,6 @@
         }                                                                                                              \
     } while (0)
 
-typedef __nv_bfloat16 bf16;
 __device__ unsigned long long t_first, t_last, t_rel;
 __device__ float sink;
 
@@ -51,73 +52,31 @@ __device__ __forceinline__ void span_end() {
     __syncthreads();
     if (threadIdx.x == 0) atomicMax(&t_last, gtime());
 }
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned a) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a) : "memory"); }
-__device__ __forceinline__ void mbar_expect(unsigned a, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned a) {
-    asm volatile("{\n.reg .pred p;\nW:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n@!p bra W;\n}\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void bulk(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
-                 "r"(bytes), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint4 ld_stream_ef(const uint4 *p, uint64_t pol) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-}
-__device__ __forceinline__ uint64_t pol_evict_first() {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ float2 bf2(unsigned u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
-__device__ __forceinline__ float dot8(float acc, uint4 w, uint4 x) {
-    const unsigned wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 a = bf2(wv[i]), b = bf2(xv[i]);
-        acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    }
-    return acc;
-}
 __device__ __forceinline__ float fold(uint4 v) { return __uint_as_float((v.x ^ v.y ^ v.z ^ v.w) & 0x3fffffffu); }
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* ---- 1. bulk copies against loads ---- */
 
 /* block b copies its `per` bytes to shared memory in chunks of ch bytes */
 __global__ void k_bulk(const char *src, unsigned per, unsigned ch) {
+#ifdef __CUDA_ARCH__ /* sm90.cuh exists only in the device pass */
     span_start();
     extern __shared__ __align__(128) unsigned char sm[];
     __shared__ __align__(8) uint64_t bar;
     const unsigned b = smem_u32(&bar);
     if (threadIdx.x == 0) {
-        mbar_init(b);
+        mbar_init(b, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        mbar_expect(b, per);
+        mbar_arrive_tx(b, per);
     }
     __syncthreads();
     const char *s = src + (size_t)blockIdx.x * per;
-    for (unsigned i = threadIdx.x; i * ch < per; i += blockDim.x) bulk(smem_u32(sm + i * ch), s + i * ch, min(ch, per - i * ch), b);
-    mbar_wait(b);
+    for (unsigned i = threadIdx.x; i * ch < per; i += blockDim.x) bulk_load(smem_u32(sm + i * ch), s + i * ch, min(ch, per - i * ch), b);
+    mbar_wait(b, 0);
     float a = 0.f;
     for (unsigned i = threadIdx.x * 16; i < per; i += blockDim.x * 16) a += ((const float *)sm)[i / 4];
     if (a == 1.f) sink = a;
     span_end();
+#endif
 }
 
 /* warp w streams rows w*rpw .. of rb bytes with U loads per lane per trip */
@@ -155,6 +114,7 @@ struct experts {
  * and up, warp w row 8 bx + w, as k_moe_gate_up */
 template <int M>
 __global__ void __launch_bounds__(256) k_gu(bf16 *h, const bf16 *x, struct experts X, int F, int D) {
+#ifdef __CUDA_ARCH__ /* sm90.cuh exists only in the device pass */
     if (M & PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
     span_start();
     const int p = blockIdx.y, r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -163,7 +123,7 @@ __global__ void __launch_bounds__(256) k_gu(bf16 *h, const bf16 *x, struct exper
     else if (M & SCAT) gb = X.gate + (size_t)(X.e0 + p) * F * D, ub = X.up + (size_t)(X.e0 + p) * F * D;
     else gb = X.gate + (size_t)X.e0 * F * D + (size_t)p * F * D * 2, ub = gb + (size_t)F * D; /* one contiguous range */
     const uint64_t pol = (M & EF) ? pol_evict_first() : 0;
-    auto ld = [&](const uint4 *q) { return (M & EF) ? ld_stream_ef(q, pol) : ld_stream(q); };
+    auto ld = [&](const uint4 *q) { return (M & EF) ? ld_stream_pol(q, pol) : ld_stream(q); };
     const uint4 *g = (const uint4 *)(gb + (size_t)r * D), *u = (const uint4 *)(ub + (size_t)r * D), *xv = (const uint4 *)x;
     const int nch = D / 8;
     float ag = 0.f, au = 0.f;
@@ -192,6 +152,7 @@ __global__ void __launch_bounds__(256) k_gu(bf16 *h, const bf16 *x, struct exper
     ag = warp_sum(ag), au = warp_sum(au);
     if (lane == 0) h[(size_t)p * F + r] = __float2bfloat16(ag / (1.f + __expf(-ag)) * au);
     span_end();
+#endif
 }
 
 /* the kernel before, for PDL: one block that lets the next grid launch,
@@ -207,34 +168,11 @@ __global__ void k_hold(int us) {
 
 /* ---- 3. MoE down ---- */
 
-/* block b: output rows 8 b .. 8 b + 7 over the 8 experts, bulk copies of
- * the 64 rows (96 KB) and h (12 KB), as k_moe_down_b */
-__global__ void __launch_bounds__(256) k_down_bulk(bf16 *out, const bf16 *h, const bf16 *down, int e0, int F, int D) {
-    span_start();
-    extern __shared__ __align__(128) unsigned char sm[];
-    __shared__ __align__(8) uint64_t bar;
+/* the block's output rows r0 .. r0 + 7: warp w holds expert w's 8 partial
+ * dot products, summed over the warp, then over the warps in warp order */
+__device__ __forceinline__ void down_rows_out(bf16 *out, float (&acc)[8], int r0) {
     __shared__ float red[8][8];
-    const unsigned b = smem_u32(&bar), rb = (unsigned)F * 2;
-    const int r0 = blockIdx.x * 8, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) {
-        mbar_init(b);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        mbar_expect(b, 64 * rb + 8 * rb);
-    }
-    __syncthreads();
-    if (threadIdx.x < 64) {
-        const int k = threadIdx.x / 8, q = threadIdx.x % 8;
-        bulk(smem_u32(sm + (size_t)threadIdx.x * rb), down + ((size_t)(e0 + k) * D + r0 + q) * F, rb, b);
-    } else if (threadIdx.x == 64)
-        bulk(smem_u32(sm + 64 * (size_t)rb), h, 8 * rb, b);
-    mbar_wait(b);
-    const uint4 *hs = (const uint4 *)(sm + 64 * (size_t)rb + (size_t)warp * rb);
-    float acc[8] = {};
-    for (int c = lane; c < F / 8; c += 32) {
-        const uint4 hx = hs[c];
-#pragma unroll
-        for (int q = 0; q < 8; q++) acc[q] = dot8(acc[q], ((const uint4 *)(sm + (size_t)(warp * 8 + q) * rb))[c], hx);
-    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int q = 0; q < 8; q++) acc[q] = warp_sum(acc[q]);
     if (lane == 0)
@@ -246,14 +184,46 @@ __global__ void __launch_bounds__(256) k_down_bulk(bf16 *out, const bf16 *h, con
         for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
         out[r0 + threadIdx.x] = __float2bfloat16(s);
     }
+}
+
+/* block b: output rows 8 b .. 8 b + 7 over the 8 experts, bulk copies of
+ * the 64 rows (96 KB) and h (12 KB), as k_moe_down_b */
+__global__ void __launch_bounds__(256) k_down_bulk(bf16 *out, const bf16 *h, const bf16 *down, int e0, int F, int D) {
+#ifdef __CUDA_ARCH__ /* sm90.cuh exists only in the device pass */
+    span_start();
+    extern __shared__ __align__(128) unsigned char sm[];
+    __shared__ __align__(8) uint64_t bar;
+    const unsigned b = smem_u32(&bar), rb = (unsigned)F * 2;
+    const int r0 = blockIdx.x * 8, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        mbar_init(b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_arrive_tx(b, 64 * rb + 8 * rb);
+    }
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        const int k = threadIdx.x / 8, q = threadIdx.x % 8;
+        bulk_load(smem_u32(sm + (size_t)threadIdx.x * rb), down + ((size_t)(e0 + k) * D + r0 + q) * F, rb, b);
+    } else if (threadIdx.x == 64)
+        bulk_load(smem_u32(sm + 64 * (size_t)rb), h, 8 * rb, b);
+    mbar_wait(b, 0);
+    const uint4 *hs = (const uint4 *)(sm + 64 * (size_t)rb + (size_t)warp * rb);
+    float acc[8] = {};
+    for (int c = lane; c < F / 8; c += 32) {
+        const uint4 hx = hs[c];
+#pragma unroll
+        for (int q = 0; q < 8; q++) acc[q] = dot8(acc[q], ((const uint4 *)(sm + (size_t)(warp * 8 + q) * rb))[c], hx);
+    }
+    down_rows_out(out, acc, r0);
     span_end();
+#endif
 }
 
 /* the same with loads: warp k streams expert k's 8 rows (each lane 3
- * chunks of each row, all 24 in flight) */
-__global__ void __launch_bounds__(256) k_down_ld(bf16 *out, const bf16 *h, const bf16 *down, int e0, int F, int D) {
+ * chunks of each row, all 24 in flight: 2 blocks per SM, so up to 128
+ * registers, and the 256 blocks in one wave) */
+__global__ void __launch_bounds__(256, 2) k_down_ld(bf16 *out, const bf16 *h, const bf16 *down, int e0, int F, int D) {
     span_start();
-    __shared__ float red[8][8];
     const int r0 = blockIdx.x * 8, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint4 *hv = (const uint4 *)(h + (size_t)warp * F);
     uint4 wv[8][3];
@@ -268,17 +238,7 @@ __global__ void __launch_bounds__(256) k_down_ld(bf16 *out, const bf16 *h, const
 #pragma unroll
         for (int q = 0; q < 8; q++) acc[q] = dot8(acc[q], wv[q][j], hx);
     }
-#pragma unroll
-    for (int q = 0; q < 8; q++) acc[q] = warp_sum(acc[q]);
-    if (lane == 0)
-#pragma unroll
-        for (int q = 0; q < 8; q++) red[warp][q] = acc[q];
-    __syncthreads();
-    if (threadIdx.x < 8) {
-        float s = 0.f;
-        for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
-        out[r0 + threadIdx.x] = __float2bfloat16(s);
-    }
+    down_rows_out(out, acc, r0);
     span_end();
 }
 
@@ -358,24 +318,26 @@ int main() {
     const double gu_bytes = 16. * F * D * 2;
     struct gu_case {
         const char *name;
+        int m; /* k's mode bits */
         void (*k)(bf16 *, const bf16 *, struct experts, int, int);
     } cases[] = {
-        {"bare stream, one contiguous range", k_gu<0>},
-        {"+ rows of 8 chosen experts", k_gu<SCAT>},
-        {"+ dot products with x", k_gu<SCAT | COMP>},
-        {"+ evict_first", k_gu<SCAT | COMP | EF>},
-        {"+ pointers from a table (k_moe_gate_up)", k_gu<SCAT | COMP | EF | PTR>},
-        {"+ PDL: resident, then released", k_gu<SCAT | COMP | EF | PTR | PDL>},
-        {"k_moe_gate_up, 8 KB per warp at once", k_gu<SCAT | COMP | EF | PTR | ALL8>},
-        {"the same, PDL", k_gu<SCAT | COMP | EF | PTR | ALL8 | PDL>},
+#define GU(name, m) {name, m, k_gu<m>}
+        GU("bare stream, one contiguous range", 0),
+        GU("+ rows of 8 chosen experts", SCAT),
+        GU("+ dot products with x", SCAT | COMP),
+        GU("+ evict_first", SCAT | COMP | EF),
+        GU("+ pointers from a table (k_moe_gate_up)", SCAT | COMP | EF | PTR),
+        GU("+ PDL: resident, then released", SCAT | COMP | EF | PTR | PDL),
+        GU("k_moe_gate_up, 8 KB per warp at once", SCAT | COMP | EF | PTR | ALL8),
+        GU("the same, PDL", SCAT | COMP | EF | PTR | ALL8 | PDL),
+#undef GU
     };
     for (auto &cs : cases) {
-        const int pdl = cs.k == k_gu<SCAT | COMP | EF | PTR | PDL> || cs.k == k_gu<SCAT | COMP | EF | PTR | ALL8 | PDL>;
+        const int pdl = (cs.m & PDL) != 0;
         const double us = span(
             [&](int r) {
-                struct experts X = {gate, up, tab + 16 * (r % 16), 8 * (r % 16)};
-                if (!(cs.k == k_gu<0>)) X.e0 = 8 * (r % 16);
-                else X.e0 = 16 * (r % 8); /* 16 expert-sized slices in a row of gate */
+                /* contiguous: 16 expert-sized slices in a row of gate */
+                const struct experts X = {gate, up, tab + 16 * (r % 16), cs.m & SCAT ? 8 * (r % 16) : 16 * (r % 8)};
                 if (pdl) {
                     k_hold<<<1, 32>>>(30);
                     cudaLaunchConfig_t cfg = {};

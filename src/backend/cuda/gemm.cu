@@ -15,6 +15,7 @@
  */
 #include "backend/cuda/cuda.cuh"
 #include "backend/cuda/sm90.cuh"
+#include "backend/cuda/stream.cuh"
 
 #define GEMV_MAX_ROWS 8
 
@@ -24,38 +25,6 @@
  * costs NB dot products read from L1, so by 8 rows it runs at 1.5 TB/s
  * where cuBLAS's tiles stay near 3.5 TB/s (docs/cuda.md) */
 int cu_gemv_rows = 2;
-
-/* ==== the streaming inner loop ==== */
-
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* ld_stream with an L2 policy (sm90.cuh pol_evict_first) */
-__device__ __forceinline__ uint4 ld_stream_pol(const uint4 *p, uint64_t pol) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-}
-
-/* acc += dot of 8 bf16 weights with 8 bf16 activations */
-__device__ __forceinline__ float dot8(float acc, uint4 w, uint4 x) {
-    float2 a = bf2(w.x), b = bf2(x.x);
-    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    a = bf2(w.y), b = bf2(x.y);
-    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    a = bf2(w.z), b = bf2(x.z);
-    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    a = bf2(w.w), b = bf2(x.w);
-    acc = fmaf(a.x, b.x, acc), acc = fmaf(a.y, b.y, acc);
-    return acc;
-}
 
 template <typename T> __device__ __forceinline__ T to_out(float v);
 template <> __device__ __forceinline__ float to_out<float>(float v) { return v; }
