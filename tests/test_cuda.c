@@ -903,6 +903,7 @@ static void test_decode_fused(struct pair *p) {
 }
 
 long kiln_cuda_moe_down_b_count(void) __attribute__((weak));
+long kiln_cuda_moe_down_r_count(void) __attribute__((weak));
 int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
 
 /* E random experts (gate, up: F x dim; down: dim x F) into ex[3E] and the
@@ -917,10 +918,12 @@ static void experts_make(struct pair *p, struct lin2 *ex, struct moe_ffn *mc, st
 }
 
 /* one MoE layer of E experts, top-K, against the CPU, at n = 1, 4, 8
- * (decode's direct path) and 100 tokens (grouped GEMMs). On sm_90 the
- * direct path's down GEMV is the bulk-copy kernel (gemm.cu k_moe_down_b),
- * with rows per block R from the shape: 8 at 768 wide, 2 at 1536, 1 at
- * 2048 with 10 slots (two per warp) */
+ * (decode's direct path) and 100 tokens (grouped GEMMs). The direct path's
+ * down GEMV is the register kernel (gemm.cu k_moe_down_r, R x J rows x
+ * chunks per warp: 8 x 3 up to 768 wide, 4 x 6 at 1536, 2 x 12 at 2048 with
+ * 10 slots, two per warp); with KILN_CUDA_MOE_LD=0 on sm_90 the bulk-copy
+ * kernel (k_moe_down_b, rows per block R from the shape: 8 at 768 wide, 2 at
+ * 1536, 1 at 2048 with 10 slots) */
 enum { ROUTER_RANDOM, ROUTER_TIED, ROUTER_NAN };
 
 static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_kind) {
@@ -943,8 +946,10 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
     experts_make(p, ex, &mc, &mg, E, F, dim);
     /* router logits spread over a few units so the top-k is not near-tied */
     mc.router = router.c, mg.router = router.g;
+    static const char *const sw_ld[] = {"KILN_CUDA_MOE_LD", "KILN_CUDA_MOE_PTR", NULL};
     static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
-    const int bulk = kiln_cuda_moe_down_b_ok && kiln_cuda_moe_down_b_ok() && switches_on(sw);
+    const int ld = switches_on(sw_ld) && F <= 3072;
+    const int bulk = !ld && kiln_cuda_moe_down_b_ok && kiln_cuda_moe_down_b_ok() && switches_on(sw);
     const int ns[] = {1, 4, 8, 100};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
@@ -952,6 +957,7 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
         void *xc, *xg, *og, *oc = alloc_both(p, &og, (size_t)n * dim);
         put(p, &xc, &xg, x, (size_t)n * dim);
         const long b0 = kiln_cuda_moe_down_b_count ? kiln_cuda_moe_down_b_count() : 0;
+        const long r0 = kiln_cuda_moe_down_r_count ? kiln_cuda_moe_down_r_count() : 0;
         p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
@@ -970,6 +976,9 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
         if (kiln_cuda_moe_down_b_count)
             CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && n <= 8), "%s: bulk-copy down kernel ran %ld times", what,
                   kiln_cuda_moe_down_b_count() - b0);
+        if (kiln_cuda_moe_down_r_count)
+            CHECK(kiln_cuda_moe_down_r_count() - r0 == (ld && n <= 8), "%s: register down kernel ran %ld times", what,
+                  kiln_cuda_moe_down_r_count() - r0);
         free_both(p, xc, xg), free_both(p, oc, og), free(x);
     }
     for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[e]);
@@ -987,8 +996,25 @@ static void test_moe(struct pair *p) {
     moe_case(p, 16, 5, 256, 768, ROUTER_TIED);
     moe_case(p, 128, 7, 512, 768, ROUTER_TIED);
     moe_case(p, 128, 8, 512, 768, ROUTER_NAN);
-    moe_case(p, 512, 10, 256, 128, ROUTER_RANDOM); /* the most experts the CUDA backend takes (k_route's mask) */
+    moe_case(p, 512, 10, 256, 128, ROUTER_RANDOM); /* Qwen3-Next's E and K: 2 experts per k_route thread */
+    moe_case(p, 1024, 10, 64, 64, ROUTER_RANDOM);  /* the most experts the CUDA backend takes (k_route's shared memory) */
+    moe_case(p, 1024, 32, 64, 64, ROUTER_TIED);    /* and the most experts per token */
     moe_case(p, 200, 9, 256, 128, ROUTER_TIED);    /* E not a multiple of the warp */
+    moe_case(p, 16, 8, 256, 3200, ROUTER_RANDOM);  /* wider than the register kernel takes: bulk copies, R = 1 */
+    /* the bulk-copy down kernel, the register one turned off */
+    char *saved = getenv("KILN_CUDA_MOE_LD") ? strdup(getenv("KILN_CUDA_MOE_LD")) : NULL, err[256];
+    setenv("KILN_CUDA_MOE_LD", "0", 1);
+    struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
+    CHECK(q.gpu != NULL, "%s", err);
+    if (q.gpu) {
+        moe_case(&q, 32, 8, 1024, 768, ROUTER_RANDOM);
+        moe_case(&q, 16, 8, 512, 1536, ROUTER_RANDOM);
+        moe_case(&q, 16, 10, 256, 2048, ROUTER_RANDOM);
+        moe_case(&q, 128, 7, 512, 768, ROUTER_TIED);
+        q.gpu->destroy(q.gpu);
+    }
+    if (saved) setenv("KILN_CUDA_MOE_LD", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_MOE_LD");
 }
 
 /* a MoE layer whose host arrays are reused for other experts, as when a
@@ -1489,7 +1515,7 @@ static void check_load_refusals(void) {
         {96, 0, 0, 0, "head_dim 16, 32, 64, 128 or 256, not 96"},
         {48, 0, 0, 0, "not 48"},
         {64, 64, 40, 64, "at most 32 experts per token"},
-        {64, 513, 8, 64, "at most 512 experts"},
+        {64, 1025, 8, 64, "at most 1024 experts"},
         {64, 8, 2, 36, "divisible by 8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

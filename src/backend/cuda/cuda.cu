@@ -504,15 +504,16 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
  * run is an error before any weight is uploaded, never an abort in a
  * forward: the row attention kernel is instantiated for these head sizes
  * (attention.cu launch_rows), the MoE GEMVs read 16-byte chunks and route
- * at most 32 experts per token (moe.cu), and weights are BF16/F16/F32. */
+ * at most 32 experts per token of at most 1024 (moe.cu; k_route holds a
+ * token's experts in shared memory), and weights are BF16/F16/F32. */
 static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
     (void)be;
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return kiln_errf(err, errlen, "the CUDA backend runs head_dim 16, 32, 64, 128 or 256, not %d (use --backend cpu)", hd);
-    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32 || cfg->n_expert > 512))
+    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32 || cfg->n_expert > 1024))
         return kiln_errf(err, errlen,
-                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most 512 "
+                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most 1024 "
                          "experts and at most 32 experts per token (got %d, %d, %d, %d; use --backend cpu)",
                          cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
     const enum kiln_quant_method q = cfg->quant.method;
@@ -881,6 +882,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_norm_r = env_is("KILN_CUDA_NORM_R", "0");
     c->no_att_cluster = env_is("KILN_CUDA_ATT_CLUSTER", "0");
     c->no_moe_ptr = env_is("KILN_CUDA_MOE_PTR", "0");
+    c->no_moe_ld = env_is("KILN_CUDA_MOE_LD", "0");
     c->no_moe_bulk = env_is("KILN_CUDA_MOE_BULK", "0");
     c->no_moe_pre = env_is("KILN_CUDA_MOE_PRE", "0");
     c->no_gemv_b = env_is("KILN_CUDA_GEMV_B", "0");

@@ -200,6 +200,7 @@ struct cuda_ctx {
     int no_gemv_b;      /* KILN_CUDA_GEMV_B=0: no bulk-copy GEMV (gemm.cu k_gemv_b) */
     int no_moe_pre;     /* KILN_CUDA_MOE_PRE=0: k_moe_down_b issues its weight copies after its wait */
     unsigned long moe_gu_seq; /* cu_launch_seq right after the last k_moe_gate_up launch */
+    int no_moe_ld;      /* KILN_CUDA_MOE_LD=0: MoE decode's down GEMV is k_moe_down_b (or k_moe_down), not the register kernel k_moe_down_r */
     int no_moe_bulk;    /* KILN_CUDA_MOE_BULK=0: MoE decode's down GEMV loads its rows itself (k_moe_down, not k_moe_down_b) */
     int moe_ef;         /* MoE decode's expert GEMVs stream their weights with L2 evict_first (KILN_CUDA_MOE_EF=0: not) */
     int no_moe_ptr;     /* KILN_CUDA_MOE_PTR=0: MoE decode's expert GEMVs look their experts up in the tables (moe.cu) */

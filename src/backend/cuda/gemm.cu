@@ -980,6 +980,96 @@ __global__ void __launch_bounds__(256) k_moe_down_b(bf16 *__restrict__ out, cons
 #endif
 }
 
+/*
+ * k_moe_down_r: k_moe_down with each warp's rows held in registers. Warp w
+ * takes slots w, w + 8, ... as k_moe_down does; for a slot it loads its R
+ * rows' chunks c = lane + 32 j (j < J, J = ceil(ffn / 256)) at once, R x J
+ * 16-byte loads per lane in flight (24: 96 registers), then reads h and
+ * adds in k_moe_down's order, so the same bits. With pre (right after
+ * k_moe_gate_up, which releases this launch after its own wait, so k_route's
+ * selp is written) the first slot's loads go out before the wait, while
+ * gate/up still runs. Two blocks per SM: Qwen3-30B-A3B's 256 blocks
+ * (R = 8) are one wave holding the layer's 25 MB of down rows in flight.
+ * Measured alone on the H200 (tools/stream_bench.cu, 8 experts of
+ * 2048 x 768): 6.47 us (3.89 TB/s) against 8.40 (3.00) for k_moe_down_b's
+ * bulk copies, which no chunk size lifts above ~3.3 TB/s.
+ */
+template <int R, int J, bool EF>
+__global__ void __launch_bounds__(256, 2) k_moe_down_r(bf16 *__restrict__ out, const bf16 *__restrict__ h,
+                                                       const bf16 *const *__restrict__ selp, const float *__restrict__ wsel,
+                                                       int K, int ffn, int dim, int pre) {
+    KTRACE();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint64_t pol = EF ? pol_evict_first() : 0;
+    auto ld = [&](const uint4 *q) { return EF ? ld_stream_pol(q, pol) : ld_stream(q); };
+#else
+    auto ld = [&](const uint4 *q) { return ld_stream(q); };
+#endif
+    __shared__ float red[8][R];
+    const int i = blockIdx.y, r0 = blockIdx.x * R, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nr = min(R, dim - r0), nch = ffn >> 3;
+    uint4 wv[R][J];
+    auto load = [&](int k) {
+        const bf16 *db = selp[3 * (i * K + k) + 2] + (size_t)r0 * ffn;
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int c = lane + 32 * j;
+                if (q < nr && c < nch) wv[q][j] = ld((const uint4 *)(db + (size_t)q * ffn) + c);
+            }
+    };
+    if (pre && warp < K) load(warp);
+    pdl_wait();
+    float tot[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) tot[q] = 0.f;
+    for (int k = warp; k < K; k += 8) {
+        if (!pre || k != warp) load(k);
+        const uint4 *hv = (const uint4 *)(h + (size_t)(i * K + k) * ffn);
+        float acc[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q] = 0.f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int c = lane + 32 * j;
+            if (c < nch) {
+                const uint4 hx = __ldg(hv + c);
+#pragma unroll
+                for (int q = 0; q < R; q++)
+                    if (q < nr) acc[q] = dot8(acc[q], wv[q][j], hx);
+            }
+        }
+        const float wk = wsel[i * K + k];
+#pragma unroll
+        for (int q = 0; q < R; q++) tot[q] += wk * warp_sum(acc[q]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < R; q++) red[warp][q] = tot[q];
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        float s = 0.f;
+        for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
+        out[(size_t)i * dim + r0 + threadIdx.x] = __float2bfloat16(s);
+    }
+}
+
+static long moe_down_r_runs;
+extern "C" long kiln_cuda_moe_down_r_count(void);
+extern "C" long kiln_cuda_moe_down_r_count(void) { return moe_down_r_runs; }
+
+/* k_moe_down_r for ffn <= 256 J: R = 24 / J rows per block */
+template <int J>
+static void launch_down_r(struct cuda_ctx *c, bf16 *out, const bf16 *h, const bf16 *const *selp, const float *wsel, int n, int K,
+                          int ffn, int dim, int pre) {
+    constexpr int R = 24 / J;
+    dim3 grid((unsigned)((dim + R - 1) / R), (unsigned)n);
+    if (c->moe_ef) cu_launch(c->stream, k_moe_down_r<R, J, true>, grid, 256, 0, out, h, selp, wsel, K, ffn, dim, pre);
+    else cu_launch(c->stream, k_moe_down_r<R, J, false>, grid, 256, 0, out, h, selp, wsel, K, ffn, dim, pre);
+    moe_down_r_runs++;
+}
+
 /* shared memory per k_moe_down_b block: 2 fit on an SM (228 KB) */
 #define MOE_DOWN_B_SMEM (110 * 1024 + 768)
 
@@ -1014,6 +1104,18 @@ void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, 
 
 void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
                  const bf16 *const *down, int n, int K, int ffn, int dim) {
+    /* the weights before the wait only right after k_moe_gate_up (which
+     * releases this launch after its own wait); the register kernel where a
+     * warp's rows fit (ffn <= 3072), else the bulk-copy one where they fit in
+     * shared memory, else k_moe_down */
+    const int pre = !c->no_moe_pre && c->moe_gu_seq == cu_launch_seq;
+    if (selp && !c->no_moe_ld && ffn <= 3072) {
+        if (ffn <= 768) launch_down_r<3>(c, out, h, selp, wsel, n, K, ffn, dim, pre);
+        else if (ffn <= 1536) launch_down_r<6>(c, out, h, selp, wsel, n, K, ffn, dim, pre);
+        else launch_down_r<12>(c, out, h, selp, wsel, n, K, ffn, dim, pre);
+        CU_LAUNCHED();
+        return;
+    }
     /* the bulk kernel: the most rows per block (8, 4, 2, 1) whose copies fit
      * in two blocks' share of an SM */
     const size_t rb = (size_t)ffn * 2;
@@ -1022,9 +1124,6 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
     if (selp && !c->no_moe_bulk && (size_t)K * (R + 1) * rb <= MOE_DOWN_B_SMEM && moe_down_b_ok()) {
         dim3 grid((unsigned)((dim + R - 1) / R), (unsigned)n);
         const size_t smem = (size_t)K * (R + 1) * rb;
-        /* the weight copies before the wait only right after k_moe_gate_up
-         * (which releases this launch after its own wait) */
-        const int pre = !c->no_moe_pre && c->moe_gu_seq == cu_launch_seq;
         moe_down_b_runs++;
         switch (R) {
         case 8: cu_launch(c->stream, k_moe_down_b<8>, grid, 256, smem, out, h, selp, wsel, K, ffn, dim, pre, c->moe_ef); break;

@@ -66,77 +66,116 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
 }
 
 /*
- * k_route: softmax over E router logits and top-K, one choice per two warp
- * reductions (redux.sync). Decomposition: one warp per token; the token's
- * probabilities sit in the warp's slice of shared memory, lane l owning
- * experts l, l+32, ...
+ * k_route: softmax over E router logits and top-K. Decomposition: block i
+ * routes token i. Warp 0 does the softmax (lane-strided max and sum, xor
+ * trees) into shared memory and keys each probability; then all 256 threads
+ * rank the experts at once: an expert's rank is how many others beat it (a
+ * higher key, or the same key and a lower id), counted by S = 256 / E
+ * threads per expert over slices of the others (a thread per expert and
+ * several experts per thread when E > 256), summed by shared atomics. The
+ * experts of rank < K are the choices, slot = rank. A thread stops counting
+ * once its slice holds K beaters: that expert is out, and every rank < K
+ * is still exact.
+ * Keys: a probability (>= 0) keys as its bits + 2, so unsigned order is its
+ * order; a NaN one as 1, below every probability, so choices are still made,
+ * < E, from NaN logits (broken weights), as the CPU backend's first untaken
+ * ids. Ties go to the lower id, as on the CPU.
  * With tab (decode's direct path): the layer's 3E expert pointers (gate |
  * up | down) are copied to shared memory before the wait (they never
  * change), and the chosen experts' three pointers are written to selp, so
  * the expert GEMVs that follow make one dependent load (selp) where they
  * made two (sel, then the table).
+ * Measured on the H200 (ktrace marks, Qwen3-30B-A3B, E = 128, K = 8): the
+ * choices took 2.2 us as K rounds of warp reductions, each waiting for the
+ * winner's lane to rescan its experts (and 3.2 us as K shuffle argmaxes).
+ * Shared memory: route_smem.
  */
-__global__ void k_route(int *__restrict__ sel, float *__restrict__ wsel, const bf16 **__restrict__ selp,
-                        const bf16 *const *__restrict__ tab, const float *__restrict__ logits, int n, int E, int K,
-                        int norm_topk) {
+__global__ void __launch_bounds__(256) k_route(int *__restrict__ sel, float *__restrict__ wsel, const bf16 **__restrict__ selp,
+                                               const bf16 *const *__restrict__ tab, const float *__restrict__ logits, int E,
+                                               int K, int norm_topk) {
     KTRACE();
-    extern __shared__ float sp_dyn[];
-    const bf16 **st = (const bf16 **)sp_dyn; /* 3E pointers first (8-byte aligned), then the probabilities */
+    extern __shared__ __align__(16) unsigned char rsm[];
+    const int nc = (E + 31) / 32; /* chunks of 32 keys */
+    unsigned *key = (unsigned *)rsm; /* 32 nc keys, 0 past E: 0 never beats a key (>= 1) */
+    const bf16 **st = (const bf16 **)(key + 32 * nc);
+    float *p = (float *)(st + (tab ? 3 * E : 0)), *pk = p + E;
+    int *rank = (int *)(pk + K);
     if (tab)
         for (int j = threadIdx.x; j < 3 * E; j += blockDim.x) st[j] = tab[j];
+    const int i = blockIdx.x, lane = threadIdx.x & 31, nt = blockDim.x;
+    for (int e = E + threadIdx.x; e < 32 * nc; e += nt) key[e] = 0;
     pdl_wait();
-    if (tab) __syncthreads();
-    KTRACE_MARK(0); /* past the barrier on the pointer table */
-    float *sp = sp_dyn + (tab ? 6 * E : 0);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, i = blockIdx.x * 8 + warp;
-    if (i >= n) return;
-    float *p = sp + warp * E;
-    const float *l = logits + (size_t)i * E;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    KTRACE_MARK(1); /* logits in */
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += (p[e] = expf(l[e] - mx));
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = 1.f / sum;
-    for (int e = lane; e < E; e += 32) p[e] *= inv;
-    __syncwarp();
-    KTRACE_MARK(2); /* softmax done */
-    /* Keys: a probability (>= 0) keys as its bits + 2, so unsigned order is
-     * its order; a NaN one as 1, below every probability, so a choice is
-     * still made, < E, from NaN logits (broken weights), as the CPU
-     * backend's first untaken id. Lane l holds its best untaken expert
-     * (bit m of taken: expert l + 32 m; E <= 512, cu_check_model); a choice
-     * is the max key over the lanes, ties to the lowest id, and only the
-     * winner's lane looks again. Measured on the H200 (ktrace marks, 30B-A3B):
-     * the K = 8 choices in 2.2 us where a shuffle argmax per choice over
-     * shared memory took 3.2. */
-    float tot = 0.f;
-    unsigned taken = 0, bk = 0;
-    int be = E;
-    auto rescan = [&]() {
-        bk = 0, be = E;
-        for (int m = 0, e = lane; e < E; m++, e += 32) {
-            const float v = p[e];
-            const unsigned kv = v == v ? __float_as_uint(v) + 2u : 1u;
-            if (!(taken >> m & 1) && kv > bk) bk = kv, be = e;
+    KTRACE_MARK(0); /* past the wait */
+    if (threadIdx.x < 32) {
+        const float *l = logits + (size_t)i * E;
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.f;
+        for (int e = lane; e < E; e += 32) sum += (p[e] = expf(l[e] - mx));
+        for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float inv = 1.f / sum;
+        for (int e = lane; e < E; e += 32) {
+            const float v = p[e] * inv;
+            p[e] = v, key[e] = v == v ? __float_as_uint(v) + 2u : 1u, rank[e] = 0;
         }
-    };
-    rescan();
-    for (int k = 0; k < K; k++) {
-        const unsigned mk = __reduce_max_sync(0xffffffffu, bk);
-        const int w = (int)__reduce_min_sync(0xffffffffu, bk == mk ? (unsigned)be : 0xffffffffu);
-        const size_t j = (size_t)i * K + k;
-        const float pv = p[w];
-        if (lane == 0) sel[j] = w, wsel[j] = pv;
-        if (tab && lane < 3) selp[3 * j + lane] = st[lane * E + w];
-        tot += pv;
-        if (lane == (w & 31)) taken |= 1u << (w >> 5), rescan();
     }
-    KTRACE_MARK(3); /* top K chosen */
-    if (norm_topk && lane < K) wsel[(size_t)i * K + lane] /= tot;
-    /* K > 32 does not occur (Qwen3: 8) */
+    __syncthreads(); /* also the pointer table's and the padding's */
+    KTRACE_MARK(1); /* softmax done */
+    /* S threads per expert, thread s of them counting over chunks
+     * [nc s / S, nc (s + 1) / S); a chunk's 32 keys as 8 16-byte loads that
+     * every lane of the warp makes at the same address (a broadcast) */
+    const int S = E <= nt ? min(nt / E, nc) : 1;
+    for (int t = threadIdx.x; t < E * S; t += nt) {
+        const int e = t % E, s = t / E;
+        const unsigned ke = key[e];
+        int c = 0;
+        for (int ch = nc * s / S; ch < nc * (s + 1) / S && c < K; ch++) {
+            /* f beats e iff key[f] >= key[e] + (f > e): in a chunk wholly
+             * before e a tie beats, wholly after it does not, and e's own
+             * chunk compares per key */
+            const uint4 *kv = (const uint4 *)(key + 32 * ch);
+            const int d = e - 32 * ch;
+            if (d < 0 || d > 31) {
+                const unsigned th = d > 31 ? ke : ke + 1;
+#pragma unroll
+                for (int v = 0; v < 8; v++) {
+                    const uint4 k4 = kv[v];
+                    c += (k4.x >= th) + (k4.y >= th) + (k4.z >= th) + (k4.w >= th);
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 8; v++) {
+                    const uint4 k4 = kv[v];
+                    c += (k4.x >= ke + (4 * v >= d)) + (k4.y >= ke + (4 * v + 1 >= d)) + (k4.z >= ke + (4 * v + 2 >= d)) +
+                         (k4.w >= ke + (4 * v + 3 >= d));
+                }
+            }
+        }
+        if (c) atomicAdd(&rank[e], c);
+    }
+    __syncthreads();
+    KTRACE_MARK(2); /* ranks counted */
+    for (int e = threadIdx.x; e < E; e += nt) {
+        const int r = rank[e];
+        if (r < K) {
+            const size_t j = (size_t)i * K + r;
+            sel[j] = e, pk[r] = p[e];
+            if (tab) selp[3 * j] = st[e], selp[3 * j + 1] = st[E + e], selp[3 * j + 2] = st[2 * E + e];
+        }
+    }
+    __syncthreads();
+    KTRACE_MARK(3); /* top K written */
+    for (int r = threadIdx.x; r < K; r += nt) {
+        float tot = 0.f; /* in slot order, as the CPU backend adds them */
+        for (int k = 0; k < K; k++) tot += pk[k];
+        wsel[(size_t)i * K + r] = norm_topk ? pk[r] / tot : pk[r];
+    }
+}
+
+/* k_route's shared memory, bytes (its layout: keys, pointers, p, pk, rank) */
+static size_t route_smem(int E, int K, int ptr) {
+    return (size_t)32 * ((E + 31) / 32) * 4 + (ptr ? 3 * (size_t)E * sizeof(void *) : 0) + (size_t)(2 * E + K) * 4;
 }
 
 /*
@@ -304,8 +343,8 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     if (!(c->pnorm.on && c->pnorm.out == x_ && !c->n_pend)) cu_flush(c);
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
     const bf16 *x = (const bf16 *)x_;
-    if (dim % 8 || F % 8 || K > 32 || E > 512) { /* cu_check_model refuses such a model at load */
-        fprintf(stderr, "kiln: cuda: (a bug: the load-time check refuses this) MoE needs dim and expert ffn divisible by 8, E <= 512 and top-k <= 32 (got %d, %d, %d, %d)\n", dim, F, E, K);
+    if (dim % 8 || F % 8 || K > 32 || E > 1024) { /* cu_check_model refuses such a model at load */
+        fprintf(stderr, "kiln: cuda: (a bug: the load-time check refuses this) MoE needs dim and expert ffn divisible by 8, E <= 1024 and top-k <= 32 (got %d, %d, %d, %d)\n", dim, F, E, K);
         abort();
     }
     const struct cu_moe_tab *tab = moe_tab(c, m);
@@ -327,8 +366,8 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     cu_matmul_f32_norm(c, logits, x, ((const struct cu_linear *)m->router.be)->w, n, E, dim);
     const int ptr = direct && !c->no_moe_ptr; /* tab->gate heads the layer's 3E pointers (moe_tab) */
     const bf16 **selp = ptr ? (const bf16 **)(buf + o_selp) : NULL;
-    cu_launch(c->stream, k_route, (n + 7) / 8, 256, (size_t)8 * E * sizeof(float) + (ptr ? 3 * E * sizeof(void *) : 0), sel,
-              wsel, selp, ptr ? tab->gate : (const bf16 *const *)NULL, logits, n, E, K, m->norm_topk);
+    cu_launch(c->stream, k_route, n, 256, route_smem(E, K, ptr), sel, wsel, selp, ptr ? tab->gate : (const bf16 *const *)NULL,
+              logits, E, K, m->norm_topk);
     CU_LAUNCHED();
 
     if (direct) {
