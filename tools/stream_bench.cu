@@ -16,6 +16,9 @@
  *    a programmatic-dependent launch (all blocks resident, waiting, then
  *    released at once). In a decode step it spans 19-21 us (docs/cuda.md
  *    items 15-16); this says which factor costs what.
+ * 2b. The same kernel with its experts in separate allocations across 12
+ *    layers (9.7 GB: does the TLB cost?), one launch at a time and 20 back
+ *    to back on one stream.
  * 3. The MoE down GEMV (2048 x 768 of each of the 8 experts): bulk copies
  *    of 8 rows x 8 experts per block (k_moe_down_b) against loads.
  *
@@ -23,6 +26,7 @@
  */
 #include <cstdint>
 #include <cstdio>
+#include <vector>
 
 #include "backend/cuda/cuda.cuh"   /* warp_sum */
 #include "backend/cuda/sm90.cuh"   /* mbarriers, bulk copies, evict_first */
@@ -353,6 +357,62 @@ int main() {
         printf("  %-46s %6.2f us %5.2f TB/s%s\n", cs.name, us, gu_bytes / us * 1e-6, pdl ? " (from the release)" : "");
     }
     CK(cudaGetLastError());
+    {
+        /* the TLB: k_moe_gate_up's pointers into 12 layers x 128 experts,
+         * each expert's gate and up its own allocation (as the engine
+         * uploads them), 8 drawn at random per launch, against 8 drawn
+         * from one layer */
+        const int L = 12, NS = 64;
+        std::vector<bf16 *> ex((size_t)L * E * 2);
+        for (auto &q : ex) {
+            CK(cudaMalloc(&q, (size_t)F * D * 2));
+            k_fill<<<64, 256>>>(q, (size_t)F * D);
+        }
+        const bf16 **tab2;
+        CK(cudaMalloc(&tab2, (size_t)2 * NS * 16 * sizeof(void *)));
+        std::vector<const bf16 *> ht((size_t)2 * NS * 16);
+        unsigned rng = 12345;
+        for (int wide = 0; wide < 2; wide++)
+            for (int s = 0; s < NS; s++)
+                for (int p = 0; p < 8; p++) {
+                    rng = rng * 1664525u + 1013904223u;
+                    const int l = wide ? (int)(rng >> 8) % L : 0, e = (int)(rng >> 20) % E;
+                    ht[((size_t)wide * NS + s) * 16 + 2 * p] = ex[((size_t)l * E + e) * 2];
+                    ht[((size_t)wide * NS + s) * 16 + 2 * p + 1] = ex[((size_t)l * E + e) * 2 + 1];
+                }
+        CK(cudaMemcpy(tab2, ht.data(), ht.size() * sizeof(void *), cudaMemcpyHostToDevice));
+        CK(cudaDeviceSynchronize());
+        printf("2b. k_moe_gate_up's pointers into experts allocated one by one (%.1f GB in all)\n", L * E * 2. * F * D * 2 / 1e9);
+        for (int wide = 0; wide < 2; wide++) {
+            const double us = span(
+                [&](int r) {
+                    const struct experts X = {gate, up, tab2 + ((size_t)wide * NS + (r * 7) % NS) * 16, 0};
+                    k_gu<SCAT | COMP | EF | PTR><<<dim3(F / 8, 8), 256>>>(h, x, X, F, D);
+                },
+                0);
+            printf("  8 experts drawn from %-26s %6.2f us %5.2f TB/s\n", wide ? "12 layers (9.7 GB)" : "one layer (0.8 GB)", us, gu_bytes / us * 1e-6);
+        }
+        /* back to back: 20 launches on one stream, no sync between, timed by events */
+        for (int wide = 0; wide < 2; wide++) {
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0));
+            CK(cudaEventCreate(&e1));
+            for (int rep = 0; rep < 2; rep++) {
+                CK(cudaEventRecord(e0));
+                for (int r = 0; r < 20; r++) {
+                    const struct experts X = {gate, up, tab2 + ((size_t)wide * NS + (r * 7 + rep) % NS) * 16, 0};
+                    k_gu<SCAT | COMP | EF | PTR><<<dim3(F / 8, 8), 256>>>(h, x, X, F, D);
+                }
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+            }
+            float ms = 0.f;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            printf("  20 back to back, %-28s %6.2f us each %5.2f TB/s\n", wide ? "12 layers" : "one layer", ms * 1e3 / 20, gu_bytes / (ms * 1e3 / 20) * 1e-6);
+        }
+        for (auto q : ex) cudaFree(q);
+        cudaFree(tab2);
+    }
     printf("3. MoE down, 8 experts of %d x %d (%.1f MB)\n", D, F, 8. * F * D * 2 / 1e6);
     const double dn_bytes = 8. * F * D * 2;
     double us = span([&](int r) { k_down_bulk<<<D / 8, 256, 72 * F * 2>>>(out, h, down, 8 * (r % 16), F, D); }, 0);
