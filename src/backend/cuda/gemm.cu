@@ -1021,6 +1021,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_down_r(bf16 *__restrict__ out, c
     };
     if (pre && warp < K) load(warp);
     pdl_wait();
+    KTRACE_MARK(0); /* past the wait */
     float tot[R];
 #pragma unroll
     for (int q = 0; q < R; q++) tot[q] = 0.f;
@@ -1044,10 +1045,12 @@ __global__ void __launch_bounds__(256, 2) k_moe_down_r(bf16 *__restrict__ out, c
 #pragma unroll
         for (int q = 0; q < R; q++) tot[q] += wk * warp_sum(acc[q]);
     }
+    KTRACE_MARK(1); /* warp 0's slots summed: its rows and h landed */
     if (lane == 0)
 #pragma unroll
         for (int q = 0; q < R; q++) red[warp][q] = tot[q];
     __syncthreads();
+    KTRACE_MARK(2); /* every warp's sums in */
     if (threadIdx.x < nr) {
         float s = 0.f;
         for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
