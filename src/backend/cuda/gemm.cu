@@ -802,6 +802,23 @@ void cu_gemm_bf16(struct cuda_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, i
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
+/* the expert GEMVs' weight loads: with EF (sm_90) under an L2 evict_first
+ * policy (cuda_ctx.moe_ef) */
+template <bool EF> struct moe_ld {
+    uint64_t pol = 0;
+    __device__ __forceinline__ moe_ld() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (EF) pol = pol_evict_first();
+#endif
+    }
+    __device__ __forceinline__ uint4 operator()(const uint4 *q) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (EF) return ld_stream_pol(q, pol);
+#endif
+        return ld_stream(q);
+    }
+};
+
 /*
  * k_moe_gate_up: h[p][r] = silu(gate_e[r] . x_i) * (up_e[r] . x_i) for each
  * routed pair p = i*K + k with e = sel[p].
@@ -817,12 +834,7 @@ __global__ void __launch_bounds__(256) k_moe_gate_up(bf16 *__restrict__ h, const
                                                      const bf16 *const *__restrict__ selp, const bf16 *const *__restrict__ gate,
                                                      const bf16 *const *__restrict__ up, int K, int ffn, int dim) {
     KTRACE();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint64_t pol = EF ? pol_evict_first() : 0;
-    auto ld = [&](const uint4 *q) { return EF ? ld_stream_pol(q, pol) : ld_stream(q); };
-#else
-    auto ld = [&](const uint4 *q) { return ld_stream(q); };
-#endif
+    const moe_ld<EF> ld;
     /* wait, then release: k_moe_down_b reads k_route's pointers before its
      * own wait, which is safe only if this launch releases it after k_route
      * is done */
@@ -999,12 +1011,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_down_r(bf16 *__restrict__ out, c
                                                        const bf16 *const *__restrict__ selp, const float *__restrict__ wsel,
                                                        int K, int ffn, int dim, int pre) {
     KTRACE();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint64_t pol = EF ? pol_evict_first() : 0;
-    auto ld = [&](const uint4 *q) { return EF ? ld_stream_pol(q, pol) : ld_stream(q); };
-#else
-    auto ld = [&](const uint4 *q) { return ld_stream(q); };
-#endif
+    const moe_ld<EF> ld;
     __shared__ float red[8][R];
     const int i = blockIdx.y, r0 = blockIdx.x * R, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nr = min(R, dim - r0), nch = ffn >> 3;
