@@ -2,7 +2,7 @@
 """Read a kernel trace (KILN_CUDA_KTRACE=FILE with build-trace/kiln, see
 src/backend/cuda/ktrace.cuh) and print where the traced forward's time went.
 
-    python3 tools/ktrace.py FILE [--timeline N] [--src DIR]
+    python3 tools/ktrace.py FILE [--timeline N] [--src DIR] [--overlap KERNEL]
 
 A launch is the set of blocks with one grid id. For each launch:
   start  its first block's start (blocks may start early, under PDL)
@@ -134,6 +134,37 @@ def tails(recs, ls, name, min_blocks=8):
     return {k: (n, p50 / n / 1000.0, p90 / n / 1000.0, mx / n / 1000.0) for k, (n, p50, p90, mx) in acc.items()}
 
 
+def overlap(recs, ls, kernel, step=1000):
+    """kernel's launches against the launch after each, every step ns from
+    the kernel's first wait (its first start where no block waits): mean
+    over those launches of (us, its blocks running, the next launch's blocks
+    resident, of those still before their wait). Shows what the next
+    kernel's early blocks do while this one's last blocks run. Returns
+    (launches, the next launches' names, rows)."""
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[r[0]].append(r)
+    acc = collections.defaultdict(lambda: [0, 0, 0])
+    n, nxt = 0, collections.Counter()
+    for l, l2 in zip(ls, ls[1:]):
+        if l["name"] != kernel:
+            continue
+        a, b = by[l["grid"]], by[l2["grid"]]
+        tws = [r[2] for r in a if r[2]]
+        o = min(tws) if tws else min(r[1] for r in a)
+        end = max(r[3] for r in a + b)
+        n += 1
+        nxt[l2["name"]] += 1
+        for t in range(0, max(0, end - o) // step + 1):
+            T = o + t * step
+            row = acc[t]
+            row[0] += sum(1 for r in a if r[1] <= T < r[3])
+            row[1] += sum(1 for r in b if r[1] <= T < r[3])
+            row[2] += sum(1 for r in b if r[1] <= T < r[3] and r[2] > T)
+    rows = [(t * step / 1000.0, v[0] / n, v[1] / n, v[2] / n) for t, v in sorted(acc.items())]
+    return n, sorted(nxt), rows
+
+
 def per_kernel(ls):
     """{kernel: launches n, adds, span, blocks} summed over its launches"""
     agg = collections.OrderedDict()
@@ -151,6 +182,7 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--timeline", type=int, default=40, help="launches to list one by one (default 40)")
     ap.add_argument("--src", default=".", help="the repository root the unit paths are relative to")
+    ap.add_argument("--overlap", metavar="KERNEL", help="per us after KERNEL's wait: its blocks running, and the next launch's")
     a = ap.parse_args()
 
     units, recs = load(a.file)
@@ -182,6 +214,16 @@ def main():
         print("block ends, us after the launch's first wait (mean over launches of >= 8 blocks): p50, p90, last")
         for k, (n, p50, p90, mx) in sorted(tl.items(), key=lambda kv: -kv[1][3]):
             print("%-22s %9d %8.2f %8.2f %8.2f" % (k[:22], n, p50, p90, mx))
+    if a.overlap:
+        n, nxt, rows = overlap(recs, ls, a.overlap)
+        print()
+        if not n:
+            print("no launch of %s with a launch after it (names come from --src)" % a.overlap)
+        else:
+            print("%s against the launch after it (%s), per us after its first wait, mean over %d launches:" % (a.overlap, ", ".join(nxt), n))
+            print("    us  running  next resident  next before its wait")
+            for t, run, res, pre in rows:
+                print("%6.1f %8.1f %14.1f %21.1f" % (t, run, res, pre))
     mk = marks(recs, name)
     if mk:
         print()

@@ -77,6 +77,33 @@ def test_launches_and_critical_path(tmp_path):
     assert [(i, n, round(t, 3)) for i, n, t in mk["k_gemv"]] == [(0, 3, 1.0), (1, 1, 2.8)]
 
 
+def test_overlap_with_the_next_launch(tmp_path):
+    f = write(tmp_path)
+    units, recs = ktrace.load(str(f))
+    name = ktrace.kernel_names(units, str(tmp_path))
+    ls = ktrace.launches(recs, name)
+    # k_gemv's grid 8 (first wait 3200) against grid 9 (k_norm, one block
+    # 2000-9400 waiting until 8900); grid 10 is the last launch: no next.
+    # Every 1000 ns from 3200 to 9200 (the last end, 9500, rounds down)
+    n, nxt, rows = ktrace.overlap(recs, ls, "k_gemv")
+    assert (n, nxt) == (1, ["k_norm"])
+    assert [r[0] for r in rows] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [r[1] for r in rows] == [3, 3, 3, 3, 3, 2, 1]  # ends at 8000, 9000, 9500
+    assert [r[2] for r in rows] == [1] * 7
+    assert [r[3] for r in rows] == [1, 1, 1, 1, 1, 1, 0]  # its wait returns at 8900
+    # k_norm: grid 7 (no wait: from its start, 1000) against grid 8, and
+    # grid 9 (wait 8900) against grid 10, averaged; grid 8's blocks start at
+    # 1500-1700 and wait until 3200-3300
+    n, nxt, rows = ktrace.overlap(recs, ls, "k_norm")
+    assert (n, nxt) == (2, ["k_gemv"])
+    assert rows[0] == (0.0, 1.0, 0.0, 0.0)  # 1000: grid 7 runs; 8900: grid 9 runs, 10 not started
+    assert rows[1] == (1.0, 0.5, 2.0, 1.5)  # 2000: grid 7, all 3 of 8 before their wait; 9900: grid 10 resident, no wait
+    assert rows[2] == (2.0, 0.0, 2.0, 1.5)  # 3000: grid 7 ended, 8 still before its wait; 10900: as at 9900
+    # grid 7's pair ends at 9500, 8 steps after 1000, grid 9's at 12000, 3
+    # after 8900: a step past a pair's end counts 0 for it
+    assert len(rows) == 9 and rows[8] == (8.0, 0.0, 0.5, 0.0)
+
+
 def test_printed_table(tmp_path):
     f = write(tmp_path)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "ktrace.py"), str(f), "--src", str(tmp_path)],
