@@ -845,6 +845,47 @@ extern "C" int cuda_available(void) {
     return n > 0;
 }
 
+/* the context's own device resources (stream, cuBLAS and its workspace,
+ * counters); on a failure *what names the call and the error is returned
+ * (a cuBLAS failure as cudaErrorUnknown, its status in *blas) */
+static cudaError_t cu_ctx_make(struct cuda_ctx *c, const char **what, int *blas) {
+#define MK(x)                         \
+    do {                              \
+        const cudaError_t e_ = (x);   \
+        if (e_ != cudaSuccess) {      \
+            *what = #x;               \
+            return e_;                \
+        }                             \
+    } while (0)
+#define MKB(x)                                  \
+    do {                                        \
+        const cublasStatus_t s_ = (x);          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {      \
+            *what = #x, *blas = (int)s_;        \
+            return cudaErrorUnknown;            \
+        }                                       \
+    } while (0)
+    MK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    if (!meta_done) MK(cudaEventCreateWithFlags(&meta_done, cudaEventDisableTiming));
+    MK(cudaEventRecord(meta_done, c->stream));
+    MKB(cublasCreate(&c->blas));
+    MKB(cublasSetStream(c->blas, c->stream));
+    const size_t blas_ws = 32u << 20;
+    MK(cudaMalloc(&c->blas_ws, blas_ws));
+    c->bytes_ws += blas_ws;
+    MKB(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
+    const size_t wt = (size_t)8 * 8 * c->n_sm; /* warps of the largest streaming grid */
+    MK(cudaMalloc(&c->gs_slot, wt * 8 * sizeof(float)));
+    MK(cudaMalloc(&c->gs_cnt, wt * sizeof(int)));
+    MK(cudaMemset(c->gs_cnt, 0, wt * sizeof(int)));
+    c->bytes_ws += wt * 9 * sizeof(float);
+    MK(cudaMalloc(&c->norm_cnt, 64));
+    MK(cudaMemset(c->norm_cnt, 0, 64));
+    return cudaSuccess;
+#undef MK
+#undef MKB
+}
+
 extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen);
 extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     int n = 0;
@@ -854,22 +895,33 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
         kiln_errf(err, errlen, "backend 'cuda': no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
         return NULL;
     }
-    CUDA_CHECK(cudaSetDevice(0));
-    ktrace_init();
+    /* a failure from here on (the device taken or out of memory, a broken
+     * driver) is an error for the caller, not an abort */
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess) {
+        cudaGetLastError();
+        kiln_errf(err, errlen, "backend 'cuda': the device does not answer (%s)", cudaGetErrorString(e));
+        return NULL;
+    }
+    ktrace_init();
     struct kiln_backend *be = (struct kiln_backend *)kiln_calloc(1, sizeof *be);
     struct cuda_ctx *c = (struct cuda_ctx *)kiln_calloc(1, sizeof *c);
     c->n_sm = prop.multiProcessorCount;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    if (!meta_done) CUDA_CHECK(cudaEventCreateWithFlags(&meta_done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
-    CUBLAS_CHECK(cublasCreate(&c->blas));
-    CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
-    const size_t blas_ws = 32u << 20;
-    CUDA_CHECK(cudaMalloc(&c->blas_ws, blas_ws));
-    c->bytes_ws += blas_ws;
-    CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
+    const char *what = "";
+    int blas = 0;
+    if ((e = cu_ctx_make(c, &what, &blas)) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: clear it for whoever tries next */
+        if (blas) kiln_errf(err, errlen, "backend 'cuda': %s failed: cuBLAS status %d", what, blas);
+        else kiln_errf(err, errlen, "backend 'cuda': %s failed: %s", what, cudaGetErrorString(e));
+        void *dev[] = {c->blas_ws, c->gs_slot, c->gs_cnt, c->norm_cnt};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+            if (dev[i]) cudaFree(dev[i]);
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+        free(be);
+        return NULL;
+    }
     c->no_graphs = env_is("KILN_CUDA_GRAPHS", "0");
     c->no_sk = !env_is("KILN_CUDA_STEPK", "1"); /* opt-in: not faster yet (step.cu, docs/cuda.md) */
     c->no_defer = env_is("KILN_CUDA_DEFER", "0");
@@ -897,15 +949,6 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     if (sr) cu_gemv_srows = atoi(sr);
     const char *smb = getenv("KILN_CUDA_GEMV_SMB");
     if (smb) cu_gemv_smb = atoi(smb);
-    {
-        const size_t wt = (size_t)8 * 8 * c->n_sm; /* warps of the largest streaming grid */
-        CUDA_CHECK(cudaMalloc(&c->gs_slot, wt * 8 * sizeof(float)));
-        CUDA_CHECK(cudaMalloc(&c->gs_cnt, wt * sizeof(int)));
-        CUDA_CHECK(cudaMemset(c->gs_cnt, 0, wt * sizeof(int)));
-        c->bytes_ws += wt * 9 * sizeof(float);
-    }
-    CUDA_CHECK(cudaMalloc(&c->norm_cnt, 64));
-    CUDA_CHECK(cudaMemset(c->norm_cnt, 0, 64));
     c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
