@@ -416,6 +416,16 @@ static void cu_write(struct kiln_backend *be, void *dst, const float *src, size_
 
 /* ==== weights ==== */
 
+/* a weight copy to the device failed (not for room: the allocation took
+ * the bytes): d freed, NULL and err */
+static bf16 *upload_failed(struct cuda_ctx *c, bf16 *d, size_t n, cudaError_t e, char *err, size_t errlen) {
+    cudaGetLastError();
+    cudaFree(d);
+    c->bytes_weights -= n * 2;
+    kiln_errf(err, errlen, "cuda: uploading %.1f MiB of weights failed: %s", n * 2 / 1048576.0, cudaGetErrorString(e));
+    return NULL;
+}
+
 /* n elements of host data in dtype t -> a new bf16 device array */
 static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t, size_t n, char *err, size_t errlen) {
     bf16 *d = NULL;
@@ -428,9 +438,10 @@ static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
         return NULL;
     }
     c->bytes_weights += n * 2;
+    cudaError_t e;
     if (t == KILN_DTYPE_BF16) {
-        CUDA_CHECK(cudaMemcpy(d, src, n * 2, cudaMemcpyHostToDevice));
-        return d;
+        if ((e = cudaMemcpy(d, src, n * 2, cudaMemcpyHostToDevice)) == cudaSuccess) return d;
+        return upload_failed(c, d, n, e, err, errlen);
     }
     size_t es = t == KILN_DTYPE_F32 ? 4 : 2;
     void *tmp;
@@ -442,26 +453,34 @@ static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
                   n * es / 1048576.0, dtype_name(t), c->bytes_weights / 1073741824.0);
         return NULL;
     }
-    CUDA_CHECK(cudaMemcpy(tmp, src, n * es, cudaMemcpyHostToDevice));
-    unsigned g = (unsigned)((n + 255) / 256);
-    if (t == KILN_DTYPE_F32) cu_launch(c->stream, k_f32_to_bf16, g, 256, 0, d, (const float *)tmp, n);
-    else cu_launch(c->stream, k_f16_to_bf16, g, 256, 0, d, (const __half *)tmp, n);
-    CU_LAUNCHED();
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    CUDA_CHECK(cudaFree(tmp));
-    return d;
+    if ((e = cudaMemcpy(tmp, src, n * es, cudaMemcpyHostToDevice)) == cudaSuccess) {
+        const unsigned g = (unsigned)((n + 255) / 256);
+        if (t == KILN_DTYPE_F32) cu_launch(c->stream, k_f32_to_bf16, g, 256, 0, d, (const float *)tmp, n);
+        else cu_launch(c->stream, k_f16_to_bf16, g, 256, 0, d, (const __half *)tmp, n);
+        CU_LAUNCHED();
+        e = cudaStreamSynchronize(c->stream);
+    }
+    cudaFree(tmp);
+    return e == cudaSuccess ? d : upload_failed(c, d, n, e, err, errlen);
 }
 
-static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t, size_t n) {
-    float *h = (float *)kiln_malloc(n * 4 + 4), *d;
+/* n elements of host data in dtype t -> a new f32 device array (norms,
+ * biases, RoPE frequencies); NULL and err on a failure */
+static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t, size_t n, char *err, size_t errlen) {
+    float *h = (float *)kiln_malloc(n * 4 + 4), *d = NULL;
     for (size_t i = 0; i < n; i++)
         h[i] = t == KILN_DTYPE_F32 ? ((const float *)src)[i]
              : t == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(((const uint16_t *)src)[i])
                                     : kiln_f16_to_f32(((const uint16_t *)src)[i]);
-    CUDA_CHECK(cudaMalloc(&d, n * 4 + 4));
-    CUDA_CHECK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
-    c->bytes_weights += n * 4;
+    cudaError_t e = cudaMalloc(&d, n * 4 + 4);
+    if (e == cudaSuccess && (e = cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice)) != cudaSuccess) cudaFree(d);
     free(h);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        kiln_errf(err, errlen, "cuda: uploading %zu f32 values failed: %s", n, cudaGetErrorString(e));
+        return NULL;
+    }
+    c->bytes_weights += n * 4;
     return d;
 }
 
@@ -473,8 +492,8 @@ static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *e
     if (!dense_dtype(t->dtype)) return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
     size_t n = (size_t)(t->rows * t->cols);
     if (t->rows == 1) {
-        t->be = upload_f32(c, t->data, t->dtype, n);
-        return 0;
+        t->be = upload_f32(c, t->data, t->dtype, n, err, errlen);
+        return t->be ? 0 : -1;
     }
     bf16 *d = upload_bf16(c, t->data, t->dtype, n, err, errlen);
     if (!d) return -1;
@@ -495,7 +514,11 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
         free(L);
         return -1;
     }
-    if (w->bias.data) L->bias = upload_f32(c, w->bias.data, w->bias.dtype, (size_t)w->n_out);
+    if (w->bias.data && !(L->bias = upload_f32(c, w->bias.data, w->bias.dtype, (size_t)w->n_out, err, errlen))) {
+        if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+        free(L);
+        return -1;
+    }
     w->be = L;
     return 0;
 }
@@ -524,9 +547,8 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
 }
 
 static int cu_prepare_rope(struct kiln_backend *be, struct rope *r, char *err, size_t errlen) {
-    (void)err, (void)errlen;
-    r->be = upload_f32(cu_ctx(be), r->inv_freq, KILN_DTYPE_F32, (size_t)r->n_freq);
-    return 0;
+    r->be = upload_f32(cu_ctx(be), r->inv_freq, KILN_DTYPE_F32, (size_t)r->n_freq, err, errlen);
+    return r->be ? 0 : -1;
 }
 
 static void cu_release_tensor(struct kiln_backend *be, struct ktensor *t) {
