@@ -527,18 +527,19 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
  * run is an error before any weight is uploaded, never an abort in a
  * forward: the row attention kernel is instantiated for these head sizes
  * (attention.cu launch_rows), the MoE GEMVs read 16-byte chunks and route
- * at most 32 experts per token of at most 1024 (moe.cu; k_route holds a
- * token's experts in shared memory), and weights are BF16/F16/F32. */
+ * at most CU_MOE_MAX_USED of at most CU_MOE_MAX_EXPERTS experts per token
+ * (moe.cu), and weights are BF16/F16/F32. */
 static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
     (void)be;
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return kiln_errf(err, errlen, "the CUDA backend runs head_dim 16, 32, 64, 128 or 256, not %d (use --backend cpu)", hd);
-    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > 32 || cfg->n_expert > 1024))
+    if (cfg->n_expert > 0 && (cfg->dim % 8 || cfg->moe_ffn % 8 || cfg->n_expert_used > CU_MOE_MAX_USED ||
+                              cfg->n_expert > CU_MOE_MAX_EXPERTS))
         return kiln_errf(err, errlen,
-                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most 1024 "
-                         "experts and at most 32 experts per token (got %d, %d, %d, %d; use --backend cpu)",
-                         cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
+                         "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most %d "
+                         "experts and at most %d experts per token (got %d, %d, %d, %d; use --backend cpu)",
+                         CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
     const enum kiln_quant_method q = cfg->quant.method;
     if (q == KILN_QUANT_GPTQ || q == KILN_QUANT_AWQ || q == KILN_QUANT_FP8)
         return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16 and F32 weights; %s checkpoints run on --backend cpu",
@@ -867,35 +868,35 @@ extern "C" int cuda_available(void) {
     return n > 0;
 }
 
+/* whether a CUDA or cuBLAS call failed: its error in *out (a cuBLAS
+ * failure as cudaErrorUnknown, its status in *blas) */
+static int mk_failed(cudaError_t e, cudaError_t *out, int *) { return (*out = e) != cudaSuccess; }
+static int mk_failed(cublasStatus_t s, cudaError_t *out, int *blas) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    *out = cudaErrorUnknown, *blas = (int)s;
+    return 1;
+}
+
 /* the context's own device resources (stream, cuBLAS and its workspace,
- * counters); on a failure *what names the call and the error is returned
- * (a cuBLAS failure as cudaErrorUnknown, its status in *blas) */
+ * counters); on a failure *what names the call and its error is returned */
 static cudaError_t cu_ctx_make(struct cuda_ctx *c, const char **what, int *blas) {
-#define MK(x)                         \
-    do {                              \
-        const cudaError_t e_ = (x);   \
-        if (e_ != cudaSuccess) {      \
-            *what = #x;               \
-            return e_;                \
-        }                             \
-    } while (0)
-#define MKB(x)                                  \
-    do {                                        \
-        const cublasStatus_t s_ = (x);          \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {      \
-            *what = #x, *blas = (int)s_;        \
-            return cudaErrorUnknown;            \
-        }                                       \
+#define MK(x)                              \
+    do {                                   \
+        cudaError_t e_;                    \
+        if (mk_failed((x), &e_, blas)) {   \
+            *what = #x;                    \
+            return e_;                     \
+        }                                  \
     } while (0)
     MK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (!meta_done) MK(cudaEventCreateWithFlags(&meta_done, cudaEventDisableTiming));
     MK(cudaEventRecord(meta_done, c->stream));
-    MKB(cublasCreate(&c->blas));
-    MKB(cublasSetStream(c->blas, c->stream));
+    MK(cublasCreate(&c->blas));
+    MK(cublasSetStream(c->blas, c->stream));
     const size_t blas_ws = 32u << 20;
     MK(cudaMalloc(&c->blas_ws, blas_ws));
     c->bytes_ws += blas_ws;
-    MKB(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
+    MK(cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
     const size_t wt = (size_t)8 * 8 * c->n_sm; /* warps of the largest streaming grid */
     MK(cudaMalloc(&c->gs_slot, wt * 8 * sizeof(float)));
     MK(cudaMalloc(&c->gs_cnt, wt * sizeof(int)));
@@ -905,7 +906,6 @@ static cudaError_t cu_ctx_make(struct cuda_ctx *c, const char **what, int *blas)
     MK(cudaMemset(c->norm_cnt, 0, 64));
     return cudaSuccess;
 #undef MK
-#undef MKB
 }
 
 extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen);

@@ -118,6 +118,12 @@ struct cu_moe_tab {
  * keys), a tile is cut into at most FA_SPLIT_MAX chunks */
 #define FA_SPLIT_MIN_KB 8
 #define FA_SPLIT_MAX 64
+/* the MoE shapes the kernels take (moe.cu, gemm.cu), checked at load
+ * (cuda.cu cu_check_model): experts routed per token, and experts per
+ * layer (k_route holds a token's E keys, probabilities, ranks and 3E
+ * expert pointers in shared memory: 36 bytes each) */
+#define CU_MOE_MAX_USED 32
+#define CU_MOE_MAX_EXPERTS 1024
 
 struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
 

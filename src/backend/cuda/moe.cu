@@ -343,8 +343,8 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     if (!(c->pnorm.on && c->pnorm.out == x_ && !c->n_pend)) cu_flush(c);
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
     const bf16 *x = (const bf16 *)x_;
-    if (dim % 8 || F % 8 || K > 32 || E > 1024) { /* cu_check_model refuses such a model at load */
-        fprintf(stderr, "kiln: cuda: (a bug: the load-time check refuses this) MoE needs dim and expert ffn divisible by 8, E <= 1024 and top-k <= 32 (got %d, %d, %d, %d)\n", dim, F, E, K);
+    if (dim % 8 || F % 8 || K > CU_MOE_MAX_USED || E > CU_MOE_MAX_EXPERTS) { /* cu_check_model refuses such a model at load */
+        fprintf(stderr, "kiln: cuda: (a bug: the load-time check refuses this) MoE needs dim and expert ffn divisible by 8, E <= %d and top-k <= %d (got %d, %d, %d, %d)\n", CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, dim, F, E, K);
         abort();
     }
     const struct cu_moe_tab *tab = moe_tab(c, m);
