@@ -303,21 +303,6 @@ void kiln_rng_seed(struct kiln_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t kiln_rng_next(struct kiln_rng *r) {
-    uint64_t *s = r->s;
-    uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return res;
-}
-
-double kiln_rng_uniform(struct kiln_rng *r) { return (double)(kiln_rng_next(r) >> 11) * 0x1.0p-53; }
 
 float kiln_rng_normal(struct kiln_rng *r) {
     double u1 = kiln_rng_uniform(r), u2 = kiln_rng_uniform(r);

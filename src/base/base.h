@@ -108,8 +108,21 @@ struct kiln_rng {
     uint64_t s[4];
 };
 void kiln_rng_seed(struct kiln_rng *r, uint64_t seed);
-uint64_t kiln_rng_next(struct kiln_rng *r);
-double kiln_rng_uniform(struct kiln_rng *r); /* [0, 1) with 53 random bits */
+/* inline: the dummy-weight fill draws one per parameter */
+static inline uint64_t kiln_rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t kiln_rng_next(struct kiln_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t res = kiln_rng_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = kiln_rng_rotl(s[3], 45);
+    return res;
+}
+/* [0, 1) with 53 random bits */
+static inline double kiln_rng_uniform(struct kiln_rng *r) { return (double)(kiln_rng_next(r) >> 11) * 0x1.0p-53; }
 float kiln_rng_normal(struct kiln_rng *r);
 
 #endif

@@ -52,12 +52,14 @@ static void fill_dummy(void *p, enum kiln_dtype t, int64_t n, uint64_t seed, flo
         struct kiln_rng r;
         kiln_rng_seed(&r, seed * 0x9e3779b97f4a7c15ull + (uint64_t)c);
         int64_t e = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-        for (int64_t i = c * chunk; i < e; i++) {
-            float v = mean + a * (float)(2.0 * kiln_rng_uniform(&r) - 1.0);
-            if (t == KILN_DTYPE_F32) ((float *)p)[i] = v;
-            else if (t == KILN_DTYPE_BF16) ((uint16_t *)p)[i] = kiln_f32_to_bf16(v);
-            else ((uint16_t *)p)[i] = kiln_f32_to_f16(v);
-        }
+#define DUMMY_V (mean + a * (float)(2.0 * kiln_rng_uniform(&r) - 1.0))
+        if (t == KILN_DTYPE_BF16) /* one loop per dtype: the fill of a 30B model is seconds */
+            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_bf16(DUMMY_V);
+        else if (t == KILN_DTYPE_F32)
+            for (int64_t i = c * chunk; i < e; i++) ((float *)p)[i] = DUMMY_V;
+        else
+            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_f16(DUMMY_V);
+#undef DUMMY_V
     }
 }
 
@@ -73,12 +75,8 @@ static int get(struct wsrc *s, struct ktensor *t, const char *name, int64_t rows
     t->cols = cols;
     if (s->dummy) {
         size_t nb = (size_t)(t->rows * cols) * dtype_size(s->dtype);
-        void *p = NULL;
-        if (posix_memalign(&p, 64, nb ? nb : 64))
-            return kiln_errf(s->err, s->errlen, "dummy weights: out of memory for %s (%zu bytes)", name, nb);
-        struct kiln_model *m = s->m;
-        m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
-        m->owned[m->n_owned++] = p;
+        void *p = owned_alloc(s->m, nb);
+        if (!p) return kiln_errf(s->err, s->errlen, "dummy weights: out of memory for %s (%zu bytes)", name, nb);
         fill_dummy(p, s->dtype, t->rows * cols, s->seed + ++s->counter, init == W_NORM ? 0.05f : s->std,
                    init == W_NORM ? 1.0f : 0.0f);
         t->dtype = s->dtype;
@@ -124,10 +122,18 @@ static int get_raw(struct wsrc *s, struct ktensor *t, const char *name, int requ
     return 0;
 }
 
+/* Memory the model owns (dummy and repacked weights). Buffers of 2 MiB and
+ * up are 2 MiB-aligned and asked for in huge pages: filling 60 GB of dummy
+ * weights in 4 KiB pages spent most of its time in page faults (sys time
+ * 12.5 of 19.9 CPU-seconds for Qwen3-1.7B on a 2-core VM). */
 static void *owned_alloc(void *ctx, size_t nb) {
     struct kiln_model *m = ctx;
     void *p = NULL;
-    if (posix_memalign(&p, 64, nb ? nb : 64)) return NULL; /* the caller reports it */
+    const size_t huge = (size_t)2 << 20;
+    if (posix_memalign(&p, nb >= huge ? huge : 64, nb ? nb : 64)) return NULL; /* the caller reports it */
+#ifdef MADV_HUGEPAGE
+    if (nb >= huge) madvise(p, nb / huge * huge, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
+#endif
     m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
     m->owned[m->n_owned++] = p;
     return p;
