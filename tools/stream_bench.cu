@@ -7,7 +7,8 @@
  *
  * 1. Bulk copies into shared memory against plain 16-byte loads, 21 MB
  *    (30B-A3B's q/k/v) and 50 MB (its gate/up): what k_gemv_b and
- *    k_moe_down_b can reach, against k_gemv / k_moe_gate_up.
+ *    k_moe_down_b can reach, against k_gemv / k_moe_gate_up; and the same
+ *    one-shot copy by cp.async from every thread, or into registers.
  * 2. The MoE gate/up GEMV of Qwen3-30B-A3B (E = 128 experts of 768 x 2048,
  *    top 8, one token), built up one factor at a time from the bare
  *    stream to what gemm.cu's k_moe_gate_up does: rows of 8 chosen experts
@@ -81,6 +82,42 @@ __global__ void k_bulk(const char *src, unsigned per, unsigned ch) {
     if (a == 1.f) sink = a;
     span_end();
 #endif
+}
+
+/* the same one-shot copy by cp.async: every thread copies 16-byte chunks
+ * (the load path, no registers held), then waits for its own */
+__global__ void k_async(const char *src, unsigned per) {
+    span_start();
+    extern __shared__ __align__(128) unsigned char sm[];
+    const char *s = src + (size_t)blockIdx.x * per;
+    for (unsigned i = threadIdx.x * 16; i < per; i += blockDim.x * 16) {
+        const unsigned a = (unsigned)__cvta_generic_to_shared(sm + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(s + i));
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    float a = 0.f;
+    for (unsigned i = threadIdx.x * 16; i < per; i += blockDim.x * 16) a += ((const float *)sm)[i / 4];
+    if (a == 1.f) sink = a;
+    span_end();
+}
+
+/* the same one-shot stream into registers: thread t loads chunks t, t + 256,
+ * ... of its block's per bytes, all at once (at most 24) */
+__global__ void __launch_bounds__(256, 2) k_regs(const char *src, unsigned per) {
+    span_start();
+    const uint4 *s = (const uint4 *)(src + (size_t)blockIdx.x * per);
+    const unsigned n = per / 16;
+    uint4 v[24];
+#pragma unroll
+    for (int i = 0; i < 24; i++)
+        if (threadIdx.x + 256u * i < n) v[i] = ld_stream(s + threadIdx.x + 256 * i);
+    float a = 0.f;
+#pragma unroll
+    for (int i = 0; i < 24; i++)
+        if (threadIdx.x + 256u * i < n) a += fold(v[i]);
+    if (a == 1.f) sink = a;
+    span_end();
 }
 
 /* warp w streams rows w*rpw .. of rb bytes with U loads per lane per trip */
@@ -278,6 +315,7 @@ int main() {
     CK(cudaMemset(pool, 1, NB));
     CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     CK(cudaFuncSetAttribute(k_down_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 * 1024));
+    CK(cudaFuncSetAttribute(k_async, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     auto fresh = [&](int r, size_t bytes) { return pool + (size_t)r * ((bytes + (1 << 20)) & ~(size_t)((1 << 20) - 1)) % (NB - bytes); };
 
     printf("1. one-shot streams (%d SMs)\n", nsm);
@@ -289,6 +327,12 @@ int main() {
             if (per > 220u * 1024 / bps) continue;
             const double us = span([&](int r) { k_bulk<<<nb, 256, per>>>(fresh(r, bytes), per, per); }, 0);
             printf("  %3zu MB  bulk copies, %d blocks per SM, %6u B each      %6.2f us %5.2f TB/s\n", mb, bps, per, us, per * (double)nb / us * 1e-6);
+            const double ua = span([&](int r) { k_async<<<nb, 256, per>>>(fresh(r, bytes), per); }, 0);
+            printf("  %3zu MB  cp.async 16 B, %d blocks per SM, %6u B each    %6.2f us %5.2f TB/s\n", mb, bps, per, ua, per * (double)nb / ua * 1e-6);
+            if (bps == 2 && per <= 24u * 256 * 16) {
+                const double ur = span([&](int r) { k_regs<<<nb, 256>>>(fresh(r, bytes), per); }, 0);
+                printf("  %3zu MB  registers, 2 blocks per SM, %6u B each      %6.2f us %5.2f TB/s\n", mb, per, ur, per * (double)nb / ur * 1e-6);
+            }
         }
         for (int rpw = 1; rpw <= 2; rpw++) {
             const size_t nb = bytes / 4096 / 8 / rpw;

@@ -141,13 +141,14 @@ struct att_rope {
 
 /* One head in a warp, lane l holding elements [l E, l E + E) (E = HD / 32,
  * HD >= 64, so element i < HD/2 and its rotation partner i + HD/2 sit in
- * lanes l and l ^ 16): the per-head RMSNorm (weights nw, or none) and the
+ * lanes l and l ^ 16): the per-head RMSNorm (norm: the lane's E weights
+ * nw, held in registers) and the
  * rotation, rounded to bf16, with k_qk_norm_rope_v's arithmetic per element
  * (only the sum of squares is added in another order). */
 template <int E, int HD>
-__device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict__ nw, float eps, const float *cn, const float *sn,
+__device__ __forceinline__ void att_norm_rope(float *x, bool norm, const float *nw, float eps, const float *cn, const float *sn,
                                               int lane) {
-    if (nw) {
+    if (norm) {
         float ss = 0.f;
 #pragma unroll
         for (int e = 0; e < E; e++) ss += x[e] * x[e];
@@ -155,7 +156,7 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
         for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         const float rr = rsqrtf(ss / HD + eps);
 #pragma unroll
-        for (int e = 0; e < E; e++) x[e] = nw[lane * E + e] * (x[e] * rr);
+        for (int e = 0; e < E; e++) x[e] = nw[e] * (x[e] * rr);
     }
     const bool first = lane < 16;
 #pragma unroll
@@ -182,16 +183,22 @@ __device__ __forceinline__ void att_norm_rope(float *x, const float *__restrict_
  * the cache nor the tables (uploaded before the step). The cached keys
  * read are those of earlier steps; this launch writes only the new slot,
  * which none of its blocks reads from the cache. */
-/* CL (sm_90, 2 <= n_split <= 16): the launch's clusters are the n_split
- * blocks of one (row, head). Each block leaves its [M, L, o] in its own
- * shared memory, and after a cluster barrier the cluster's first block
- * reads them all through distributed shared memory and merges them. That
- * replaces the global partials, the fence, the atomic ticket and the last
- * block's reads back from L2: four round trips to memory on the layer's
- * critical path, where the cluster barrier is an on-chip exchange. A second
- * barrier keeps the other blocks (and their shared memory) alive until the
- * first block has read them. Same values and order of sums as the global
- * merge, so the same bits. */
+/* CL (sm_90, 2 <= n_split <= ATT_CL_MAX): the launch's clusters are the
+ * n_split blocks of one (row, head) (cluster rank = split sp). Each block
+ * stores its [M, L, o] into slot sp of the cluster's first block's shared
+ * memory (distributed shared memory) and arrives on the cluster barrier
+ * with release semantics; the other blocks then exit, and the first block
+ * waits on the barrier and merges from its own shared memory. That replaces
+ * the global partials, the fence, the atomic ticket and the last block's
+ * reads back from L2: four round trips to memory on the layer's critical
+ * path, where the barrier is an on-chip exchange. Every block also arrives
+ * (relaxed) on the barrier's first phase at its start and waits on it
+ * before its remote stores, so no store reaches a block that has not
+ * started. Same values and order of sums as the global merge, so the same
+ * bits. (The first version had every block keep its own slot, the first
+ * block read the others' remotely and a second barrier keep them alive
+ * until it had: two more trips on the critical path.) */
+#define ATT_CL_MAX 16
 template <int HD, bool ROPE, bool CL>
 __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
                                                   const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
@@ -224,15 +231,23 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
             }
         }
     };
-    float cn[EPL], sn[EPL];
+    /* the RoPE angles and the q/k norm weights (never written by a kernel),
+     * with pre before the wait: loaded after it, the weights were a DRAM
+     * round trip on the layer's critical path, behind the next GEMV's copies */
+    float cn[EPL], sn[EPL], qw[EPL], kw[EPL];
     if constexpr (ROPE) {
         const float p = (float)R.pos[row];
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             sincosf(p * R.inv_freq[(lane * EPL + e) % (HD / 2)], &sn[e], &cn[e]);
             cn[e] *= R.af, sn[e] *= R.af;
+            qw[e] = R.qw ? R.qw[lane * EPL + e] : 1.f;
+            kw[e] = R.kw && has_new ? R.kw[lane * EPL + e] : 1.f;
         }
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CL) cluster_arrive_relaxed(); /* this block has started (waited on before any remote store) */
+#endif
     if (pre) {
         load4(beg + warp * 4);
         pdl_wait();
@@ -241,24 +256,28 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
 #pragma unroll
     for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
+    KTRACE_MARK_AFTER(0, qv[0]); /* q arrived */
+    if (pre) KTRACE_MARK_AFTER(1, kx[0][0] + cn[0] + qw[0]); /* what was loaded before the wait arrived */
     if constexpr (ROPE) {
         static_assert(HD >= 64, "fused RoPE: a head spans the warp");
-        att_norm_rope<EPL, HD>(qv, R.qw, R.eps, cn, sn, lane);
-        if (has_new) {
-            const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
+        const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
+        if (has_new) /* issued with q's loads: one round trip */
 #pragma unroll
             for (int e = 0; e < EPL; e++) kn[e] = __bfloat162float(R.k[src + e]), vn[e] = __bfloat162float(R.v[src + e]);
-            att_norm_rope<EPL, HD>(kn, R.kw, R.eps, cn, sn, lane);
+        att_norm_rope<EPL, HD>(qv, R.qw != NULL, qw, R.eps, cn, sn, lane);
+        if (has_new) {
+            att_norm_rope<EPL, HD>(kn, R.kw != NULL, kw, R.eps, cn, sn, lane);
             if (h % (n_head / nkv) == 0 && warp == 0) {
                 const size_t dst = (((size_t)pages[poff + tn / P] * nkv + kh) * P + tn % P) * HD + lane * EPL;
 #pragma unroll
                 for (int e = 0; e < EPL; e++)
-                    ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = R.v[src + e];
+                    ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = __float2bfloat16(vn[e]);
             }
         }
     }
 #pragma unroll
     for (int e = 0; e < EPL; e++) qv[e] *= sl2;
+    KTRACE_MARK(2); /* q (and the new k, v) roped */
     float m = -INFINITY, l = 0.f;
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
@@ -271,6 +290,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
                 for (int e = 0; e < EPL; e++) kx[u][e] = kn[e], vx[u][e] = vn[e];
         att_step4<EPL>(qv, kx, vx, end - t0, m, l, o);
     }
+    KTRACE_MARK(3); /* warp 0's keys done */
     __shared__ float sm[4], sl[4], so[4][HD];
     if (lane == 0) sm[warp] = m, sl[warp] = l;
     if (act)
@@ -281,24 +301,35 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     float w[4], L = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; i++) w[i] = sm[i] == -INFINITY ? 0.f : exp2f(sm[i] - M), L += w[i] * sl[i];
-    __shared__ float cp[CL ? HD + 2 : 1];
+    /* CL: every block's [M, L, o] goes to slot sp of the cluster's first
+     * block (stores into its shared memory), so only that block waits */
+    __shared__ float cp[CL ? ATT_CL_MAX * (HD + 2) : 1];
+    (void)cp;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CL) {
+        cluster_wait(); /* every block of the cluster has started */
+    }
+#endif
     for (int d = threadIdx.x; d < HD; d += 128) {
         float acc = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; i++) acc += w[i] * so[i][d];
         if (n_split == 1) out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc / L);
-        else if (CL) cp[2 + d] = acc;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        else if (CL) st_dsmem(cp + sp * (HD + 2) + 2 + d, 0, acc);
+#endif
         else part[((size_t)rh * n_split + sp) * (HD + 2) + 2 + d] = acc;
     }
     if (n_split == 1) return;
     bf16 *ob = out + ((size_t)row * n_head + h) * HD;
     if constexpr (CL) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (threadIdx.x == 0) cp[0] = M, cp[1] = L;
-        cluster_sync();
-        const float *mine = cp;
-        if (cluster_rank() == 0) att_merge<HD>(ob, n_split, [mine](int i, int j) { return ld_dsmem(mine + j, (unsigned)i); });
-        cluster_sync();
+        if (threadIdx.x == 0) st_dsmem(cp + sp * (HD + 2), 0, M), st_dsmem(cp + sp * (HD + 2) + 1, 0, L);
+        cluster_arrive_release(); /* the stores above, visible to the first block once it waits */
+        if (sp != 0) return; /* nothing reads this block's shared memory */
+        cluster_wait();
+        const float *all = cp;
+        att_merge<HD>(ob, n_split, [all](int i, int j) { return all[i * (HD + 2) + j]; });
 #else
         __trap(); /* clusters are sm_90: the host never launches this elsewhere */
 #endif
@@ -630,8 +661,8 @@ static void launch_flash_hg(struct cuda_ctx *c, bf16 *out, const bf16 *q, const 
     else launch_flash<D, 1>(c, out, q, kv, layer, n_head, sl2);
 }
 
-/* the largest cluster the row kernel's merge may use: 16 (a non-portable
- * size, allowed on Hopper) when the device takes it, else 8; 0 without
+/* the largest cluster the row kernel's merge may use: 16 (ATT_CL_MAX, a
+ * non-portable size, allowed on Hopper) when the device takes it, else 8; 0 without
  * clusters (before sm_90, or no sm_90 code in this build) */
 template <int HD, bool ROPE>
 static int rows_cluster_max(void) {
@@ -645,10 +676,10 @@ static int rows_cluster_max(void) {
                 cudaLaunchConfig_t cfg = {};
                 cudaLaunchAttribute at;
                 at.id = cudaLaunchAttributeClusterDimension;
-                at.val.clusterDim.x = 1, at.val.clusterDim.y = 16, at.val.clusterDim.z = 1;
-                cfg.gridDim = dim3(1, 16), cfg.blockDim = dim3(128), cfg.attrs = &at, cfg.numAttrs = 1;
+                at.val.clusterDim.x = 1, at.val.clusterDim.y = ATT_CL_MAX, at.val.clusterDim.z = 1;
+                cfg.gridDim = dim3(1, ATT_CL_MAX), cfg.blockDim = dim3(128), cfg.attrs = &at, cfg.numAttrs = 1;
                 int n = 0;
-                if (cudaOccupancyMaxActiveClusters(&n, k_att_rows<HD, ROPE, true>, &cfg) == cudaSuccess && n > 0) mx = 16;
+                if (cudaOccupancyMaxActiveClusters(&n, k_att_rows<HD, ROPE, true>, &cfg) == cudaSuccess && n > 0) mx = ATT_CL_MAX;
             }
         }
         cudaGetLastError();

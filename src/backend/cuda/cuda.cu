@@ -44,7 +44,8 @@
  * KILN_CUDA_MOE_BULK=0 (MoE decode's down GEMV without bulk copies),
  * KILN_CUDA_MOE_PRE=0 (its weight copies issued after its wait),
  * KILN_CUDA_GEMV_B=0 (no bulk-copy GEMV for matrices that fit in shared
- * memory).
+ * memory), KILN_CUDA_GEMV_B_SPREAD=0 (its blocks not spread evenly over the
+ * SMs).
  */
 #include <pthread.h>
 #include <string.h>
@@ -929,6 +930,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     struct kiln_backend *be = (struct kiln_backend *)kiln_calloc(1, sizeof *be);
     struct cuda_ctx *c = (struct cuda_ctx *)kiln_calloc(1, sizeof *c);
     c->n_sm = prop.multiProcessorCount;
+    c->smem_sm = (int)prop.sharedMemPerMultiprocessor;
     const char *what = "";
     int blas = 0;
     if ((e = cu_ctx_make(c, &what, &blas)) != cudaSuccess) {
@@ -960,6 +962,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_moe_bulk = env_is("KILN_CUDA_MOE_BULK", "0");
     c->no_moe_pre = env_is("KILN_CUDA_MOE_PRE", "0");
     c->no_gemv_b = env_is("KILN_CUDA_GEMV_B", "0");
+    c->no_gemv_b_spread = env_is("KILN_CUDA_GEMV_B_SPREAD", "0");
     c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;

@@ -151,6 +151,7 @@ struct cuda_ctx {
     cublasHandle_t blas;
     void *blas_ws;
     int n_sm;
+    int smem_sm; /* shared memory of one SM for its blocks, bytes */
 
     /* the batch on the device (layout above) and its host staging copy */
     int *meta, *meta_host;
@@ -204,6 +205,7 @@ struct cuda_ctx {
     int no_fuse, no_fuse_norm, old_read;
     int no_norm_r; /* KILN_CUDA_NORM_R=0: norms on k_add_rmsnorm only (norm.cu) */
     int no_gemv_b;      /* KILN_CUDA_GEMV_B=0: no bulk-copy GEMV (gemm.cu k_gemv_b) */
+    int no_gemv_b_spread; /* KILN_CUDA_GEMV_B_SPREAD=0: k_gemv_b's blocks may pack 3+ per SM */
     int no_moe_pre;     /* KILN_CUDA_MOE_PRE=0: k_moe_down_b issues its weight copies after its wait */
     unsigned long moe_gu_seq; /* cu_launch_seq right after the last k_moe_gate_up launch */
     int no_moe_ld;      /* KILN_CUDA_MOE_LD=0: MoE decode's down GEMV is k_moe_down_b (or k_moe_down), not the register kernel k_moe_down_r */

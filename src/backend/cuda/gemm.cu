@@ -429,6 +429,9 @@ __global__ void __launch_bounds__(256, NB == 1 ? 3 : 2) k_gemv_s(const struct ge
  * several round trips.
  */
 #define GEMV_B_SMEM (110 * 1024)
+/* the dynamic shared memory k_gemv_b may ask for: above GEMV_B_SMEM so that
+ * a launch of at most one block per SM can keep the SM to itself */
+#define GEMV_B_ATTR (120 * 1024)
 
 template <int NB, typename OutT, bool GLU>
 __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const bf16 *__restrict__ x, int n_in, int rows, int R,
@@ -498,12 +501,12 @@ __global__ void __launch_bounds__(256) k_gemv_b(const struct gemv_jobs J, const 
 }
 
 /* whether k_gemv_b<NB, OutT, GLU> runs here (sm_90 code in the build; its
- * shared memory raised to GEMV_B_SMEM) */
+ * shared memory raised to GEMV_B_ATTR) */
 template <int NB, typename OutT, bool GLU> static int gemv_b_ok(void) {
     static int ok = -1;
     if (ok < 0) {
         ok = cu_sm90_code((const void *)k_gemv_b<NB, OutT, GLU>) &&
-             cudaFuncSetAttribute(k_gemv_b<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_B_SMEM) == cudaSuccess;
+             cudaFuncSetAttribute(k_gemv_b<NB, OutT, GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, GEMV_B_ATTR) == cudaSuccess;
         cudaGetLastError();
     }
     return ok;
@@ -524,9 +527,20 @@ static int gemv_b_launch(struct cuda_ctx *c, const struct gemv_jobs *J, const bf
     for (int i = 0; i < J->nj; i++) rows += J->j[i].n_out;
     const long maxb = 2L * c->n_sm, rb = (long)n_in * 2 * (GLU ? 2 : 1);
     const int R = (int)((rows + maxb - 1) / maxb);
-    const size_t smem = (size_t)R * rb + (size_t)n * n_in * 2;
+    size_t smem = (size_t)R * rb + (size_t)n * n_in * 2;
     if (smem > GEMV_B_SMEM) return 0;
     const int nb = (rows + R - 1) / R, nch = n_in / 8;
+    /* Spread: ask for enough shared memory that no SM can hold more than
+     * per = ceil(nb / SMs) of these blocks. Otherwise the block scheduler
+     * packs small blocks 3-4 to an SM and leaves others idle (30B-A3B's o
+     * projection, 72 KB blocks: 3 per SM on 87-94 of 132 SMs), and the
+     * packed SMs' copies and dot products finish last. (per + 1) blocks of
+     * smem_sm / (per + 1) bytes plus the 1 KB each block reserves do not fit. */
+    if (!c->no_gemv_b_spread && c->smem_sm > 0) {
+        const int per = (int)((nb + c->n_sm - 1) / c->n_sm);
+        const size_t floor_b = (size_t)c->smem_sm / (size_t)(per + 1);
+        if (smem < floor_b && floor_b <= GEMV_B_ATTR) smem = floor_b;
+    }
     int ks = R >= 8 ? 1 : R >= 4 ? 2 : R >= 2 ? 4 : 8;
     while (ks > 1 && nch / ks < 32) ks /= 2;
     if (n == 1) cu_launch(c->stream, k_gemv_b<1, OutT, GLU>, nb, 256, smem, *J, x, n_in, rows, R, ks);

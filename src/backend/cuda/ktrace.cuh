@@ -119,6 +119,13 @@ struct ktrace_scope {
     do {                                                        \
         if (ktrace_tid() == 0) ktrace_sh().mark[i] = ktrace_now(); \
     } while (0)
+/* the same once the float v has arrived (a load's result: the empty asm
+ * takes it as an input, so the mark waits for it) */
+#define KTRACE_MARK_AFTER(i, v)                 \
+    do {                                        \
+        asm volatile("" ::"f"(v) : "memory");   \
+        KTRACE_MARK(i);                         \
+    } while (0)
 
 /* host side (ktrace.cu): read the environment once the device is set; a
  * forward's start and end (cuda.cu cu_begin, cu_finish) */
@@ -138,5 +145,8 @@ static inline void ktrace_end(cudaStream_t) {}
     } while (0)
 #define KTRACE_MARK(i) \
     do {               \
+    } while (0)
+#define KTRACE_MARK_AFTER(i, v) \
+    do {                        \
     } while (0)
 #endif

@@ -61,6 +61,17 @@ __device__ __forceinline__ unsigned cluster_rank(void) {
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
+/* the two halves of cluster_sync, for a block that has other work between
+ * them (arrive early, wait late) or none after arriving */
+__device__ __forceinline__ void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+/* *p in block r's shared memory = v (p: the same variable in this block) */
+__device__ __forceinline__ void st_dsmem(float *p, unsigned r, float v) {
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
 __device__ __forceinline__ float ld_dsmem(const float *p, unsigned r) {
     unsigned a;
     float v;
