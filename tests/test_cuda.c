@@ -470,6 +470,7 @@ long kiln_cuda_fused_att_count(void) __attribute__((weak));
 long kiln_cuda_att_pre_count(void) __attribute__((weak));
 long kiln_cuda_att_cluster_count(void) __attribute__((weak));
 int kiln_cuda_att_cluster_max(void) __attribute__((weak));
+long kiln_cuda_att_one_count(void) __attribute__((weak));
 
 /* gemv: a GEMV (on the GPU only, into a buffer nothing reads) is the launch
  * just before the fused attention, as the q/k/v projection is in a layer:
@@ -521,6 +522,7 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             const long runs0 = kiln_cuda_fused_att_count ? kiln_cuda_fused_att_count() : 0;
             const long pre0 = kiln_cuda_att_pre_count ? kiln_cuda_att_pre_count() : 0;
             const long cl0 = kiln_cuda_att_cluster_count ? kiln_cuda_att_cluster_count() : 0;
+            const long one0 = kiln_cuda_att_one_count ? kiln_cuda_att_one_count() : 0;
             struct lin2 L = lin_make(p, 256, 1024, 0);
             void *xg, *yg, *xc = alloc_both(p, &xg, 1024), *yc = alloc_both(p, &yg, 256);
             if (gemv) p->gpu->matmul(p->gpu, yg, xg, &L.g, 1); /* queued; launched by the next op's flush */
@@ -546,10 +548,20 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             while (split < 64 && split * 16 < max_len) split *= 2;
             static const char *const sw_cl[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_CLUSTER", NULL};
             if (kiln_cuda_att_cluster_count && kiln_cuda_att_cluster_max && switches_on(sw_cl) &&
-                !getenv("KILN_CUDA_ATT_SPLIT_TOKENS"))
+                !getenv("KILN_CUDA_ATT_SPLIT_TOKENS") && !getenv("KILN_CUDA_ATT_ONE"))
                 CHECK(kiln_cuda_att_cluster_count() - cl0 == (split > 1 && split <= kiln_cuda_att_cluster_max()),
                       "%s: %d splits (clusters up to %d), cluster merges %ld", what, split, kiln_cuda_att_cluster_max(),
                       kiln_cuda_att_cluster_count() - cl0);
+            /* KILN_CUDA_ATT_ONE=N (experimental): the one-split kernel with
+             * the keys staged in shared memory runs when the longest row has
+             * at most N keys and the step at most 4 rows */
+            const char *one = getenv("KILN_CUDA_ATT_ONE");
+            if (one && atoi(one) > 0 && kiln_cuda_att_one_count && switches_on(sw)) {
+                const int N = atoi(one);
+                const int want = max_len <= N && n <= 4 && (long)N * hd * 4 <= 96 * 1024;
+                CHECK(kiln_cuda_att_one_count() - one0 == want, "%s: staged one-split kernel ran %ld times, expected %d (N = %d, %d keys)",
+                      what, kiln_cuda_att_one_count() - one0, want, N, max_len);
+            }
             free_both(p, xc, xg), free_both(p, yc, yg);
             lin_free(p, &L);
             snprintf(msg, sizeof msg, "%s: output", what);
@@ -573,9 +585,10 @@ static void test_fused_attention(struct pair *p) {
     /* splits (16 keys each, a power of two from the longest row): 32, 2, 8
      * and 16; all but the first merge in a cluster on sm_90 */
     const int past4[] = {0, 5, 200, 470}, past2[] = {31, 16}, past1[] = {100}, past4b[] = {3, 17, 250, 130};
+    const int past4s[] = {0, 7, 33, 63}; /* short rows: what KILN_CUDA_ATT_ONE=64 stages */
     for (int gemv = 0; gemv < 2; gemv++) {
         const char *after = gemv ? ", after a GEMV (keys read before the wait)" : "";
-        char what[4][200];
+        char what[5][200];
         snprintf(what[0], sizeof what[0], "decode step (norm + rope + KV write + attention), 4 seqs, 32/8 heads of 128%s", after);
         snprintf(what[1], sizeof what[1], "decode step, 2 seqs at page ends, 14/2 heads of 64%s", after);
         snprintf(what[2], sizeof what[2], "decode step, 1 seq, 16/4 heads of 256%s", after);
@@ -584,6 +597,8 @@ static void test_fused_attention(struct pair *p) {
         fused_att_case(p, what[1], 2, past2, 14, 2, 64, gemv);
         fused_att_case(p, what[2], 1, past1, 16, 4, 256, gemv);
         fused_att_case(p, what[3], 4, past4b, 32, 8, 128, gemv);
+        snprintf(what[4], sizeof what[4], "decode step, 4 seqs up to 64 keys, 32/8 heads of 128%s", after);
+        fused_att_case(p, what[4], 4, past4s, 32, 8, 128, gemv);
     }
 }
 

@@ -137,6 +137,7 @@ struct att_rope {
     const int *pos;
     float af, eps;
     int pre; /* the batch tables and the first cached keys are read before the wait (see k_att_rows) */
+    int kv_sm; /* > 0 (n_split 1 only): the row's cached keys are staged in shared memory, room for kv_sm keys */
 };
 
 /* One head in a warp, lane l holding elements [l E, l E + E) (E = HD / 32,
@@ -216,6 +217,20 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     const bool act = lane < LANES;
     const int tn = len - 1; /* the new token (ROPE) */
     const bool has_new = ROPE && beg <= tn && tn < end;
+    /* staged (R.kv_sm, one split): every cached key but the new one, K rows
+     * then V rows, copied to shared memory by cp.async from all threads
+     * where pre would load the first keys (before the wait when pre), so
+     * the key loop after the wait makes no trip to memory */
+    extern __shared__ __align__(16) unsigned char att_sm[];
+    bf16 *Ks = (bf16 *)att_sm, *Vs = Ks + (size_t)(ROPE ? R.kv_sm : 0) * HD;
+    const bool stage = ROPE && R.kv_sm > 0;
+    if (stage)
+        for (int i = threadIdx.x; i < (len - 1) * (HD / 8); i += blockDim.x) {
+            const int t = i / (HD / 8), ch = i - t * (HD / 8);
+            const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + ch * 8;
+            cp_async16(Ks + (size_t)t * HD + ch * 8, kc + off);
+            cp_async16(Vs + (size_t)t * HD + ch * 8, vc + off);
+        }
     /* a warp step's 4 consecutive keys from the cache (the new one comes from registers) */
     float kx[4][EPL], vx[4][EPL];
     auto load4 = [&](int t0) {
@@ -225,6 +240,13 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
 #pragma unroll
             for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
             if (!(has_new && t == tn) && t < end && act) {
+                if (stage) {
+#pragma unroll
+                    for (int e = 0; e < EPL; e++)
+                        kx[u][e] = __bfloat162float(Ks[(size_t)t * HD + lane * EPL + e]),
+                        vx[u][e] = __bfloat162float(Vs[(size_t)t * HD + lane * EPL + e]);
+                    continue;
+                }
                 const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
 #pragma unroll
                 for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
@@ -249,15 +271,19 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     if constexpr (CL) cluster_arrive_relaxed(); /* this block has started (waited on before any remote store) */
 #endif
     if (pre) {
-        load4(beg + warp * 4);
+        if (!stage) load4(beg + warp * 4);
         pdl_wait();
     }
     float qv[EPL], o[EPL], kn[EPL], vn[EPL];
     const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
 #pragma unroll
     for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
+    if (stage) { /* the staged keys in, for every warp */
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+    }
     KTRACE_MARK_AFTER(0, qv[0]); /* q arrived */
-    if (pre) KTRACE_MARK_AFTER(1, kx[0][0] + cn[0] + qw[0]); /* what was loaded before the wait arrived */
+    if (pre && !stage) KTRACE_MARK_AFTER(1, kx[0][0] + cn[0] + qw[0]); /* what was loaded before the wait arrived */
     if constexpr (ROPE) {
         static_assert(HD >= 64, "fused RoPE: a head spans the warp");
         const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
@@ -282,7 +308,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
     for (int t0 = beg + warp * 4; t0 < end; t0 += 16) {
-        if (!pre || t0 != beg + warp * 4) load4(t0); /* else loaded before the wait */
+        if (!pre || stage || t0 != beg + warp * 4) load4(t0); /* else loaded before the wait */
 #pragma unroll
         for (int u = 0; u < 4; u++)
             if (has_new && t0 + u == tn)
@@ -693,6 +719,25 @@ extern "C" long kiln_cuda_att_cluster_count(void) { return att_cluster_runs; }
 extern "C" int kiln_cuda_att_cluster_max(void);
 extern "C" int kiln_cuda_att_cluster_max(void) { return rows_cluster_max<128, true>(); }
 
+/* launches of the staged one-split row kernel (KILN_CUDA_ATT_ONE) */
+static long att_one_runs;
+extern "C" long kiln_cuda_att_one_count(void);
+extern "C" long kiln_cuda_att_one_count(void) { return att_one_runs; }
+
+/* whether the staged row kernel takes n keys of head dim HD: its shared
+ * memory (K and V rows, n x HD x 4 bytes) raised once, at most 96 KB */
+template <int HD> static int att_one_ok(int n) {
+    static int ok = -1, at = 0;
+    const size_t b = (size_t)n * HD * 4;
+    if (b > 96 * 1024) return 0;
+    if (ok < 0 || at != n) {
+        ok = cudaFuncSetAttribute(k_att_rows<HD, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b) == cudaSuccess;
+        at = n;
+        cudaGetLastError();
+    }
+    return ok;
+}
+
 template <int HD, bool ROPE = false>
 static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
                         float sl2, att_rope R = att_rope{}) {
@@ -714,8 +759,17 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     if (n_split > 1)
         part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
     if ((n_split > 1 && !part) || !cu_att_cnt(c, (size_t)rows)) return; /* out of device memory: cu_error reports it */
-    cu_launch(c->stream, k_att_rows<HD, ROPE, false>, grid, 128, 0, out, part, q, kc, vc, c->d_row_seq, c->d_row_t, c->d_seq,
+    /* KILN_CUDA_ATT_ONE=N: one split holds every key (begin() made splits
+     * of N keys), staged in shared memory; only up to 4 rows per step, so
+     * that a split is at most N keys (begin() widens splits above that) */
+    size_t smem = 0;
+    R.kv_sm = 0;
+    if constexpr (ROPE)
+        if (n_split == 1 && c->att_one > 0 && c->n_tokens <= 4 && att_one_ok<HD>(c->att_one))
+            R.kv_sm = c->att_one, smem = (size_t)c->att_one * HD * 4;
+    cu_launch(c->stream, k_att_rows<HD, ROPE, false>, grid, 128, smem, out, part, q, kc, vc, c->d_row_seq, c->d_row_t, c->d_seq,
               c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);
+    att_one_runs += R.kv_sm > 0;
     CU_LAUNCHED();
 }
 
@@ -737,7 +791,7 @@ static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const s
         return 0;
     /* reads before the wait only right after a GEMV (k_att_rows, R.pre) */
     const int pre = !c->no_att_pre && c->gemv_seq && c->gemv_seq == cu_launch_seq;
-    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps, pre};
+    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps, pre, 0};
     c->pkv.on = 0, c->prope.on = 0;
     fused_att_runs++, att_pre_runs += pre;
     switch (kv->head_dim) {

@@ -163,6 +163,7 @@ struct cuda_ctx {
     unsigned long gemv_seq; /* cu_launch_seq right after the last GEMV launch (attention.cu: what ran just before) */
     int no_att_pre;         /* KILN_CUDA_ATT_PRE=0: decode attention loads its keys after the wait */
     int att_split_tokens; /* ATT_SPLIT_TOKENS, or KILN_CUDA_ATT_SPLIT_TOKENS */
+    int att_one;          /* KILN_CUDA_ATT_ONE=N (experimental): splits of N keys, one split staged in shared memory */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
