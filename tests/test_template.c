@@ -137,6 +137,11 @@ static void test_errors_and_small(void) {
     check_error("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "recursion", NULL);
     check_error("{{ 'unterminated }}", "unterminated string", NULL);
     check_error("{# no end", "comment", NULL);
+    check_error("{{ 'ab' * 99999999999999 }}", "repetition too large", NULL);
+
+    /* an empty string or list repeated any number of times is empty, at once
+     * (the fuzzer's hang: "" * 7808781390095246 looped over the count) */
+    check_render("{{ '' * 7808781390095246 }}|{{ ([] * 7808781390095246)|length }}|{{ 'ab' * 3 }}|{{ 'x' * -2 }}", "[]", "|0|ababab|");
 
     /* whitespace rules: trim_blocks, lstrip_blocks, - and + markers, one trailing newline dropped */
     check_render("{% if true %}\nA\n{% endif %}\n", "[]", "A\n");

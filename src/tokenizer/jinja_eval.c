@@ -131,8 +131,8 @@ static int binop(struct jctx *c, const struct jnode *n, struct jval a, struct jv
     }
     if (op[0] == '*' && !op[1] && ((a.t == JV_STR || a.t == JV_LIST) && (b.t == JV_INT || b.t == JV_BOOL))) {
         int64_t k = as_i(b);
-        if (k < 0) k = 0;
         size_t unit = a.t == JV_STR ? a.u.s->n : (size_t)a.u.l->n * sizeof(struct jval);
+        if (k < 0 || !unit) k = 0; /* an empty string or list repeated is empty: no loop over k (it ran 7.8e15 times, fuzz_template) */
         if (unit && (uint64_t)k > MAX_OUTPUT / unit) return jinja_fail(c, n->line, "repetition too large");
         if (a.t == JV_STR) {
             struct jval r = jv_str(&c->arena, NULL, a.u.s->n * (size_t)k);

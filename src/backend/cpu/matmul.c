@@ -47,13 +47,22 @@ static int isa_hw = -1, isa_cur = -1;
 #if defined(KILN_NEON) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
+#if defined(KILN_X86)
+#include <cpuid.h>
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+ * not take "f16c" (clang 14: the fuzz build), gcc's does */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
 
 static void isa_init(void) {
     if (isa_hw >= 0) return;
     int h = CPU_ISA_SCALAR;
 #if defined(KILN_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) h = CPU_ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) h = CPU_ISA_AVX2;
     if (h == CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
         h = CPU_ISA_AVX512;
