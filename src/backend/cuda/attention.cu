@@ -217,6 +217,8 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     const bool act = lane < LANES;
     const int tn = len - 1; /* the new token (ROPE) */
     const bool has_new = ROPE && beg <= tn && tn < end;
+    /* key t's row of this KV head in the paged cache */
+    auto slot = [&](int t) { return (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD; };
     /* staged (R.kv_sm, one split): every cached key but the new one, K rows
      * then V rows, copied to shared memory by cp.async from all threads
      * where pre would load the first keys (before the wait when pre), so
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     if (stage)
         for (int i = threadIdx.x; i < (len - 1) * (HD / 8); i += blockDim.x) {
             const int t = i / (HD / 8), ch = i - t * (HD / 8);
-            const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + ch * 8;
+            const size_t off = slot(t) + ch * 8;
             cp_async16(Ks + (size_t)t * HD + ch * 8, kc + off);
             cp_async16(Vs + (size_t)t * HD + ch * 8, vc + off);
         }
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
                         vx[u][e] = __bfloat162float(Vs[(size_t)t * HD + lane * EPL + e]);
                     continue;
                 }
-                const size_t off = (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD + lane * EPL;
+                const size_t off = slot(t) + lane * EPL;
 #pragma unroll
                 for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
             }
@@ -294,7 +296,7 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
         if (has_new) {
             att_norm_rope<EPL, HD>(kn, R.kw != NULL, kw, R.eps, cn, sn, lane);
             if (h % (n_head / nkv) == 0 && warp == 0) {
-                const size_t dst = (((size_t)pages[poff + tn / P] * nkv + kh) * P + tn % P) * HD + lane * EPL;
+                const size_t dst = slot(tn) + lane * EPL;
 #pragma unroll
                 for (int e = 0; e < EPL; e++)
                     ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = __float2bfloat16(vn[e]);
