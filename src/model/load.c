@@ -44,6 +44,8 @@ struct wsrc {
  * norm weights). Uniform, not normal, because it is cheap enough to fill 8B
  * parameters in seconds; chunks are seeded independently so the result does
  * not depend on the thread count. */
+static inline float dummy_value(struct kiln_rng *r, float mean, float a) { return mean + a * (float)(2.0 * kiln_rng_uniform(r) - 1.0); }
+
 static void fill_dummy(void *p, enum kiln_dtype t, int64_t n, uint64_t seed, float std, float mean) {
     const int64_t chunk = 1 << 16;
     const float a = std * 1.7320508f; /* U(-a, a) has std a / sqrt(3) */
@@ -52,14 +54,12 @@ static void fill_dummy(void *p, enum kiln_dtype t, int64_t n, uint64_t seed, flo
         struct kiln_rng r;
         kiln_rng_seed(&r, seed * 0x9e3779b97f4a7c15ull + (uint64_t)c);
         int64_t e = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-#define DUMMY_V (mean + a * (float)(2.0 * kiln_rng_uniform(&r) - 1.0))
         if (t == KILN_DTYPE_BF16) /* one loop per dtype: the fill of a 30B model is seconds */
-            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_bf16(DUMMY_V);
+            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_bf16(dummy_value(&r, mean, a));
         else if (t == KILN_DTYPE_F32)
-            for (int64_t i = c * chunk; i < e; i++) ((float *)p)[i] = DUMMY_V;
+            for (int64_t i = c * chunk; i < e; i++) ((float *)p)[i] = dummy_value(&r, mean, a);
         else
-            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_f16(DUMMY_V);
-#undef DUMMY_V
+            for (int64_t i = c * chunk; i < e; i++) ((uint16_t *)p)[i] = kiln_f32_to_f16(dummy_value(&r, mean, a));
     }
 }
 
