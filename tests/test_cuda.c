@@ -470,7 +470,6 @@ long kiln_cuda_fused_att_count(void) __attribute__((weak));
 long kiln_cuda_att_pre_count(void) __attribute__((weak));
 long kiln_cuda_att_cluster_count(void) __attribute__((weak));
 int kiln_cuda_att_cluster_max(void) __attribute__((weak));
-long kiln_cuda_att_one_count(void) __attribute__((weak));
 
 /* gemv: a GEMV (on the GPU only, into a buffer nothing reads) is the launch
  * just before the fused attention, as the q/k/v projection is in a layer:
@@ -522,7 +521,6 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             const long runs0 = kiln_cuda_fused_att_count ? kiln_cuda_fused_att_count() : 0;
             const long pre0 = kiln_cuda_att_pre_count ? kiln_cuda_att_pre_count() : 0;
             const long cl0 = kiln_cuda_att_cluster_count ? kiln_cuda_att_cluster_count() : 0;
-            const long one0 = kiln_cuda_att_one_count ? kiln_cuda_att_one_count() : 0;
             struct lin2 L = lin_make(p, 256, 1024, 0);
             void *xg, *yg, *xc = alloc_both(p, &xg, 1024), *yc = alloc_both(p, &yg, 256);
             if (gemv) p->gpu->matmul(p->gpu, yg, xg, &L.g, 1); /* queued; launched by the next op's flush */
@@ -548,20 +546,10 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             while (split < 64 && split * 16 < max_len) split *= 2;
             static const char *const sw_cl[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_CLUSTER", NULL};
             if (kiln_cuda_att_cluster_count && kiln_cuda_att_cluster_max && switches_on(sw_cl) &&
-                !getenv("KILN_CUDA_ATT_SPLIT_TOKENS") && !getenv("KILN_CUDA_ATT_ONE"))
+                !getenv("KILN_CUDA_ATT_SPLIT_TOKENS"))
                 CHECK(kiln_cuda_att_cluster_count() - cl0 == (split > 1 && split <= kiln_cuda_att_cluster_max()),
                       "%s: %d splits (clusters up to %d), cluster merges %ld", what, split, kiln_cuda_att_cluster_max(),
                       kiln_cuda_att_cluster_count() - cl0);
-            /* KILN_CUDA_ATT_ONE=N (experimental): the one-split kernel with
-             * the keys staged in shared memory runs when the longest row has
-             * at most N keys and the step at most 4 rows */
-            const char *one = getenv("KILN_CUDA_ATT_ONE");
-            if (one && atoi(one) > 0 && kiln_cuda_att_one_count && switches_on(sw)) {
-                const int N = atoi(one);
-                const int want = max_len <= N && n <= 4 && (long)N * hd * 4 <= 96 * 1024;
-                CHECK(kiln_cuda_att_one_count() - one0 == want, "%s: staged one-split kernel ran %ld times, expected %d (N = %d, %d keys)",
-                      what, kiln_cuda_att_one_count() - one0, want, N, max_len);
-            }
             free_both(p, xc, xg), free_both(p, yc, yg);
             lin_free(p, &L);
             snprintf(msg, sizeof msg, "%s: output", what);
@@ -585,7 +573,7 @@ static void test_fused_attention(struct pair *p) {
     /* splits (16 keys each, a power of two from the longest row): 32, 2, 8
      * and 16; all but the first merge in a cluster on sm_90 */
     const int past4[] = {0, 5, 200, 470}, past2[] = {31, 16}, past1[] = {100}, past4b[] = {3, 17, 250, 130};
-    const int past4s[] = {0, 7, 33, 63}; /* short rows: what KILN_CUDA_ATT_ONE=64 stages */
+    const int past4s[] = {0, 7, 33, 63}; /* short rows: 1-4 splits of up to 16 keys */
     for (int gemv = 0; gemv < 2; gemv++) {
         const char *after = gemv ? ", after a GEMV (keys read before the wait)" : "";
         char what[5][200];

@@ -137,7 +137,6 @@ struct att_rope {
     const int *pos;
     float af, eps;
     int pre; /* the batch tables and the first cached keys are read before the wait (see k_att_rows) */
-    int kv_sm; /* > 0 (n_split 1 only): the row's cached keys are staged in shared memory, room for kv_sm keys */
 };
 
 /* One head in a warp, lane l holding elements [l E, l E + E) (E = HD / 32,
@@ -167,6 +166,29 @@ __device__ __forceinline__ void att_norm_rope(float *x, bool norm, const float *
     }
 }
 
+/* A lane's EPL consecutive bf16 (EPL = 1, 2, 4 or 8; aligned to their
+ * size) as raw 32-bit words in one load, element 2i in word i's low half,
+ * and the words back to floats: kept raw, a load's wait moves to the first
+ * use of the value instead of the conversion right after it */
+template <int EPL> __device__ __forceinline__ void ld_bf16_raw(uint32_t *w, const bf16 *p) {
+    if constexpr (EPL == 1) w[0] = *(const unsigned short *)p;
+    else if constexpr (EPL == 2) w[0] = *(const uint32_t *)p;
+    else if constexpr (EPL == 4) {
+        const uint2 v = *(const uint2 *)p;
+        w[0] = v.x, w[1] = v.y;
+    } else {
+        static_assert(EPL == 8, "1, 2, 4 or 8 elements");
+        const uint4 v = *(const uint4 *)p;
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+}
+template <int EPL> __device__ __forceinline__ void bf16_unraw(float *x, const uint32_t *w) {
+    if constexpr (EPL == 1) x[0] = __uint_as_float(w[0] << 16);
+    else
+#pragma unroll
+        for (int i = 0; i < EPL / 2; i++) x[2 * i] = __uint_as_float(w[i] << 16), x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+}
+
 /* ROPE (decode only, HD >= 64): q and the new key arrive unroped, straight
  * from the projections. Every warp ropes its block's q head; the blocks
  * whose key range holds the new token (the row's last, len - 1) rope its k
@@ -185,123 +207,146 @@ __device__ __forceinline__ void att_norm_rope(float *x, bool norm, const float *
  * read are those of earlier steps; this launch writes only the new slot,
  * which none of its blocks reads from the cache. */
 /* CL (sm_90, 2 <= n_split <= ATT_CL_MAX): the launch's clusters are the
- * n_split blocks of one (row, head) (cluster rank = split sp). Each block
- * stores its [M, L, o] into slot sp of the cluster's first block's shared
- * memory (distributed shared memory) and arrives on the cluster barrier
- * with release semantics; the other blocks then exit, and the first block
- * waits on the barrier and merges from its own shared memory. That replaces
- * the global partials, the fence, the atomic ticket and the last block's
- * reads back from L2: four round trips to memory on the layer's critical
- * path, where the barrier is an on-chip exchange. Every block also arrives
- * (relaxed) on the barrier's first phase at its start and waits on it
- * before its remote stores, so no store reaches a block that has not
- * started. Same values and order of sums as the global merge, so the same
- * bits. (The first version had every block keep its own slot, the first
- * block read the others' remotely and a second barrier keep them alive
- * until it had: two more trips on the critical path.) */
+ * n_split blocks of one (row, head) (cluster rank = split sp). The first
+ * block sets up an mbarrier that expects the other blocks' slots,
+ * (n_split - 1) x (HD + 2) x 4 bytes, before every block arrives (relaxed)
+ * on the cluster barrier; each block waits on that barrier while its q is
+ * in flight, so the mbarrier is ready before any remote store. At the end
+ * every other block sends its [M, L, o] into slot sp of the first block's
+ * shared memory with st.async, each store completing its 4 bytes on that
+ * mbarrier, and exits: no fence, no barrier on the sender's side. The
+ * first block writes its own slot, waits on the mbarrier and merges. That
+ * replaces the global partials, the fence, the atomic ticket and the last
+ * block's reads back from L2. Same values and order of sums as the global
+ * merge, so the same bits. (Earlier versions: every block kept its own
+ * slot and the first read them remotely between two barriers; then remote
+ * stores and a release arrive on the cluster barrier, whose release alone
+ * took ~1.4 us.) */
 #define ATT_CL_MAX 16
 template <int HD, bool ROPE, bool CL>
-__global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *__restrict__ q,
+__global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float *__restrict__ part, const bf16 *q,
                                                   const bf16 *__restrict__ kc, const bf16 *__restrict__ vc,
                                                   const int *__restrict__ row_seq, const int *__restrict__ row_t,
                                                   const int *__restrict__ seq, const int *__restrict__ pages, int n_head, int nkv,
                                                   int P, float sl2, int n_split, int *__restrict__ done, att_rope R) {
     KTRACE();
-    constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL;
+    constexpr int EPL = HD >= 32 ? HD / 32 : 1, LANES = HD / EPL, RW = (EPL + 1) / 2;
     const bool pre = ROPE && R.pre;
     if (!pre) pdl_wait();
     const int rh = blockIdx.x, row = rh / n_head, h = rh % n_head, kh = h / (n_head / nkv), sp = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int s = row_seq[row], len = row_t[row] + 1, poff = seq[4 * s + 3];
-    const int chunk = (len + n_split - 1) / n_split, beg = sp * chunk, end = min(len, beg + chunk);
     const bool act = lane < LANES;
+    /* Before the wait (pre), this block runs behind the previous GEMV's
+     * weight stream, where every trip to memory takes ~1 us: loads that do
+     * not depend on each other are written first, so they go out together,
+     * and nothing loaded is converted before the wait. The RoPE inputs and
+     * the q/k norm weights (never written by a kernel) depend only on the
+     * lane and the row; the key and value rows stay raw bf16 words until
+     * the key loop. (Interleaved with the sincosf and converted at once,
+     * they made ~13 dependent trips before the wait: ~4 us per layer.) */
+    const int s = row_seq[row], len = row_t[row] + 1;
+    float fr[EPL], qw[EPL], kw[EPL], p = 0.f;
+    if constexpr (ROPE) {
+        const int f0 = (lane * EPL) % (HD / 2); /* element i rotates by inv_freq[i mod HD/2] */
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            fr[e] = R.inv_freq[f0 + e];
+            qw[e] = R.qw ? R.qw[lane * EPL + e] : 1.f;
+            kw[e] = R.kw ? R.kw[lane * EPL + e] : 1.f;
+        }
+        p = (float)R.pos[row];
+    }
+    const int poff = seq[4 * s + 3];
+    const int chunk = (len + n_split - 1) / n_split, beg = sp * chunk, end = min(len, beg + chunk);
     const int tn = len - 1; /* the new token (ROPE) */
     const bool has_new = ROPE && beg <= tn && tn < end;
-    /* key t's row of this KV head in the paged cache */
-    auto slot = [&](int t) { return (((size_t)pages[poff + t / P] * nkv + kh) * P + t % P) * HD; };
-    /* staged (R.kv_sm, one split): every cached key but the new one, K rows
-     * then V rows, copied to shared memory by cp.async from all threads
-     * where pre would load the first keys (before the wait when pre), so
-     * the key loop after the wait makes no trip to memory */
-    extern __shared__ __align__(16) unsigned char att_sm[];
-    bf16 *Ks = (bf16 *)att_sm, *Vs = Ks + (size_t)(ROPE ? R.kv_sm : 0) * HD;
-    const bool stage = ROPE && R.kv_sm > 0;
-    if (stage)
-        for (int i = threadIdx.x; i < (len - 1) * (HD / 8); i += blockDim.x) {
-            const int t = i / (HD / 8), ch = i - t * (HD / 8);
-            const size_t off = slot(t) + ch * 8;
-            cp_async16(Ks + (size_t)t * HD + ch * 8, kc + off);
-            cp_async16(Vs + (size_t)t * HD + ch * 8, vc + off);
-        }
-    /* a warp step's 4 consecutive keys from the cache (the new one comes from registers) */
-    float kx[4][EPL], vx[4][EPL];
+    /* a warp step's 4 consecutive keys from the cache as raw bf16 words
+     * (the new one comes from registers): the 4 page entries, then the 8
+     * rows, so two trips to memory */
+    uint32_t kr[4][RW], vr[4][RW];
+    /* key t's row of this KV head in the paged cache, its page pg = pages[poff + t / P] */
+    auto slot = [&](int pg, int t) { return (((size_t)pg * nkv + kh) * P + t % P) * HD; };
     auto load4 = [&](int t0) {
+        int pg[4];
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int t = t0 + u;
+            ok[u] = !(has_new && t == tn) && t < end && act;
+            pg[u] = ok[u] ? pages[poff + t / P] : 0;
+        }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int t = t0 + u;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) kx[u][e] = vx[u][e] = 0.f;
-            if (!(has_new && t == tn) && t < end && act) {
-                if (stage) {
-#pragma unroll
-                    for (int e = 0; e < EPL; e++)
-                        kx[u][e] = __bfloat162float(Ks[(size_t)t * HD + lane * EPL + e]),
-                        vx[u][e] = __bfloat162float(Vs[(size_t)t * HD + lane * EPL + e]);
-                    continue;
-                }
-                const size_t off = slot(t) + lane * EPL;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) kx[u][e] = __bfloat162float(kc[off + e]), vx[u][e] = __bfloat162float(vc[off + e]);
+            for (int i = 0; i < RW; i++) kr[u][i] = vr[u][i] = 0u;
+            if (ok[u]) {
+                const size_t off = slot(pg[u], t) + lane * EPL;
+                ld_bf16_raw<EPL>(kr[u], kc + off), ld_bf16_raw<EPL>(vr[u], vc + off);
             }
         }
     };
-    /* the RoPE angles and the q/k norm weights (never written by a kernel),
-     * with pre before the wait: loaded after it, the weights were a DRAM
-     * round trip on the layer's critical path, behind the next GEMV's copies */
-    float cn[EPL], sn[EPL], qw[EPL], kw[EPL];
-    if constexpr (ROPE) {
-        const float p = (float)R.pos[row];
+    /* CL: the first block's barrier for the others' slots (below), set up
+     * before this block arrives on the cluster barrier that every block
+     * waits on before its first remote store */
+    __shared__ __align__(8) unsigned long long cbar;
+    (void)cbar;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CL) {
+        if (sp == 0 && threadIdx.x == 0) {
+            mbar_init(smem_u32(&cbar), 1);
+            mbar_arrive_tx(smem_u32(&cbar), (unsigned)((n_split - 1) * (HD + 2) * 4));
+            mbar_init_fence_cluster();
+        }
+        cluster_arrive_relaxed(); /* this block has started */
+    }
+#endif
+    /* the new token's k and v go to the cache from warp 0 of one block per
+     * KV head (the one of the group's first q head), at the block's end: a
+     * store made before the cluster's release would hold that release
+     * until it reached L2. Its page entry goes out with the keys' */
+    const bool writer = has_new && h % (n_head / nkv) == 0 && warp == 0;
+    float kn[EPL], vn[EPL]; /* the new token's k (roped) and v */
+    int pg_new = 0;
+    if (pre) load4(beg + warp * 4);
+    if (writer) pg_new = pages[poff + tn / P];
+    auto put_new = [&]() {
+        if (!writer) return;
+        const size_t dst = slot(pg_new, tn) + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = __float2bfloat16(vn[e]);
+    };
+    float cn[EPL], sn[EPL]; /* the angles: their inputs went out with the row's tables */
+    if constexpr (ROPE)
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
-            sincosf(p * R.inv_freq[(lane * EPL + e) % (HD / 2)], &sn[e], &cn[e]);
+            sincosf(p * fr[e], &sn[e], &cn[e]);
             cn[e] *= R.af, sn[e] *= R.af;
-            qw[e] = R.qw ? R.qw[lane * EPL + e] : 1.f;
-            kw[e] = R.kw && has_new ? R.kw[lane * EPL + e] : 1.f;
         }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (CL) cluster_arrive_relaxed(); /* this block has started (waited on before any remote store) */
-#endif
-    if (pre) {
-        if (!stage) load4(beg + warp * 4);
-        pdl_wait();
-    }
-    float qv[EPL], o[EPL], kn[EPL], vn[EPL];
-    const bf16 *qh = q + ((size_t)row * n_head + h) * HD + lane * EPL;
+    if (pre) pdl_wait();
+    /* q and (has_new) the new token's k and v: one round trip */
+    float qv[EPL], o[EPL];
+    {
+        uint32_t qr[RW], kr1[RW], vr1[RW];
 #pragma unroll
-    for (int e = 0; e < EPL; e++) qv[e] = act ? __bfloat162float(qh[e]) : 0.f, o[e] = 0.f;
-    if (stage) { /* the staged keys in, for every warp */
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
+        for (int i = 0; i < RW; i++) qr[i] = kr1[i] = vr1[i] = 0u;
+        if (act) ld_bf16_raw<EPL>(qr, q + ((size_t)row * n_head + h) * HD + lane * EPL);
+        if (ROPE && has_new) {
+            const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
+            ld_bf16_raw<EPL>(kr1, R.k + src), ld_bf16_raw<EPL>(vr1, R.v + src);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (CL) cluster_wait(); /* every block has started: the first one's barrier is set up (while q comes) */
+#endif
+        KTRACE_MARK(1);
+        bf16_unraw<EPL>(qv, qr), bf16_unraw<EPL>(kn, kr1), bf16_unraw<EPL>(vn, vr1);
     }
-    KTRACE_MARK_AFTER(0, qv[0]); /* q arrived */
-    if (pre && !stage) KTRACE_MARK_AFTER(1, kx[0][0] + cn[0] + qw[0]); /* what was loaded before the wait arrived */
+#pragma unroll
+    for (int e = 0; e < EPL; e++) o[e] = 0.f;
     if constexpr (ROPE) {
         static_assert(HD >= 64, "fused RoPE: a head spans the warp");
-        const size_t src = ((size_t)row * nkv + kh) * HD + lane * EPL;
-        if (has_new) /* issued with q's loads: one round trip */
-#pragma unroll
-            for (int e = 0; e < EPL; e++) kn[e] = __bfloat162float(R.k[src + e]), vn[e] = __bfloat162float(R.v[src + e]);
         att_norm_rope<EPL, HD>(qv, R.qw != NULL, qw, R.eps, cn, sn, lane);
-        if (has_new) {
-            att_norm_rope<EPL, HD>(kn, R.kw != NULL, kw, R.eps, cn, sn, lane);
-            if (h % (n_head / nkv) == 0 && warp == 0) {
-                const size_t dst = slot(tn) + lane * EPL;
-#pragma unroll
-                for (int e = 0; e < EPL; e++)
-                    ((bf16 *)kc)[dst + e] = __float2bfloat16(kn[e]), ((bf16 *)vc)[dst + e] = __float2bfloat16(vn[e]);
-            }
-        }
+        if (has_new) att_norm_rope<EPL, HD>(kn, R.kw != NULL, kw, R.eps, cn, sn, lane);
     }
 #pragma unroll
     for (int e = 0; e < EPL; e++) qv[e] *= sl2;
@@ -310,12 +355,15 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     /* 4 consecutive tokens per warp step, all their loads issued before the
      * first use: the loop is latency-bound otherwise */
     for (int t0 = beg + warp * 4; t0 < end; t0 += 16) {
-        if (!pre || stage || t0 != beg + warp * 4) load4(t0); /* else loaded before the wait */
+        if (!pre || t0 != beg + warp * 4) load4(t0); /* else loaded before the wait */
+        float kx[4][EPL], vx[4][EPL];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < 4; u++) {
+            bf16_unraw<EPL>(kx[u], kr[u]), bf16_unraw<EPL>(vx[u], vr[u]);
             if (has_new && t0 + u == tn)
 #pragma unroll
                 for (int e = 0; e < EPL; e++) kx[u][e] = kn[e], vx[u][e] = vn[e];
+        }
         att_step4<EPL>(qv, kx, vx, end - t0, m, l, o);
     }
     KTRACE_MARK(3); /* warp 0's keys done */
@@ -325,39 +373,51 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
 #pragma unroll
         for (int e = 0; e < EPL; e++) so[warp][lane * EPL + e] = o[e];
     __syncthreads();
+    KTRACE_MARK(0); /* the block's warps merged */
     const float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
     float w[4], L = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; i++) w[i] = sm[i] == -INFINITY ? 0.f : exp2f(sm[i] - M), L += w[i] * sl[i];
     /* CL: every block's [M, L, o] goes to slot sp of the cluster's first
-     * block (stores into its shared memory), so only that block waits */
+     * block, the others' by st.async into its shared memory, each store
+     * completing 4 bytes on its barrier cbar; only that block waits */
     __shared__ float cp[CL ? ATT_CL_MAX * (HD + 2) : 1];
     (void)cp;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (CL) {
-        cluster_wait(); /* every block of the cluster has started */
-    }
-#endif
     for (int d = threadIdx.x; d < HD; d += 128) {
         float acc = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; i++) acc += w[i] * so[i][d];
         if (n_split == 1) out[((size_t)row * n_head + h) * HD + d] = __float2bfloat16(acc / L);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        else if (CL) st_dsmem(cp + sp * (HD + 2) + 2 + d, 0, acc);
+        else if (CL) {
+            if (sp == 0) cp[2 + d] = acc;
+            else st_async_dsmem(cp + sp * (HD + 2) + 2 + d, 0, acc, &cbar);
+        }
 #endif
         else part[((size_t)rh * n_split + sp) * (HD + 2) + 2 + d] = acc;
     }
-    if (n_split == 1) return;
+    if (n_split == 1) {
+        put_new();
+        return;
+    }
     bf16 *ob = out + ((size_t)row * n_head + h) * HD;
     if constexpr (CL) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (threadIdx.x == 0) st_dsmem(cp + sp * (HD + 2), 0, M), st_dsmem(cp + sp * (HD + 2) + 1, 0, L);
-        cluster_arrive_release(); /* the stores above, visible to the first block once it waits */
-        if (sp != 0) return; /* nothing reads this block's shared memory */
-        cluster_wait();
+        if (threadIdx.x == 0) {
+            if (sp == 0) cp[0] = M, cp[1] = L;
+            else st_async_dsmem(cp + sp * (HD + 2), 0, M, &cbar), st_async_dsmem(cp + sp * (HD + 2) + 1, 0, L, &cbar);
+        }
+        KTRACE_MARK(4);
+        if (sp != 0) { /* nothing reads this block's shared memory */
+            put_new();
+            return;
+        }
+        mbar_wait_cluster(smem_u32(&cbar), 0); /* the other blocks' slots are in */
+        __syncthreads();                        /* and this block's own */
+        KTRACE_MARK(5);
         const float *all = cp;
         att_merge<HD>(ob, n_split, [all](int i, int j) { return all[i * (HD + 2) + j]; });
+        put_new();
 #else
         __trap(); /* clusters are sm_90: the host never launches this elsewhere */
 #endif
@@ -374,11 +434,15 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&done[rh], 1) == n_split - 1;
     __syncthreads();
-    if (!last) return;
+    if (!last) {
+        put_new();
+        return;
+    }
     __threadfence();
     const float *pp = part + (size_t)rh * n_split * (HD + 2);
     att_merge<HD>(ob, n_split, [&](int i, int j) { return __ldcg(pp + (size_t)i * (HD + 2) + j); });
     if (threadIdx.x == 0) done[rh] = 0;
+    put_new();
 }
 
 /* ==== flash (prefill) on the tensor cores ==== */
@@ -721,25 +785,6 @@ extern "C" long kiln_cuda_att_cluster_count(void) { return att_cluster_runs; }
 extern "C" int kiln_cuda_att_cluster_max(void);
 extern "C" int kiln_cuda_att_cluster_max(void) { return rows_cluster_max<128, true>(); }
 
-/* launches of the staged one-split row kernel (KILN_CUDA_ATT_ONE) */
-static long att_one_runs;
-extern "C" long kiln_cuda_att_one_count(void);
-extern "C" long kiln_cuda_att_one_count(void) { return att_one_runs; }
-
-/* whether the staged row kernel takes n keys of head dim HD: its shared
- * memory (K and V rows, n x HD x 4 bytes) raised once, at most 96 KB */
-template <int HD> static int att_one_ok(int n) {
-    static int ok = -1, at = 0;
-    const size_t b = (size_t)n * HD * 4;
-    if (b > 96 * 1024) return 0;
-    if (ok < 0 || at != n) {
-        ok = cudaFuncSetAttribute(k_att_rows<HD, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b) == cudaSuccess;
-        at = n;
-        cudaGetLastError();
-    }
-    return ok;
-}
-
 template <int HD, bool ROPE = false>
 static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
                         float sl2, att_rope R = att_rope{}) {
@@ -761,17 +806,8 @@ static void launch_rows(struct cuda_ctx *c, bf16 *out, const bf16 *q, const stru
     if (n_split > 1)
         part = (float *)cu_scratch(c, (void **)&c->att_part, &c->att_part_cap, (size_t)rows * n_split * (HD + 2) * sizeof(float));
     if ((n_split > 1 && !part) || !cu_att_cnt(c, (size_t)rows)) return; /* out of device memory: cu_error reports it */
-    /* KILN_CUDA_ATT_ONE=N: one split holds every key (begin() made splits
-     * of N keys), staged in shared memory; only up to 4 rows per step, so
-     * that a split is at most N keys (begin() widens splits above that) */
-    size_t smem = 0;
-    R.kv_sm = 0;
-    if constexpr (ROPE)
-        if (n_split == 1 && c->att_one > 0 && c->n_tokens <= 4 && att_one_ok<HD>(c->att_one))
-            R.kv_sm = c->att_one, smem = (size_t)c->att_one * HD * 4;
-    cu_launch(c->stream, k_att_rows<HD, ROPE, false>, grid, 128, smem, out, part, q, kc, vc, c->d_row_seq, c->d_row_t, c->d_seq,
+    cu_launch(c->stream, k_att_rows<HD, ROPE, false>, grid, 128, 0, out, part, q, kc, vc, c->d_row_seq, c->d_row_t, c->d_seq,
               c->d_pages, n_head, kv->n_head_kv, kv->page_size, sl2, n_split, c->att_cnt, R);
-    att_one_runs += R.kv_sm > 0;
     CU_LAUNCHED();
 }
 
@@ -793,7 +829,7 @@ static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const s
         return 0;
     /* reads before the wait only right after a GEMV (k_att_rows, R.pre) */
     const int pre = !c->no_att_pre && c->gemv_seq && c->gemv_seq == cu_launch_seq;
-    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps, pre, 0};
+    const att_rope R = {c->prope.k, c->pkv.v, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->d_pos, c->prope.af, c->prope.eps, pre};
     c->pkv.on = 0, c->prope.on = 0;
     fused_att_runs++, att_pre_runs += pre;
     switch (kv->head_dim) {

@@ -37,10 +37,7 @@
  * KILN_CUDA_MOE_GROUPED=0 (MoE prefill: one cuBLAS call per expert GEMM
  * instead of two grouped calls), KILN_CUDA_NORM_R=0 (norms on the two-pass
  * kernel only, norm.cu), KILN_CUDA_ATT_SPLIT_TOKENS=N (keys per decode
- * attention split, default ATT_SPLIT_TOKENS), KILN_CUDA_ATT_ONE=N
- * (experimental, not yet measured: splits of N keys, and a step whose
- * longest row has at most N keys runs one split per head with the cached
- * keys staged in shared memory before the wait), KILN_CUDA_ATT_CLUSTER=0 (decode
+ * attention split, default ATT_SPLIT_TOKENS), KILN_CUDA_ATT_CLUSTER=0 (decode
  * attention merges its splits through global memory, not a cluster's
  * shared memory), KILN_CUDA_MOE_PTR=0 (MoE decode's expert GEMVs read the
  * expert id, then the pointer table, instead of k_route's pointers),
@@ -969,9 +966,6 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
-    const char *one = getenv("KILN_CUDA_ATT_ONE"); /* experimental: one split of up to N keys, staged */
-    c->att_one = one && atoi(one) > 0 ? atoi(one) : 0;
-    if (c->att_one) c->att_split_tokens = c->att_one;
     c->old_read = env_is("KILN_CUDA_READ", "0");
     cu_gemv_pf = !env_is("KILN_CUDA_PF", "0");
     const char *bps = getenv("KILN_CUDA_GEMV_BPS");

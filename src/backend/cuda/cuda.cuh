@@ -163,7 +163,6 @@ struct cuda_ctx {
     unsigned long gemv_seq; /* cu_launch_seq right after the last GEMV launch (attention.cu: what ran just before) */
     int no_att_pre;         /* KILN_CUDA_ATT_PRE=0: decode attention loads its keys after the wait */
     int att_split_tokens; /* ATT_SPLIT_TOKENS, or KILN_CUDA_ATT_SPLIT_TOKENS */
-    int att_one;          /* KILN_CUDA_ATT_ONE=N (experimental): splits of N keys, one split staged in shared memory */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
@@ -358,6 +357,13 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
  * spread; `make test-cuda` 1,089 passed. The GEMVs keep wait-then-release
  * (gemm.cu): they release their dependents right after the wait anyway.
  * KILN_CUDA_PDL=0 turns PDL off.
+ * A pointer to what an earlier kernel writes must not be `const
+ * __restrict__` in a kernel that reads it after pdl_wait(): nvcc takes such
+ * a load as invariant for the whole kernel (ld.global.nc) and may move it
+ * above the wait, whose "memory" clobber does not hold it back. It did for
+ * k_att_rows's q once that load became a single vector load (2026-12-03,
+ * found in the SASS: LDG.E.64.CONSTANT before ACQBULK); q is plain const
+ * since. Weights and tables are written by no kernel, so theirs may be.
  */
 extern int cu_pdl;
 /* launches so far by this thread (cu_launch counts them): an op can tell

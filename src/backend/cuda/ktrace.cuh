@@ -30,7 +30,7 @@
 
 #ifdef KILN_CUDA_TRACE
 
-#define KT_MARKS 4
+#define KT_MARKS 6
 struct ktrace_rec {
     unsigned grid, blk, site, sm;
     unsigned long long t0, tw, t1;

@@ -72,6 +72,29 @@ __device__ __forceinline__ void st_dsmem(float *p, unsigned r, float v) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
 }
+/* mbarrier inits made visible to the cluster: before a relaxed cluster
+ * arrive that other blocks wait on before they signal these barriers */
+__device__ __forceinline__ void mbar_init_fence_cluster(void) { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+/* wait for the phase of parity to end, the data its transactions brought
+ * from other blocks of the cluster visible */
+__device__ __forceinline__ void mbar_wait_cluster(unsigned a, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAITC:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAITC;\n}\n" ::"r"(a),
+        "r"(parity)
+        : "memory");
+}
+/* *p in block r's shared memory = v without waiting: the store completes 4
+ * bytes of the transactions of block r's mbarrier at the address bar has in
+ * this block (st.async: no fence or barrier on the sender's side) */
+__device__ __forceinline__ void st_async_dsmem(float *p, unsigned r, float v, const void *bar) {
+    unsigned a, b;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(bar)), "r"(r));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a), "r"(__float_as_uint(v)), "r"(b)
+                 : "memory");
+}
 __device__ __forceinline__ float ld_dsmem(const float *p, unsigned r) {
     unsigned a;
     float v;
