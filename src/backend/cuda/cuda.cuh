@@ -364,6 +364,7 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
  * k_att_rows's q once that load became a single vector load (2026-12-03,
  * found in the SASS: LDG.E.64.CONSTANT before ACQBULK); q is plain const
  * since. Weights and tables are written by no kernel, so theirs may be.
+ * tools/cuda/prewait.py lists each kernel's loads before its wait.
  */
 extern int cu_pdl;
 /* launches so far by this thread (cu_launch counts them): an op can tell
