@@ -302,9 +302,9 @@ __global__ void __launch_bounds__(128) k_att_rows(bf16 *__restrict__ out, float 
     }
 #endif
     /* the new token's k and v go to the cache from warp 0 of one block per
-     * KV head (the one of the group's first q head), at the block's end: a
-     * store made before the cluster's release would hold that release
-     * until it reached L2. Its page entry goes out with the keys' */
+     * KV head (the one of the group's first q head), at the block's end,
+     * where nothing waits for the store (no later read in this launch);
+     * its page entry goes out with the keys' */
     const bool writer = has_new && h % (n_head / nkv) == 0 && warp == 0;
     float kn[EPL], vn[EPL]; /* the new token's k (roped) and v */
     int pg_new = 0;
