@@ -252,8 +252,14 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
  * ahead of the stream; the first GEMV_PFD bytes of both streams are
  * prefetched on entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
  * (4 interleaved streams, no prefetch) 21-24 GB/s, one row + 4 KiB prefetch
- * 33-37 GB/s, a plain read 37-39. */
-#define GEMV_PFD 4096
+ * 33-37 GB/s, a plain read 37-39. That 4 KiB was for one stream; with two
+ * streams per thread each runs 2 KiB ahead, the same 4 KiB in flight per
+ * thread. On a 2-core Zen 3 (2.45 GHz, AVX2), alternated, 2 threads: 0.6B
+ * tg128 BF16 17.3 / 17.3 / 18.7 / 17.3 -> 18.8 / 21.4 / 20.3 / 19.4 tok/s,
+ * Q4_0 (BF16 head) 39.9 -> 42.5 median of five pairs, 1.7B BF16 unchanged
+ * (6.07-6.19 against 5.65-6.26); `make gemv-bench` BF16 at 67 MB, ten
+ * pairs: median 24.2 -> 25.5 GB/s, 8 of 10 pairs faster. */
+#define GEMV_PFD 2048
 /* rows [r0, r1) of out[t][r] = W[r] . x[t] + bias[r] for nx activation rows
  * (t < nx, x rows n_in apart, out rows n_out apart): each weight row is
  * read once for all nx. nx is at most GEMVM_MAX of the ISA (2 on AVX2 and
