@@ -560,22 +560,23 @@ static void cu_release_tensor(struct kiln_backend *be, struct ktensor *t) {
     graphs_drop(c);
     cudaFree(t->be);
     t->be = NULL;
+    c->bytes_weights -= (size_t)(t->rows * t->cols) * (t->rows == 1 ? 4 : 2); /* as cu_prepare_tensor uploaded it */
 }
 
 static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
     cu_flush(cu_ctx(be));
     struct cu_linear *L = (struct cu_linear *)w->be;
     if (!L) return;
-    graphs_drop(cu_ctx(be));
-    if (!L->shared) cudaFree(L->w);
-    if (L->bias) cudaFree(L->bias);
+    struct cuda_ctx *c = cu_ctx(be);
+    graphs_drop(c);
+    if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+    if (L->bias) cudaFree(L->bias), c->bytes_weights -= (size_t)w->n_out * 4;
     free(L);
     w->be = NULL;
 }
 
 static void cu_release_rope(struct kiln_backend *be, struct rope *r) {
-    (void)be;
-    if (r->be) cudaFree(r->be);
+    if (r->be) cudaFree(r->be), cu_ctx(be)->bytes_weights -= (size_t)r->n_freq * 4;
     r->be = NULL;
 }
 
