@@ -49,28 +49,18 @@ __device__ __forceinline__ uint64_t pol_evict_first(void) {
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
-/* thread-block clusters: a barrier over all threads of the cluster (writes
- * before it are visible to every block of the cluster after it), this
- * block's rank, and a float of the block of rank r's shared memory at the
- * address p has in this block's (distributed shared memory) */
-__device__ __forceinline__ void cluster_sync(void) {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank(void) {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-/* the two halves of cluster_sync, for a block that has other work between
- * them (arrive early, wait late) or none after arriving */
+/* thread-block clusters: a barrier over all threads of the cluster in two
+ * halves, for a block that has other work between them (arrive early, wait
+ * late); arrive.relaxed orders nothing, wait.acquire sees what was released
+ * to the cluster before the arrivals (fence.mbarrier_init below) */
 __device__ __forceinline__ void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_release(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-/* *p in block r's shared memory = v (p: the same variable in this block) */
-__device__ __forceinline__ void st_dsmem(float *p, unsigned r, float v) {
+/* the address p (a variable of this block's shared memory) has in block
+ * r's shared memory (distributed shared memory) */
+__device__ __forceinline__ unsigned dsmem_addr(const void *p, unsigned r) {
     unsigned a;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+    return a;
 }
 /* mbarrier inits made visible to the cluster: before a relaxed cluster
  * arrive that other blocks wait on before they signal these barriers */
@@ -89,18 +79,9 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned a, unsigned parity) {
  * bytes of the transactions of block r's mbarrier at the address bar has in
  * this block (st.async: no fence or barrier on the sender's side) */
 __device__ __forceinline__ void st_async_dsmem(float *p, unsigned r, float v, const void *bar) {
-    unsigned a, b;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_u32(bar)), "r"(r));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(a), "r"(__float_as_uint(v)), "r"(b)
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(dsmem_addr(p, r)),
+                 "r"(__float_as_uint(v)), "r"(dsmem_addr(bar, r))
                  : "memory");
-}
-__device__ __forceinline__ float ld_dsmem(const float *p, unsigned r) {
-    unsigned a;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_u32(p)), "r"(r));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
 }
 #endif
 
