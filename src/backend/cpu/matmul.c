@@ -258,8 +258,17 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
  * tg128 BF16 17.3 / 17.3 / 18.7 / 17.3 -> 18.8 / 21.4 / 20.3 / 19.4 tok/s,
  * Q4_0 (BF16 head) 39.9 -> 42.5 median of five pairs, 1.7B BF16 unchanged
  * (6.07-6.19 against 5.65-6.26); `make gemv-bench` BF16 at 67 MB, ten
- * pairs: median 24.2 -> 25.5 GB/s, 8 of 10 pairs faster. */
-#define GEMV_PFD 2048
+ * pairs: median 24.2 -> 25.5 GB/s, 8 of 10 pairs faster. Then 1 KiB, on
+ * the same host with the weights in 2 MiB pages: a standalone loop of the
+ * same shape (2 threads x 2 streams, 512 MB, 40 interleaved passes) read
+ * 25.4 / 26.6 / 26.7 / 26.1 GB/s (median) at 512 / 768 / 1024 / 1536 bytes
+ * and 25.5 / 30.2 / 27.9 / 26.4 at 0 / 1 / 2 / 4 KiB; `gemv-bench bf16`,
+ * 2 KiB against 1 KiB builds alternated 8 times, 70 / 75 / 84 / 85% ->
+ * 79 / 84 / 86 / 88% of the probe at 1 / 4 / 17 / 67 MB. -D overrides it
+ * for such sweeps. */
+#ifndef GEMV_PFD
+#define GEMV_PFD 1024
+#endif
 /* rows [r0, r1) of out[t][r] = W[r] . x[t] + bias[r] for nx activation rows
  * (t < nx, x rows n_in apart, out rows n_out apart): each weight row is
  * read once for all nx. nx is at most GEMVM_MAX of the ISA (2 on AVX2 and

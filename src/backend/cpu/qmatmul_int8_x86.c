@@ -420,8 +420,13 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
  * / 36.8 / 39.9-42.4 / 42.7-43.0 / 39.9-40.9 / 36.4-38.3 / 33.5-34.6 GMAC/s;
  * whole 0.6B tg, alternated: AVX2 Q4_0 one thread 59.0-61.8 -> 62.9-64.8
  * tok/s, two threads 96.5-102.7 -> 100.4-107.0; AVX-512 Q4_0 / Q8_0 equal
- * or +2-5%) */
+ * or +2-5%). Rechecked with the weights in 2 MiB pages (Zen 3, AVX2, 2
+ * threads, `gemv-bench` builds alternated five times): Q4_0 1 / 2 / 4 KiB
+ * at 70-94 / 64-92 / 64-94% of the probe from 0.3 to 19 MB, Q8_0 2 / 4 KiB
+ * a tie; -D overrides it for such sweeps) */
+#ifndef QPFD
 #define QPFD 4096
+#endif
 #define KILN_PF(p) _mm_prefetch((const char *)(p) + QPFD, _MM_HINT_T0)
 #define DOT1_BODY(DOTI)                                                                                   \
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
