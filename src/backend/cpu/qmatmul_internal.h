@@ -50,8 +50,12 @@ extern float qm_fp8_lut[256];
  * path's 4-bit lookup kernels (qmatmul_exact.c) and used by the int8 GPTQ
  * decode (qmatmul_gptq.c) too. QPFD_G, one level (6144x2048 from DRAM, 2
  * threads: 1 KiB 47-49, 4 KiB 53-58 GMAC/s); L128_PF1 / L128_PF2, the codes
- * 2 KiB ahead into L1 and 32 KiB ahead into L2 (see lut128_rows_512) */
+ * 2 KiB ahead into L1 and 32 KiB ahead into L2 (see lut128_rows_512).
+ * QPFD_G at 2 / 4 / 8 KiB tied with the weights in 2 MiB pages (Zen 3,
+ * AVX2, gemv-bench builds alternated); -D overrides it for such sweeps */
+#ifndef QPFD_G
 #define QPFD_G 4096
+#endif
 #define L128_PF1 2048
 #define L128_PF2 32768
 
