@@ -136,11 +136,17 @@ static int get_raw(struct wsrc *s, struct ktensor *t, const char *name, int requ
  * of that size, so that they are in 2 MiB pages from end to end; larger
  * ones get their own 2 MiB-aligned buffer (a tail under 2 MiB in 4 KiB
  * pages). A chunk's unused end is never touched, so not resident (but
- * for the 2 MiB page the last buffer ends in). */
+ * for the 2 MiB page the last buffer ends in). Under AddressSanitizer
+ * (make test-asan) every buffer is its own allocation of its exact size,
+ * so that an overrun of one is caught rather than landing in the next. */
 enum { OWNED_ARENA = 32 << 20 };
 static void *owned_alloc(void *ctx, size_t nb) {
     struct kiln_model *m = ctx;
     const size_t huge = (size_t)2 << 20;
+#if defined(__SANITIZE_ADDRESS__)
+    const int small = 0;
+    const size_t want = nb ? nb : 1, align = 64;
+#else
     nb = nb ? (nb + 63) / 64 * 64 : 64;
     const int small = nb < OWNED_ARENA;
     if (small && m->arena_left >= nb) {
@@ -149,11 +155,12 @@ static void *owned_alloc(void *ctx, size_t nb) {
         m->arena_left -= nb;
         return p;
     }
-    const size_t want = small ? OWNED_ARENA : nb;
+    const size_t want = small ? OWNED_ARENA : nb, align = huge;
+#endif
     void *p = NULL;
-    if (posix_memalign(&p, huge, want)) return NULL; /* the caller reports it */
+    if (posix_memalign(&p, align, want)) return NULL; /* the caller reports it */
 #ifdef MADV_HUGEPAGE
-    madvise(p, want / huge * huge, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
+    if (want >= huge) madvise(p, want / huge * huge, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
 #endif
     m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
     m->owned[m->n_owned++] = p;
