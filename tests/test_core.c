@@ -5,8 +5,10 @@
  * plain loops, and the KV page pool.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -97,6 +99,30 @@ void test_base(void) {
     char *p = kiln_path_join("a/b", "c");
     CHECK(!strcmp(p, "a/b/c"));
     free(p);
+
+    /* weight buffers (walloc.c): 64-byte aligned, disjoint, zeroed by
+     * kiln_wcalloc, their bytes kept while neighbours are written and
+     * freed; sizes from one byte past a chunk (a region of its own) */
+    enum { NW = 40 };
+    static const size_t wsz[NW] = {1, 63, 64, 65, 4096, 1 << 20, 3 << 20, 7 << 20, 33 << 20, 100};
+    uint8_t *wb[NW];
+    size_t wn[NW];
+    int walign = 0, wzero = 0, wkept = 0;
+    for (int i = 0; i < NW; i++) {
+        wn[i] = wsz[i % 10] + (size_t)i;
+        wb[i] = i % 2 ? kiln_wcalloc(wn[i]) : kiln_walloc(wn[i]);
+        if (!wb[i]) break;
+        walign += (uintptr_t)wb[i] % 64 == 0;
+        if (i % 2) wzero += wb[i][0] == 0 && wb[i][wn[i] - 1] == 0;
+        memset(wb[i], i + 1, wn[i]);
+        if (i % 3 == 2) kiln_wfree(wb[i - 1]), wb[i - 1] = NULL; /* a neighbour freed mid-chunk */
+    }
+    for (int i = 0; i < NW; i++)
+        if (wb[i]) wkept += wb[i][0] == (uint8_t)(i + 1) && wb[i][wn[i] - 1] == (uint8_t)(i + 1);
+    CHECK(walign == NW && wzero == NW / 2, "walloc: %d of %d aligned, %d of %d zeroed", walign, NW, wzero, NW / 2);
+    CHECK(wkept == NW - NW / 3, "walloc: %d of %d buffers kept their bytes", wkept, NW - NW / 3);
+    for (int i = 0; i < NW; i++) kiln_wfree(wb[i]);
+    kiln_wfree(NULL);
 }
 
 /* ==== safetensors ==== */

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
@@ -26,24 +25,11 @@
 #include "bench/bench.h"
 #include "format/quant.h"
 
-/* the weights in 2 MiB pages, as the model holds them (model/load.c's
- * owned_alloc): carved 64-byte aligned out of 64 MiB chunks that are never
- * freed (the matrices live until exit) */
+/* the weights in 2 MiB pages, as the model holds them (base/walloc.c);
+ * the matrices live until exit */
 static void *alloc64(void *ctx, size_t n) {
-    static uint8_t *next;
-    static size_t left;
     (void)ctx;
-    n = n ? (n + 63) / 64 * 64 : 64;
-    if (left < n) {
-        const size_t huge = (size_t)2 << 20, c = n > ((size_t)64 << 20) ? (n + huge - 1) / huge * huge : (size_t)64 << 20;
-        void *p = NULL;
-        if (posix_memalign(&p, huge, c)) return NULL;
-        madvise(p, c, MADV_HUGEPAGE); /* advice only */
-        next = p, left = c;
-    }
-    void *p = next;
-    next += n, left -= n;
-    return p;
+    return kiln_walloc(n);
 }
 
 /* w (n_out, n_in set): random weights of fmt; 0 or -1 with err */

@@ -40,6 +40,14 @@ void *kiln_calloc(size_t n, size_t size);
 void *kiln_realloc(void *p, size_t n);
 char *kiln_strdup(const char *s);
 
+/* Memory for weights (base/walloc.c): 64-byte aligned, carved out of
+ * shared chunks asked for in 2 MiB pages, so that a decode streams them
+ * without 4 KiB page ends; NULL when out of memory (the caller reports it).
+ * kiln_wcalloc zeroes. Free with kiln_wfree only. */
+void *kiln_walloc(size_t n);
+void *kiln_wcalloc(size_t n);
+void kiln_wfree(void *p);
+
 /* ==== logging ==== */
 
 enum kiln_log_level { KILN_LOG_ERROR = 0, KILN_LOG_WARN, KILN_LOG_INFO, KILN_LOG_DEBUG };

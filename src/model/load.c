@@ -122,52 +122,20 @@ static int get_raw(struct wsrc *s, struct ktensor *t, const char *name, int requ
     return 0;
 }
 
-/* Memory the model owns (dummy weights, GGUF tensors rewritten at load).
- * It is asked for in 2 MiB pages (advice only: 4 KiB pages if refused).
- * Filling 60 GB of dummy weights in 4 KiB pages spent most of its time in
- * page faults (sys time 12.5 of 19.9 CPU-seconds for Qwen3-1.7B on a 2-core
- * VM), and a decode GEMV streams faster from 2 MiB pages: the hardware
- * prefetchers stop at 4 KiB page ends and each page is a TLB miss
- * (`gemv-bench q4_0`, Zen 3, AVX2, 2 threads, builds alternated 4 times:
- * 38 / 74 / 82 / 86% -> 75 / 90 / 96 / 96% of the probe at 0.3 / 1.2 / 4.7
- * / 19 MB matrices, which before had 2 MiB pages only from 2 MiB up).
- * Buffers under OWNED_ARENA (a small model's every layer matrix, a MoE
- * model's every expert) are carved, 64-byte aligned, out of shared chunks
- * of that size, so that they are in 2 MiB pages from end to end; larger
- * ones get their own 2 MiB-aligned buffer (a tail under 2 MiB in 4 KiB
- * pages). A chunk's unused end is never touched, so not resident (but
- * for the 2 MiB page the last buffer ends in). Under AddressSanitizer
- * (make test-asan) every buffer is its own allocation of its exact size,
- * so that an overrun of one is caught rather than landing in the next. */
-enum { OWNED_ARENA = 32 << 20 };
+/* Memory the model owns (dummy weights, GGUF tensors rewritten at load),
+ * in 2 MiB pages (base/walloc.c). Filling 60 GB of dummy weights in 4 KiB
+ * pages spent most of its time in page faults (sys time 12.5 of 19.9
+ * CPU-seconds for Qwen3-1.7B on a 2-core VM), and a decode GEMV streams
+ * faster from 2 MiB pages (`gemv-bench q4_0`, Zen 3, AVX2, 2 threads,
+ * builds alternated 4 times: 38 / 74 / 82 / 86% -> 75 / 90 / 96 / 96% of
+ * the probe at 0.3 / 1.2 / 4.7 / 19 MB matrices, which before had 2 MiB
+ * pages only from 2 MiB up). */
 static void *owned_alloc(void *ctx, size_t nb) {
     struct kiln_model *m = ctx;
-    const size_t huge = (size_t)2 << 20;
-#if defined(__SANITIZE_ADDRESS__)
-    const int small = 0;
-    const size_t want = nb ? nb : 1, align = 64;
-#else
-    nb = nb ? (nb + 63) / 64 * 64 : 64;
-    const int small = nb < OWNED_ARENA;
-    if (small && m->arena_left >= nb) {
-        void *p = m->arena_next;
-        m->arena_next += nb;
-        m->arena_left -= nb;
-        return p;
-    }
-    const size_t want = small ? OWNED_ARENA : nb, align = huge;
-#endif
-    void *p = NULL;
-    if (posix_memalign(&p, align, want)) return NULL; /* the caller reports it */
-#ifdef MADV_HUGEPAGE
-    if (want >= huge) madvise(p, want / huge * huge, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
-#endif
+    void *p = kiln_walloc(nb);
+    if (!p) return NULL; /* the caller reports it */
     m->owned = kiln_realloc(m->owned, sizeof *m->owned * (size_t)(m->n_owned + 1));
     m->owned[m->n_owned++] = p;
-    if (small) { /* a new chunk; the old one's rest stays unused */
-        m->arena_next = (uint8_t *)p + nb;
-        m->arena_left = want - nb;
-    }
     return p;
 }
 
@@ -598,7 +566,7 @@ void model_free(struct kiln_model *m) {
     }
     free(m->layers);
     free(m->rope.inv_freq);
-    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    for (int i = 0; i < m->n_owned; i++) kiln_wfree(m->owned[i]);
     free(m->owned);
     st_close(&m->st);
     config_free(&m->cfg);

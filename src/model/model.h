@@ -38,8 +38,6 @@ struct kiln_model {
     struct st_set st;          /* the mapped checkpoint (or the dummy tensors) */
     void **owned;              /* memory the model allocated (dummy weights) */
     int n_owned;
-    uint8_t *arena_next;       /* the free part of the last small-buffer chunk (load.c) */
-    size_t arena_left;
     struct ktensor embed;      /* (vocab, dim) */
     struct ktensor norm;       /* (dim) final norm */
     struct qlinear lm_head;    /* (vocab, dim), the embedding when tied */
