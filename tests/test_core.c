@@ -104,8 +104,8 @@ void test_base(void) {
      * kiln_wcalloc, their bytes kept while neighbours are written and
      * freed; sizes from one byte past a chunk (a region of its own) */
     enum { NW = 40 };
-    static const size_t wsz[NW] = {1, 63, 64, 65, 4096, 1 << 20, 3 << 20, 7 << 20, 33 << 20, 100};
-    uint8_t *wb[NW];
+    static const size_t wsz[10] = {1, 63, 64, 65, 4096, 1 << 20, 3 << 20, 7 << 20, 33 << 20, 100};
+    uint8_t *wb[NW] = {0};
     size_t wn[NW];
     int walign = 0, wzero = 0, wkept = 0;
     for (int i = 0; i < NW; i++) {

@@ -72,6 +72,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         bytes[s] = (double)quant_linear_bytes(&t);
+        kiln_wfree((void *)t.w.data), kiln_wfree((void *)t.scales.data), kiln_wfree((void *)t.zeros.data), kiln_wfree((void *)t.g_idx.data);
         cnt[s] = (int)(total / bytes[s]) + 1;
         ws[s] = kiln_calloc((size_t)cnt[s], sizeof **ws);
         for (int i = 0; i < cnt[s]; i++) {

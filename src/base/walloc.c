@@ -45,11 +45,11 @@ struct whead {
     size_t live; /* buffers carved from this region and not freed */
 };
 
+#if !defined(__SANITIZE_ADDRESS__)
 static pthread_mutex_t wlock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *wcur; /* the chunk being filled, or NULL */
 static size_t wused;  /* its bytes handed out, the header included */
 
-#if !defined(__SANITIZE_ADDRESS__)
 static uint8_t *wregion(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, WCHUNK, bytes)) return NULL;

@@ -8,7 +8,7 @@
  *
  *   GEMV (n < GEMM_MIN rows, decode): memory bound. Each thread of the
  *   worker pool (cpu.c, cpu_parallel_for_split) walks one contiguous run of
- *   weight rows as two sequential streams, software-prefetched 2 KiB ahead;
+ *   weight rows as two sequential streams, software-prefetched GEMV_PFD ahead;
  *   each row is streamed once per pass and dotted with up to 2 (AVX2, NEON)
  *   or 4 (AVX-512) activation rows, each with the accumulators and order of
  *   sums of one row alone (a batch of 2-7 sequences decodes to the bits each
