@@ -73,8 +73,17 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
 
     be->embed(be, m->x, &m->embed, b);
     be->rmsnorm(be, m->xb, m->x, &m->layers[0].attn_norm, n, dim, eps);
+    /* x: the residual stream, nr rows of it. After the last layer's
+     * attention only the rows that give logits matter (the KV cache is
+     * written by then), so when those are fewer than n, the o projection
+     * and the FFN of that layer run on them alone, gathered into out_x (with
+     * their attention rows in q): ~1/n_layer of a long prefill's work, and
+     * all of that layer's tail for a prefill chunk that wants no logits */
+    void *x = m->x, *att = m->att;
+    int nr = n;
     for (int l = 0; l < c->n_layer; l++) {
         struct layer *L = &m->layers[l];
+        const int last = l + 1 == c->n_layer;
         /* attention */
         {
             void *outs[3] = {m->q, m->k, m->v};
@@ -85,34 +94,41 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
                          c->n_head, c->n_head_kv, hd, eps);
         be->kv_write(be, kv, l, m->k, m->v, b);
         be->attention(be, m->att, m->q, kv, l, b, c->n_head, scale);
-        be->matmul(be, m->xb, m->att, &L->wo, n);
+        if (last && b->n_out < n) {
+            if (b->n_out == 0) return be->error ? be->error(be, err, errlen) : 0;
+            be->gather_rows(be, m->q, m->att, b->out_rows, b->n_out, c->n_head * hd);
+            be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
+            x = m->out_x, att = m->q, nr = b->n_out;
+        }
+        be->matmul(be, m->xb, att, &L->wo, nr);
         /* x = x + o_proj(att); xb = post_attention_layernorm(x) */
-        be->add_rmsnorm(be, m->x, m->xb, m->xb, &L->ffn_norm, n, dim, eps);
+        be->add_rmsnorm(be, x, m->xb, m->xb, &L->ffn_norm, nr, dim, eps);
         /* feed-forward */
         if (L->is_moe) {
-            be->moe(be, m->hb2, m->xb, &L->moe, n, dim);
+            be->moe(be, m->hb2, m->xb, &L->moe, nr, dim);
             /* x = x + moe(xb); xb = next layer's input_layernorm(x) */
-            if (l + 1 < c->n_layer)
-                be->add_rmsnorm(be, m->x, m->xb, m->hb2, &m->layers[l + 1].attn_norm, n, dim, eps);
+            if (!last)
+                be->add_rmsnorm(be, x, m->xb, m->hb2, &m->layers[l + 1].attn_norm, nr, dim, eps);
             else
-                be->add(be, m->x, m->hb2, (size_t)n * dim);
+                be->add(be, x, m->hb2, (size_t)nr * dim);
             continue;
         }
         {
             void *outs[2] = {m->hb, m->hb2};
             const struct qlinear *ws[2] = {&L->gate, &L->up};
-            matmul_multi(be, outs, m->xb, ws, 2, n);
+            matmul_multi(be, outs, m->xb, ws, 2, nr);
         }
-        be->swiglu(be, m->hb, m->hb, m->hb2, n, c->ffn);
-        be->matmul(be, m->xb, m->hb, &L->down, n);
-        if (l + 1 < c->n_layer)
-            be->add_rmsnorm(be, m->x, m->xb, m->xb, &m->layers[l + 1].attn_norm, n, dim, eps);
+        be->swiglu(be, m->hb, m->hb, m->hb2, nr, c->ffn);
+        be->matmul(be, m->xb, m->hb, &L->down, nr);
+        if (!last)
+            be->add_rmsnorm(be, x, m->xb, m->xb, &m->layers[l + 1].attn_norm, nr, dim, eps);
         else
-            be->add(be, m->x, m->xb, (size_t)n * dim);
+            be->add(be, x, m->xb, (size_t)nr * dim);
     }
     if (b->n_out == 0) return be->error ? be->error(be, err, errlen) : 0;
-    /* final norm and lm_head, only for the rows that sample */
-    be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
+    /* final norm and lm_head, only for the rows that sample (gathered
+     * already when the last layer ran on them alone) */
+    if (x != m->out_x) be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
     be->rmsnorm(be, m->out_x, m->out_x, &m->norm, b->n_out, dim, eps);
     be->matmul(be, m->out_logits, m->out_x, &m->lm_head, b->n_out);
     const size_t V = (size_t)c->vocab;
