@@ -198,6 +198,18 @@ struct cuda_ctx {
     const bf16 *pend_x;
     int n_pend, pend_n, pend_n_in, no_defer;
 
+    /* a cuBLAS GEMM (prefill, or decode of more than cu_gemv_rows rows) held
+     * back until the next op (gemm.cu): when that op is the add_rmsnorm that
+     * adds its output into the residual, the GEMM adds into the residual
+     * itself (beta = 1) and the norm runs without the add; any other op
+     * launches it as asked. KILN_CUDA_GEMM_RES=0 turns this off. */
+    struct {
+        int on, n, n_out, n_in;
+        bf16 *out;
+        const bf16 *x, *w;
+    } pgemm;
+    int no_gemm_res;
+
     /* decode ops held back to be fused into the next launch (KILN_CUDA_FUSE=0
      * turns this off): an RMSNorm (with its residual add) folded into the
      * GEMV that reads it (gemm.cu), a residual add folded into the RMSNorm
@@ -437,6 +449,9 @@ int cu_sm90_code(const void *k);
 /* launches every held-back op (gemm.cu): the queued decode matmuls (with a
  * folded norm), a pending norm, add or rope; every op but matmul calls it first */
 void cu_flush(struct cuda_ctx *c);
+/* the held GEMM (cuda_ctx.pgemm): into its own output (res == NULL), or
+ * added into res (res += x W^T in the GEMM's epilogue, one rounding) */
+void cu_pgemm_launch(struct cuda_ctx *c, bf16 *res);
 /* only the queued matmuls (with their folded norm) */
 void cu_flush_mm(struct cuda_ctx *c);
 /* the standalone launches behind the held-back ops */

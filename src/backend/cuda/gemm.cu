@@ -700,6 +700,7 @@ void cu_flush_mm(struct cuda_ctx *c) {
  * invisible: at most one kind is pending at a time (each is held back only
  * right after a flush), except a norm with the matmuls that read it. */
 void cu_flush(struct cuda_ctx *c) {
+    if (c->pgemm.on) cu_pgemm_launch(c, NULL);
     if (c->pkv.on) { /* the held rope + KV write (attention.cu) */
         c->pkv.on = 0;
         cu_rope_launch(c, c->pkv.kc, c->pkv.vc, c->pkv.v, c->pkv.P); /* clears prope.on */
@@ -738,11 +739,19 @@ int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void 
 
 /* ==== prefill: cuBLAS ==== */
 
-/* out[n][n_out] (bf16 or f32) = x[n][n_in] W^T; column-major view: out^T = W x^T */
-static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf16 *x, const bf16 *w, int n, int n_out, int n_in) {
-    const float one = 1.f, zero = 0.f;
+/* out[n][n_out] (bf16 or f32) = x[n][n_in] W^T + beta out; column-major
+ * view: out^T = W x^T + beta out^T (beta 0 or 1) */
+static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf16 *x, const bf16 *w, int n, int n_out, int n_in,
+                      float beta = 0.f) {
+    const float one = 1.f;
     CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, n_in, &one, w, CUDA_R_16BF, n_in, x, CUDA_R_16BF,
-                              n_in, &zero, out, ot, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              n_in, &beta, out, ot, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void cu_pgemm_launch(struct cuda_ctx *c, bf16 *res) {
+    c->pgemm.on = 0;
+    blas_gemm(c, res ? res : c->pgemm.out, CUDA_R_16BF, c->pgemm.x, c->pgemm.w, c->pgemm.n, c->pgemm.n_out, c->pgemm.n_in,
+              res ? 1.f : 0.f);
 }
 
 /* k_bias: out[i][r] += bias[r]; one thread per element */
@@ -759,6 +768,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     CU_TAPE(c, SKT_MATMUL, out, x, NULL, w, NULL, NULL, n, 0, 0, 0, 0.f);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
     if (n <= cu_gemv_rows && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
+        if (c->pgemm.on) cu_flush(c);
         /* a pending norm stays pending only if this matmul reads its output
          * and writes none of its buffers */
         if (c->pnorm.on && !(norm_fold(c, x, n, w->n_in) && out != c->pnorm.x && out != c->pnorm.out && out != (void *)c->pnorm.y))
@@ -777,6 +787,11 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     cu_flush(c);
     if (n <= cu_gemv_rows) {
         gemv<bf16>(c, (bf16 *)out, (const bf16 *)x, L->w, L->bias, n, w->n_out, w->n_in);
+        return;
+    }
+    if (!L->bias && !c->no_gemm_res && !c->no_fuse && !c->no_defer && !c->tape_on && out != x) {
+        c->pgemm.on = 1, c->pgemm.out = (bf16 *)out, c->pgemm.x = (const bf16 *)x, c->pgemm.w = L->w;
+        c->pgemm.n = n, c->pgemm.n_out = w->n_out, c->pgemm.n_in = w->n_in;
         return;
     }
     blas_gemm(c, out, CUDA_R_16BF, (const bf16 *)x, L->w, n, w->n_out, w->n_in);

@@ -149,7 +149,16 @@ void cu_rmsnorm(struct kiln_backend *be, void *out, const void *x, const struct 
 
 void cu_add_rmsnorm(struct kiln_backend *be, void *x, void *out, const void *y, const struct ktensor *w, int n, int dim,
                     float eps) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (c->mode == CU_REPLAY) return;
+    /* y is the held GEMM's output and nothing reads it after (out == y):
+     * the GEMM adds into x itself, and the norm is only a norm. x must not
+     * be the GEMM's input (it is written while read) */
+    if (c->pgemm.on && c->pgemm.out == y && out == y && c->pgemm.n == n && c->pgemm.n_out == dim && c->pgemm.x != x) {
+        cu_pgemm_launch(c, (bf16 *)x);
+        y = NULL;
+    }
     CU_OP_ENTER(be);
-    CU_TAPE(cu_ctx(be), SKT_ADDNORM, x, out, y, w, NULL, NULL, n, dim, 0, 0, eps);
-    norm_op(cu_ctx(be), (bf16 *)x, (bf16 *)out, (const bf16 *)y, (const float *)w->be, n, dim, eps);
+    CU_TAPE(c, SKT_ADDNORM, x, out, y, w, NULL, NULL, n, dim, 0, 0, eps);
+    norm_op(c, (bf16 *)x, (bf16 *)out, (const bf16 *)y, (const float *)w->be, n, dim, eps);
 }
