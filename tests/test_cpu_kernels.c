@@ -60,6 +60,16 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         be->matmul(be, y, x, &q, n);
         float e = max_rel(y, ref, (size_t)n * n_out);
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
+        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), moves no bit */
+            const int st = cpu_gemv_streams();
+            float *y2 = kiln_malloc(sizeof(float) * (size_t)n * n_out);
+            CHECK(cpu_set_gemv_streams(3 - st) == 3 - st);
+            be->matmul(be, y2, x, &q, n);
+            cpu_set_gemv_streams(st);
+            CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out), "%s matmul %s %dx%d n=%d: %d streams and %d give other bits", isa,
+                  dtype_name(t), n_out, n_in, n, st, 3 - st);
+            free(y2);
+        }
         if (n > 1 && n < 8) { /* decode of n sequences: each row's bits as decoded alone */
             float *y1 = kiln_malloc(sizeof(float) * (size_t)n_out);
             int same = 1;
@@ -399,6 +409,11 @@ static void check_rows2(void) {
             /* two streams: every step but the last changes stream (n >= 3) */
             CHECK(!bad && (n < 3 || jumps >= n - 2), "CPU_FOR_ROWS2 over [%lld, %lld): %d rows not seen once, %lld stream changes", (long long)r0,
                   (long long)(r0 + n), bad, (long long)jumps);
+            /* one stream: the rows in order */
+            int64_t want = r0;
+            bad = 0;
+            CPU_FOR_ROWS(r, r0, r0 + n, 0) bad += r != want++;
+            CHECK(!bad && want == r0 + n, "CPU_FOR_ROWS(one stream) over [%lld, %lld): rows out of order or missing", (long long)r0, (long long)(r0 + n));
         }
 #if defined(KILN_X86)
     if (cpu_isa_max() >= CPU_ISA_AVX2)

@@ -135,9 +135,21 @@ int cpu_test_fail_fired(struct kiln_backend *be);
  * chunks (with 64 KiB chunks two streams gained only 2-4 points; 16 KiB
  * chunks lost 15-20). docs/cpu.md has the runs. */
 int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes);
-#define CPU_FOR_ROWS2(r, r0, r1)                                                                            \
+#define CPU_FOR_ROWS2(r, r0, r1) CPU_FOR_ROWS(r, r0, r1, 1)
+/* the same with the order chosen at run time: two streams when `two`, else
+ * the rows in order (one stream) */
+#define CPU_FOR_ROWS(r, r0, r1, two)                                                                        \
     for (int64_t k2_ = 0, h2_ = ((r1) - (r0) + 1) / 2, r = (r0);                                           \
-         k2_ < (r1) - (r0) && ((r = (r0) + (k2_ & 1 ? h2_ + k2_ / 2 : k2_ / 2)), 1); k2_++)
+         k2_ < (r1) - (r0) && ((r = (r0) + (!(two) ? k2_ : k2_ & 1 ? h2_ + k2_ / 2 : k2_ / 2)), 1); k2_++)
+/* The dense 16-bit / f32 decode GEMV (matmul.c GEMV1_*) reads a chunk as
+ * one stream on AMD CPUs and as two elsewhere: on a Zen 3 EPYC with the
+ * weights in 2 MiB pages one stream read 4-7% more (docs/cpu.md, "One
+ * stream on AMD"), on the Xeon that the two streams were measured on, two
+ * read 5-10% more. KILN_CPU_GEMV_STREAMS=1|2 overrides; cpu_set_gemv_streams
+ * (tests, harnesses) sets 1 or 2 and returns what is in effect. The
+ * quantized kernels keep two streams: on the same Zen 3 one and two tied. */
+int cpu_gemv_streams(void);
+int cpu_set_gemv_streams(int s);
 
 /* f32 view of a small prepared tensor (norm weight, bias) */
 static inline const float *cpu_vec(const struct ktensor *t) { return (const float *)t->be; }

@@ -247,7 +247,8 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 #endif /* KILN_X86 */
 
 /* Decode GEMV, one activation row: the weight rows are read one row at a
- * time, a chunk as two sequential streams (CPU_FOR_ROWS2, cpu.h), 64 weights per step
+ * time, a chunk as two sequential streams, or one on AMD CPUs
+ * (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), 64 weights per step
  * into 4 independent accumulators, with a software prefetch GEMV_PFD bytes
  * ahead of the stream; the first GEMV_PFD bytes of both streams are
  * prefetched on entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
@@ -278,13 +279,31 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1, const float *bias,
                          float *out, int n_out);
 
-/* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS2) */
-static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1) {
-    const int64_t h = (r1 - r0 + 1) / 2;
-    for (int s = 0; s < 2; s++) {
+/* one or two streams per thread (cpu.h): chosen once, before any pool job */
+static int gemv_streams = 0;
+
+int cpu_gemv_streams(void) {
+    if (gemv_streams) return gemv_streams;
+    const char *e = getenv("KILN_CPU_GEMV_STREAMS");
+    int s = 2;
+#if defined(KILN_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) s = 1;
+#endif
+    if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) s = *e - '0';
+    return gemv_streams = s;
+}
+
+int cpu_set_gemv_streams(int s) { return gemv_streams = s == 1 ? 1 : 2; }
+
+/* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS),
+ * or the first 2 x GEMV_PFD of the one stream */
+static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1, int two) {
+    const int64_t h = two ? (r1 - r0 + 1) / 2 : r1 - r0;
+    for (int s = 0; s < 1 + two; s++) {
         const uint8_t *p = W + (size_t)(r0 + s * h) * rb;
         size_t bytes = (size_t)(s ? r1 - r0 - h : h) * rb;
-        if (bytes > GEMV_PFD) bytes = GEMV_PFD;
+        if (bytes > (size_t)GEMV_PFD * (2 - two)) bytes = (size_t)GEMV_PFD * (2 - two);
         for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
     }
 }
@@ -294,8 +313,9 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
     AVX512 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                      int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                      float *out, int n_out) {                             \
-        gemv_pf_start(W, rb, r0, r1);                                                                             \
-        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
+        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
+        CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             __m512 a[4][4];                                                                                       \
             for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();             \
@@ -345,9 +365,10 @@ GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
     AVX2 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                    int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                    float *out, int n_out) {                             \
-        gemv_pf_start(W, rb, r0, r1);                                                                             \
+        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
         const int n32 = n_in & ~31;                                                                               \
-        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
+        CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             __m256 a[2][4];                                                                                       \
             for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm256_setzero_ps();             \
@@ -427,9 +448,10 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
     static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,       \
                                                               int n_in, int64_t r0, int64_t r1, const float *bias,      \
                                                               float *out, int n_out) {                                  \
-        gemv_pf_start(W, rb, r0, r1);                                                                             \
+        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
         const int n32 = n_in & ~31;                                                                               \
-        CPU_FOR_ROWS2(r, r0, r1) {                                                                                \
+        CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             float32x4_t a[2][8];                                                                                  \
             for (int j = 0; j < nx; j++)                                                                          \
@@ -849,6 +871,7 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     struct mm_job j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     int64_t rows = 0;
+    cpu_gemv_streams(); /* chosen here, on the calling thread, before the kernels read it */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
         j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
