@@ -29,7 +29,7 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpat
 endif
 endif
 
-.PHONY: all cpu ktrace arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench clean help format
+.PHONY: all cpu ktrace arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench decode-ab clean help format
 all: $(BUILD)/kiln $(BUILD)/test-kiln
 
 cpu:
@@ -103,6 +103,11 @@ gemv-bench: $(BUILD)/gemv-bench ## the CPU decode GEMV against the bandwidth pro
 $(BUILD)/gemv-bench: $(BUILD)/tools/gemv_bench.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+decode-ab: $(BUILD)/decode-ab   ## a paired in-process A/B of a CPU switch, whole decode or a GEMV sweep (tools/decode_ab.c)
+
+$(BUILD)/decode-ab: $(BUILD)/tools/decode_ab.o $(LIB_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
 format:                         ## clang-format every C source
 	clang-format -i $(SRC) $(TEST_SRC) $(shell find src -name '*.h')
 
@@ -122,6 +127,7 @@ help:                           ## this list
 	@echo "  make fuzz       run the libFuzzer targets (FUZZ_TIME seconds each, default 60)"
 	@echo "  make bench      kiln bench with its defaults"
 	@echo "  make gemv-bench the CPU decode GEMV per matrix size against the bandwidth probe (build/gemv-bench)"
+	@echo "  make decode-ab  a paired A/B of a CPU switch inside one process (build/decode-ab)"
 	@echo "  make format     clang-format the sources"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -142,12 +142,15 @@ int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes)
     for (int64_t k2_ = 0, h2_ = ((r1) - (r0) + 1) / 2, r = (r0);                                           \
          k2_ < (r1) - (r0) && ((r = (r0) + (!(two) ? k2_ : k2_ & 1 ? h2_ + k2_ / 2 : k2_ / 2)), 1); k2_++)
 /* The dense 16-bit / f32 decode GEMV (matmul.c GEMV1_*) reads a chunk as
- * one stream on AMD CPUs and as two elsewhere: on a Zen 3 EPYC with the
- * weights in 2 MiB pages one stream read 4-7% more (docs/cpu.md, "One
- * stream on AMD"), on the Xeon that the two streams were measured on, two
- * read 5-10% more. KILN_CPU_GEMV_STREAMS=1|2 overrides; cpu_set_gemv_streams
- * (tests, harnesses) sets 1 or 2 and returns what is in effect. The
- * quantized kernels keep two streams: on the same Zen 3 one and two tied. */
+ * two streams, except on AMD CPUs for rows of 4 KiB and up, which it reads
+ * as one: on a Zen 3 EPYC with the weights in 2 MiB pages one stream read
+ * 5-6% more there (BF16 K = 2048, 4096, 6144) and 0-10% less on 2 KiB rows
+ * (docs/cpu.md, "One stream for long rows on AMD"); on the Xeon that the
+ * two streams were measured on (2 KiB rows) two read 5-10% more.
+ * KILN_CPU_GEMV_STREAMS=1|2 forces one order for every row size, 0 the
+ * rule by row size; cpu_set_gemv_streams (tests, tools/decode_ab.c) sets
+ * 0, 1 or 2 and returns what is in effect. The quantized kernels keep two
+ * streams: on the same Zen 3 one and two tied. */
 int cpu_gemv_streams(void);
 int cpu_set_gemv_streams(int s);
 

@@ -247,8 +247,8 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 #endif /* KILN_X86 */
 
 /* Decode GEMV, one activation row: the weight rows are read one row at a
- * time, a chunk as two sequential streams, or one on AMD CPUs
- * (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), 64 weights per step
+ * time, a chunk as two sequential streams, or one for rows of 4 KiB and
+ * up on AMD CPUs (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), 64 weights per step
  * into 4 independent accumulators, with a software prefetch GEMV_PFD bytes
  * ahead of the stream; the first GEMV_PFD bytes of both streams are
  * prefetched on entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
@@ -279,22 +279,29 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1, const float *bias,
                          float *out, int n_out);
 
-/* one or two streams per thread (cpu.h): chosen once, before any pool job */
-static int gemv_streams = 0;
+/* one or two streams per thread, or 0: by row size (cpu.h); chosen once,
+ * before any pool job */
+static int gemv_streams = -1;
 
 int cpu_gemv_streams(void) {
-    if (gemv_streams) return gemv_streams;
+    if (gemv_streams >= 0) return gemv_streams;
     const char *e = getenv("KILN_CPU_GEMV_STREAMS");
     int s = 2;
 #if defined(KILN_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) s = 1;
+    if (__builtin_cpu_is("amd")) s = 0;
 #endif
-    if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) s = *e - '0';
+    if (e && (!strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "2"))) s = *e - '0';
     return gemv_streams = s;
 }
 
-int cpu_set_gemv_streams(int s) { return gemv_streams = s == 1 ? 1 : 2; }
+int cpu_set_gemv_streams(int s) { return gemv_streams = s >= 0 && s <= 2 ? s : 2; }
+
+/* two streams for rows of rb bytes? (the policy above) */
+static inline int gemv_two(size_t rb) {
+    const int s = cpu_gemv_streams();
+    return s ? s == 2 : rb < 4096;
+}
 
 /* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS),
  * or the first 2 x GEMV_PFD of the one stream */
@@ -313,7 +320,7 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
     AVX512 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                      int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                      float *out, int n_out) {                             \
-        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        const int two_ = gemv_two(rb);                                                                            \
         gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
@@ -365,7 +372,7 @@ GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
     AVX2 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                    int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                    float *out, int n_out) {                             \
-        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        const int two_ = gemv_two(rb);                                                                            \
         gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
@@ -448,7 +455,7 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
     static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,       \
                                                               int n_in, int64_t r0, int64_t r1, const float *bias,      \
                                                               float *out, int n_out) {                                  \
-        const int two_ = cpu_gemv_streams() == 2;                                                                 \
+        const int two_ = gemv_two(rb);                                                                            \
         gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \

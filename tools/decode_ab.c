@@ -1,0 +1,141 @@
+/*
+ * decode_ab.c: a paired A/B of a CPU switch inside one process, for hosts
+ * whose bandwidth drifts faster than whole runs can be alternated (a shared
+ * VM: ±15% from one minute to the next).
+ *
+ *   make decode-ab
+ *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]
+ *   ./build/decode-ab gemv K N SWITCH A B [rounds]
+ *
+ * SWITCH is a setting the CPU backend can change between calls; today
+ * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size). Each round times A and B
+ * once each, in ABBA order across rounds, and the tool prints each arm's
+ * median rate and the median and quartiles of the per-round B/A ratios:
+ * a drift slower than one round cancels out of each ratio.
+ *
+ * model: `--dummy` MODEL (QUANT as --quant; F16 KV cache, 2 threads), one
+ *   untimed token, then per arm `steps` decode steps (default 32) with the
+ *   last logits read, the sequence cut back to one token before each arm.
+ * gemv: distinct BF16 K x N matrices filling ~256 MB (walloc'd, as the
+ *   model's), each arm one sweep of the decode GEMV over all of them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
+#include "base/base.h"
+#include "kiln.h"
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int set_switch(const char *sw, int v) {
+    if (!strcmp(sw, "gemv-streams")) return cpu_set_gemv_streams(v) == v ? 0 : -1;
+    return -1;
+}
+
+/* the rates of both arms per round: rate[0][r] (A), rate[1][r] (B) */
+static void report(const char *what, const char *unit, int a, int b, double *const rate[2], int rounds) {
+    double *ratio = kiln_malloc(sizeof(double) * (size_t)rounds);
+    for (int r = 0; r < rounds; r++) ratio[r] = rate[1][r] / rate[0][r];
+    qsort(rate[0], (size_t)rounds, sizeof(double), cmp), qsort(rate[1], (size_t)rounds, sizeof(double), cmp);
+    qsort(ratio, (size_t)rounds, sizeof(double), cmp);
+    printf("%s: A=%d median %.2f %s, B=%d median %.2f %s; B/A median %.3f [quartiles %.3f, %.3f] over %d rounds\n", what, a,
+           rate[0][rounds / 2], unit, b, rate[1][rounds / 2], unit, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4], rounds);
+    free(ratio);
+}
+
+static int run_model(const char *spec, const char *sw, int A, int B, int rounds, int steps) {
+    char model[128], err[512];
+    snprintf(model, sizeof model, "%s", spec);
+    char *quant = strchr(model, ':');
+    if (quant) *quant++ = 0;
+    struct kiln_engine_opts o = {.dummy = model, .quant = quant, .backend = "cpu", .n_threads = 2, .kv_dtype = "f16",
+                                 .max_total_tokens = 1024, .seed = 1};
+    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+    if (!e) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+    kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+    float *lg = kiln_malloc(sizeof(float) * (size_t)kiln_engine_config(e)->vocab);
+    int32_t t = 1;
+    int rc = !s || kiln_seq_eval(s, &t, 1, lg, 0, err, sizeof err);
+    double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
+    for (int r = -1; r < rounds && !rc; r++) /* round -1: both arms once, untimed */
+        for (int k = 0; k < 2 && !rc; k++) {
+            const int arm = r & 1 ? 1 - k : k;
+            if (set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            kiln_seq_truncate(s, 1);
+            const double t0 = kiln_now();
+            for (int i = 0; i < steps && !rc; i++) {
+                t = (int32_t)((t * 7919 + 13) % 100000);
+                rc = kiln_seq_eval(s, &t, 1, lg, 0, err, sizeof err);
+            }
+            if (r >= 0) rate[arm][r] = steps / (kiln_now() - t0);
+        }
+    if (rc) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+    char what[256];
+    snprintf(what, sizeof what, "%s decode, %s, %d steps per arm", spec, sw, steps);
+    report(what, "tok/s", A, B, rate, rounds);
+    free(rate[0]), free(rate[1]), free(lg);
+    kiln_seq_free(s);
+    kiln_engine_close(e);
+    return 0;
+}
+
+static int run_gemv(int K, int N, const char *sw, int A, int B, int rounds) {
+    char err[256];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+    const size_t bytes = (size_t)N * K * 2;
+    const int cnt = (int)(256e6 / (double)bytes) + 1;
+    struct qlinear *ws = kiln_calloc((size_t)cnt, sizeof *ws);
+    struct kiln_rng rng;
+    kiln_rng_seed(&rng, 1);
+    for (int i = 0; i < cnt; i++) {
+        uint16_t *d = kiln_walloc(bytes);
+        if (!d) return fprintf(stderr, "decode-ab: out of memory\n"), 1;
+        for (size_t k = 0; k < bytes / 2; k++) d[k] = kiln_f32_to_bf16(0.05f * kiln_rng_normal(&rng));
+        ws[i] = (struct qlinear){.n_out = N, .n_in = K, .fmt = KILN_WFMT_DENSE};
+        ws[i].w = (struct ktensor){.dtype = KILN_DTYPE_BF16, .rows = N, .cols = K, .data = d};
+        if (be->prepare_linear(be, &ws[i], err, sizeof err)) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+    }
+    float *x = kiln_malloc(sizeof(float) * (size_t)K), *y = kiln_malloc(sizeof(float) * (size_t)N);
+    for (int i = 0; i < K; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.1f;
+    double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
+    for (int r = -1; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            const int arm = r & 1 ? 1 - k : k;
+            if (set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            const double t0 = kiln_now();
+            for (int i = 0; i < cnt; i++) be->matmul(be, y, x, &ws[i], 1);
+            if (r >= 0) rate[arm][r] = (double)cnt * (double)bytes / (kiln_now() - t0) / 1e9;
+        }
+    char what[256];
+    snprintf(what, sizeof what, "BF16 GEMV K %d x N %d (%.1f MB x %d), %s", K, N, bytes / 1e6, cnt, sw);
+    report(what, "GB/s", A, B, rate, rounds);
+    return 0; /* the matrices live until exit */
+}
+
+int main(int argc, char **argv) {
+    const int gemv = argc > 1 && !strcmp(argv[1], "gemv");
+    const int base = gemv ? 5 : 4; /* index of A */
+    if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
+        fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
+                        "       decode-ab gemv K N SWITCH A B [rounds]\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size)\n");
+        return 2;
+    }
+    const int A = atoi(argv[base]), B = atoi(argv[base + 1]);
+    const int rounds = argc > base + 2 ? atoi(argv[base + 2]) : 20;
+    if (rounds < 4) return fprintf(stderr, "decode-ab: at least 4 rounds\n"), 2;
+    if (gemv) {
+        const int K = atoi(argv[2]), N = atoi(argv[3]);
+        if (K < 32 || N < 1) return fprintf(stderr, "decode-ab: K >= 32, N >= 1\n"), 2;
+        return run_gemv(K, N, argv[4], A, B, rounds);
+    }
+    const int steps = argc > base + 3 ? atoi(argv[base + 3]) : 32;
+    return run_model(argv[2], argv[3], A, B, rounds, steps < 1 ? 1 : steps);
+}
