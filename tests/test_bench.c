@@ -224,6 +224,13 @@ static int fake_run(struct bench_target *t, const struct bench_job *j, struct be
     return 0;
 }
 
+/* a top-level JSON number (bt_summary), NAN when absent */
+static double summ(const struct bt_table *t, const char *key) {
+    for (int i = 0; i < t->n_summary; i++)
+        if (!strcmp(t->summary[i].k, key)) return t->summary[i].v;
+    return NAN;
+}
+
 static double cellv(struct bt_table *t, int row, const char *key) {
     int c = bt_find(t, key);
     if (c < 0 || row >= t->n_rows) return NAN;
@@ -415,15 +422,32 @@ static void test_inproc(void) {
               g[4], g[5]);
         CHECK(bench_membw_passes(2, 32 << 20, 2, 16, streams, 0, NULL) == -1);
     }
-    po.roofline = 1, po.roofline_mib = 64;
+    {
+        /* the pairing: window w is held to the mean of the probes around it,
+         * the repetition to the time-weighted mean of its windows */
+        const double wt[2] = {1, 3}, pb[3] = {10, 20, 40};
+        double mx = 0;
+        CHECK(fabs(bench_roof_pair(wt, pb, 2, &mx) - (1 * 15 + 3 * 30) / 4.0) < 1e-12 && mx == 40, "%g max %g",
+              bench_roof_pair(wt, pb, 2, NULL), mx);
+        CHECK(fabs(bench_roof_pair(wt, pb, 1, &mx) - 15) < 1e-12 && mx == 20);
+        CHECK(bench_roof_pair(wt, pb, 0, NULL) == -1);
+    }
+    /* tg4 in windows of 3 steps: two windows, three probes */
+    po.roofline = 1, po.roofline_mib = 64, po.roofline_window = 3;
     CHECK(bench_pptg(e, &po, &t, err, sizeof err) == 0, "%s", err);
     const double bw = cellv(&t, 1, "membw_gbps"), roof = cellv(&t, 1, "roofline_pct"), gbps = cellv(&t, 1, "gbps");
     CHECK(bw > 0.1 && roof > 0 && isnan(cellv(&t, 0, "membw_gbps")), "membw %g roofline %g", bw, roof);
+    /* the highest probe is at least the paired figure, so its share is at most the paired share */
+    CHECK(summ(&t, "tg4_membw_max_gbps") >= bw - 1e-9 && summ(&t, "tg4_roofline_max_pct") <= roof + 1e-9 &&
+              fabs(summ(&t, "tg4_roofline_pct") - roof) < 1e-9,
+          "max %g GB/s %g%% vs %g %g%%", summ(&t, "tg4_membw_max_gbps"), summ(&t, "tg4_roofline_max_pct"), bw, roof);
     /* mean of per-repetition ratios against the ratio of means: the same within the repetitions' spread */
     CHECK(fabs(roof - 100 * gbps / bw) <= 0.5 * roof, "roofline %g%% vs %g / %g", roof, gbps, bw);
     CHECK(cellv(&t, 1, "peak_mem_mib") < mem_plain + 32, "peak %g MiB with the probe, %g without", cellv(&t, 1, "peak_mem_mib"), mem_plain);
     js = to_string(&t, BT_JSON);
-    CHECK(strstr(js, "\"tg4_roofline_pct\": ") && strstr(js, "\"tg4_membw_gbps\": "), "%s", js);
+    CHECK(strstr(js, "\"tg4_roofline_pct\": ") && strstr(js, "\"tg4_membw_gbps\": ") && strstr(js, "\"tg4_roofline_max_pct\": ") &&
+              strstr(js, "\"tg4_membw_max_gbps\": "),
+          "%s", js);
     free(js);
     bt_free(&t);
     kiln_engine_close(e);

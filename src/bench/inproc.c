@@ -189,6 +189,16 @@ static int probe_bw(double *gbs, const struct bench_pptg_opts *o, int mib, int w
     return kiln_errf(err, errlen, "--roofline: the bandwidth probe could not map %d MiB or start its threads", mib);
 }
 
+double bench_roof_pair(const double *t, const double *bw, int nw, double *max) {
+    double tt = 0, tb = 0, mx = nw > 0 ? bw[0] : -1;
+    for (int w = 0; w < nw; w++) {
+        tt += t[w], tb += t[w] * 0.5 * (bw[w] + bw[w + 1]);
+        if (bw[w + 1] > mx) mx = bw[w + 1];
+    }
+    if (max) *max = mx;
+    return tt > 0 ? tb / tt : -1;
+}
+
 /* a test's share of the progress estimate: ppN costs ~N token-evals per
  * run (the warm-up included), tgN ~12 N, and depth d adds its d untimed
  * tokens to each run */
@@ -203,7 +213,10 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     float *logits = kiln_malloc(sizeof(float) * (size_t)V);
     int reps = o->reps > 0 ? o->reps : 1;
     double *ts = kiln_malloc(sizeof(double) * (size_t)reps), *ttft = kiln_malloc(sizeof(double) * (size_t)reps);
-    double *bw = kiln_malloc(sizeof(double) * (size_t)(reps + 1)), *roof = kiln_malloc(sizeof(double) * (size_t)reps);
+    /* --roofline, per repetition: the paired bandwidth and share, and the
+     * same against the repetition's highest probe */
+    double *bw = kiln_malloc(sizeof(double) * 4 * (size_t)reps), *roof = bw + reps, *bwmax = bw + 2 * reps, *roofmax = bw + 3 * reps;
+    const int roof_win = o->roofline_window > 0 ? o->roofline_window : BENCH_ROOF_WINDOW;
     double dbytes = kiln_engine_decode_bytes(e);
 
     bt_init(t, "pp-tg", "kiln bench --profile pp-tg", BT_SPREAD_SD);
@@ -233,11 +246,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
               dbytes / 1e9);
     if (o->roofline)
         bt_footer(t, "membw: this machine's memory read bandwidth, measured by %d threads with %d-byte loads over a fresh "
-                     "%d MiB buffer, each thread's slice read as 1, 2 or 4 streams (best of %d passes) right before each "
-                     "timed tg repetition and after the last; a "
-                     "repetition's bandwidth is the higher of the two around it. roofline(%%) = GB/s / that bandwidth, "
-                     "mean ± sd over the repetitions.",
-                  o->lab.threads, bw_width, bw_mib, BW_PASSES);
+                     "%d MiB buffer, each thread's slice read as 1, 2 or 4 streams (best of %d passes). With --roofline a "
+                     "timed tg repetition runs as windows of %d steps with a probe before each and after the last (only "
+                     "the windows are timed, t/s included); a window is held to the mean of the two probes around it and "
+                     "the repetition to the time-weighted mean of its windows' figures (membw). roofline(%%) = GB/s / "
+                     "membw, mean ± sd over the repetitions.",
+                  o->lab.threads, bw_width, bw_mib, BW_PASSES, roof_win);
     bt_footer(t, "t/s is the mean ± standard deviation over %d repetitions; %s. Memory: %s.", reps,
               o->warmup ? "one untimed warm-up run of each test first" : "no warm-up",
               cuda ? "GPU memory in use (cudaMemGetInfo total - free) after the test"
@@ -285,11 +299,13 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
                 double mem = NAN;
                 const int roofline = o->roofline && pass;
+                /* a tg repetition's windows: their seconds, and the probes around them */
+                const int max_win = roofline ? (n + roof_win - 1) / roof_win : 1;
+                double *wt = kiln_malloc(sizeof(double) * (2 * (size_t)max_win + 1)), *wbw = wt + max_win;
                 /* bytes a timed decode step reads: the weights, and at depth the
                  * KV cache over the steps' mean context (d + (n + 1) / 2) */
                 const double sbytes = dbytes + (d > 0 ? kvb * (d + (n + 1) / 2.0) : 0.0);
                 for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
-                    if (roofline && k >= 0 && (rc = probe_bw(&bw[k], o, bw_mib, bw_width, err, errlen))) break;
                     random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
                     kiln_seq *s = kiln_seq_new(e, err, errlen);
                     if (!s) {
@@ -312,25 +328,39 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                         (void)first;
                         double t2 = kiln_now();
                         if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = (t2 - t0) * 1e3;
+                        double m = mem_now(&memp);
+                        if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
                     } else {
                         if (d == 0) rc = kiln_seq_eval(s, ids, 1, logits, 0, err, errlen);
-                        double t0 = kiln_now();
-                        int steps = k < 0 ? 1 : n;
-                        for (int i = 0; i < steps && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
-                        double t1 = kiln_now();
-                        if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = NAN;
+                        /* timed in windows of `win` steps; with --roofline the
+                         * probe runs before each and after the last, untimed,
+                         * and the peak memory restarts after it (its buffer is
+                         * gone by then) */
+                        const int steps = k < 0 ? 1 : n, probe = roofline && k >= 0, win = probe ? roof_win : steps;
+                        const int nw = (steps + win - 1) / win;
+                        double busy = 0;
+                        for (int w = 0; w < nw && rc == 0; w++) {
+                            if (probe) {
+                                if ((rc = probe_bw(&wbw[w], o, bw_mib, bw_width, err, errlen))) break;
+                                if (!cuda) bench_mem_reset_peak();
+                            }
+                            const int i1 = (w + 1) * win < steps ? (w + 1) * win : steps;
+                            double t0 = kiln_now();
+                            for (int i = w * win; i < i1 && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
+                            busy += wt[w] = kiln_now() - t0;
+                            double m = mem_now(&memp);
+                            if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
+                        }
+                        if (rc == 0 && probe && (rc = probe_bw(&wbw[nw], o, bw_mib, bw_width, err, errlen)) == 0) {
+                            bw[k] = bench_roof_pair(wt, wbw, nw, &bwmax[k]);
+                            roof[k] = 100.0 * sbytes * n / busy / 1e9 / bw[k];
+                            roofmax[k] = 100.0 * sbytes * n / busy / 1e9 / bwmax[k];
+                        }
+                        if (k >= 0) ts[k] = n / busy, ttft[k] = NAN;
                     }
-                    double m = mem_now(&memp);
-                    if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
                     kiln_seq_free(s);
                 }
-                free(ids);
-                if (rc == 0 && roofline && (rc = probe_bw(&bw[reps], o, bw_mib, bw_width, err, errlen)) == 0) {
-                    for (int k = 0; k < reps; k++) {
-                        if (bw[k + 1] > bw[k]) bw[k] = bw[k + 1]; /* the higher of the two around rep k (bw[k + 1] is read before it moves) */
-                        roof[k] = 100.0 * sbytes * ts[k] / 1e9 / bw[k];
-                    }
-                }
+                free(ids), free(wt);
                 if (rc) {
                     kiln_err_prefix(err, errlen, "%s", test);
                     break;
@@ -348,9 +378,10 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
                 if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
                 if (pass) bt_set_num(t, r, c_gbs, sbytes * st.mean / 1e9);
-                struct bench_stat sb = {0}, sr = {0};
+                struct bench_stat sb = {0}, sr = {0}, sbm = {0}, srm = {0};
                 if (roofline) {
                     sb = bench_stat_of(bw, reps), sr = bench_stat_of(roof, reps);
+                    sbm = bench_stat_of(bwmax, reps), srm = bench_stat_of(roofmax, reps);
                     bt_set_num(t, r, c_bw, sb.mean);
                     bt_set_range(t, r, c_roof, sr.mean, sr.sd, sr.min, sr.max);
                 }
@@ -370,6 +401,10 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                         bt_summary(t, key, sb.mean);
                         snprintf(key, sizeof key, "%s_roofline_pct", tkey);
                         bt_summary(t, key, sr.mean);
+                        snprintf(key, sizeof key, "%s_membw_max_gbps", tkey);
+                        bt_summary(t, key, sbm.mean);
+                        snprintf(key, sizeof key, "%s_roofline_max_pct", tkey);
+                        bt_summary(t, key, srm.mean);
                     }
                 }
                 snprintf(key, sizeof key, "%s_mem_mib", tkey);
@@ -380,6 +415,6 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
     }
     free(dids);
     bench_progress_end(&pr);
-    free(logits), free(ts), free(ttft), free(bw), free(roof);
+    free(logits), free(ts), free(ttft), free(bw);
     return rc;
 }
