@@ -46,7 +46,8 @@ void test_skip(const char *why) { fprintf(stderr, "  skipped: %s\n", why); }
     X(tokenizer, 1, "tokenizer.json BPE vectors, decode, streaming detokenizer")          \
     X(template, 1, "chat template vectors, Jinja subset, errors")                         \
     X(bench, 1, "kiln bench: metrics on a fake clock, tables, HTTP/SSE, profiles, tiny in-process runs")               \
-    X(cuda, 0, "CUDA ops vs CPU ops and fixtures on a GPU (make test-cuda)")
+    X(cuda, 0, "CUDA ops vs CPU ops and fixtures on a GPU (make test-cuda)")                \
+    X(cuda_lost, 0, "a GPU context lost to a faulting kernel (the cuda group runs it in a process of its own)")
 
 #define DECL(name, fast, desc) void test_##name(void);
 GROUPS(DECL)

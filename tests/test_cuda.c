@@ -29,6 +29,8 @@
  *     matches the reference to 1e-3) is within the tolerance.
  */
 #include <math.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1549,6 +1551,105 @@ static void check_load_refusals(void) {
     if (e) kiln_engine_close(e);
 }
 
+/* A CUDA call that fails inside a forward (kiln_cuda_inject_fault(1): the
+ * next launch asks for 4,096 threads per block, which CUDA refuses as an
+ * invalid argument without losing the context) fails that batch with the call's error, the sequence
+ * keeps its length, and the same tokens then give what a sequence that never
+ * failed gets. Once in a decode step, once in a prefill. */
+void kiln_cuda_inject_fault(int kind) __attribute__((weak));
+
+static int32_t fail_ids[6] = {11, 205, 3071, 42, 977, 1500};
+
+static void check_failed_launch(void) {
+    if (!kiln_cuda_inject_fault) return;
+    kiln_engine *e = open_dummy("cuda", 512, 0);
+    if (!e) return;
+    char err[1024] = "";
+    const int V = kiln_engine_config(e)->vocab;
+    float *la = kiln_malloc(sizeof(float) * (size_t)V), *lb = kiln_malloc(sizeof(float) * (size_t)V);
+    kiln_seq *a = kiln_seq_new(e, err, sizeof err), *b = kiln_seq_new(e, err, sizeof err);
+    CHECK(a && b, "%s", err);
+    if (!a || !b) goto done;
+    /* prefill: fails whole, then goes in */
+    kiln_cuda_inject_fault(1);
+    int rc = kiln_seq_eval(a, fail_ids, 5, la, 0, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "CUDA error") && strstr(err, "in a launch") && strstr(err, "nothing else changed") && kiln_seq_len(a) == 0,
+          "a prefill whose launch fails: rc %d, length %d, \"%s\"", rc, kiln_seq_len(a), rc ? err : "");
+    CHECK(kiln_seq_eval(a, fail_ids, 5, la, 0, err, sizeof err) == 0 && kiln_seq_len(a) == 5, "the prefill again: %s", err);
+    /* a decode step: fails, then the same token goes in */
+    kiln_cuda_inject_fault(1);
+    rc = kiln_seq_eval(a, fail_ids + 5, 1, la, 0, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "CUDA error") && strstr(err, "in a launch") && kiln_seq_len(a) == 5,
+          "a decode step whose launch fails: rc %d, length %d, \"%s\"", rc, kiln_seq_len(a), rc ? err : "");
+    CHECK(kiln_seq_eval(a, fail_ids + 5, 1, la, 0, err, sizeof err) == 0, "the step again: %s", err);
+    CHECK(kiln_seq_eval(b, fail_ids, 5, lb, 0, err, sizeof err) == 0 && kiln_seq_eval(b, fail_ids + 5, 1, lb, 0, err, sizeof err) == 0,
+          "a sequence that never failed: %s", err);
+    float lo = lb[0], hi = lb[0], d = 0;
+    for (int i = 0; i < V; i++) lo = fminf(lo, lb[i]), hi = fmaxf(hi, lb[i]), d = fmaxf(d, fabsf(la[i] - lb[i]));
+    CHECK(d <= 1e-3f * (hi - lo) && kiln_argmax(la, V) == kiln_argmax(lb, V),
+          "after a failed step: max |delta| %g against a sequence that never failed (range %g), argmax %d / %d", d, hi - lo,
+          kiln_argmax(la, V), kiln_argmax(lb, V));
+done:
+    kiln_seq_free(a), kiln_seq_free(b);
+    kiln_engine_close(e);
+    free(la), free(lb);
+}
+
+/* The group `cuda_lost`, which check_lost_context runs in a process of its
+ * own: a kernel that traps (kiln_cuda_inject_fault(2)) loses the GPU
+ * context. The batch fails with an error that says so, every later batch
+ * fails the same way instead of aborting, and the engine still closes. */
+void test_cuda_lost(void) {
+    if (!kiln_cuda_inject_fault) {
+        test_skip("a build without CUDA");
+        return;
+    }
+    kiln_engine *e = open_dummy("cuda", 512, 0);
+    if (!e) return;
+    char err[1024] = "";
+    const int V = kiln_engine_config(e)->vocab;
+    float *l = kiln_malloc(sizeof(float) * (size_t)V);
+    kiln_seq *a = kiln_seq_new(e, err, sizeof err);
+    CHECK(a && kiln_seq_eval(a, fail_ids, 5, l, 0, err, sizeof err) == 0, "before the fault: %s", err);
+    if (!a) {
+        kiln_engine_close(e), free(l);
+        return;
+    }
+    kiln_cuda_inject_fault(2);
+    int rc = kiln_seq_eval(a, fail_ids + 5, 1, l, 0, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "CUDA error") && strstr(err, "context is lost") && kiln_seq_len(a) == 5,
+          "the step with the trap: rc %d, length %d, \"%s\"", rc, kiln_seq_len(a), rc ? err : "");
+    for (int k = 0; k < 2; k++) {
+        rc = kiln_seq_eval(a, fail_ids + 5, 1, l, 0, err, sizeof err);
+        CHECK(rc == -1 && strstr(err, "CUDA error"), "a later step: rc %d, \"%s\"", rc, rc ? err : "");
+    }
+    kiln_seq *b = kiln_seq_new(e, err, sizeof err);
+    rc = b ? kiln_seq_eval(b, fail_ids, 5, l, 0, err, sizeof err) : -1;
+    CHECK(rc == -1, "a later prefill: rc %d", rc);
+    kiln_seq_free(a), kiln_seq_free(b);
+    kiln_engine_close(e);
+    free(l);
+}
+
+/* runs `test-kiln cuda_lost` (this executable) and checks it ended on its
+ * own with status 0: no abort, every check passed */
+static void check_lost_context(void) {
+    if (!kiln_cuda_inject_fault) return;
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0, "readlink /proc/self/exe");
+    if (n <= 0) return;
+    exe[n] = 0;
+    char *argv[] = {exe, (char *)"cuda_lost", NULL};
+    extern char **environ;
+    pid_t pid;
+    int st = 0;
+    const int rc = posix_spawn(&pid, exe, NULL, NULL, argv, environ);
+    CHECK(rc == 0 && waitpid(pid, &st, 0) == pid, "spawning %s cuda_lost: %d", exe, rc);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "test-kiln cuda_lost: %s %d", WIFEXITED(st) ? "exit status" : "killed by signal",
+          WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+}
+
 void test_cuda(void) {
     char err[256];
     struct pair p = {NULL, NULL};
@@ -1579,4 +1680,6 @@ void test_cuda(void) {
     check_serving();
     check_step_kernel(LONG_CFG);
     check_step_kernel("qwen3-0.6b");
+    check_failed_launch();
+    check_lost_context();
 }

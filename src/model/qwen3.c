@@ -69,7 +69,10 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab)
             return kiln_errf(err, errlen, "token id %d is outside the vocabulary [0, %d)", b->tokens[i], c->vocab);
     if (ensure_ws(m, n, b->n_out, err, errlen)) return -1;
-    if (be->begin(be, b)) return kiln_errf(err, errlen, "%s: cannot start the forward (no memory for the batch's tables)", be->name);
+    if (be->begin(be, b)) { /* the backend's own account first (a failed device call), else the tables' memory */
+        if (be->error && be->error(be, err, errlen)) return -1;
+        return kiln_errf(err, errlen, "%s: cannot start the forward (no memory for the batch's tables)", be->name);
+    }
 
     be->embed(be, m->x, &m->embed, b);
     be->rmsnorm(be, m->xb, m->x, &m->layers[0].attn_norm, n, dim, eps);

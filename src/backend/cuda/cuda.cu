@@ -187,9 +187,51 @@ int *cu_att_cnt(struct cuda_ctx *c, size_t n) {
     return c->att_cnt;
 }
 
-/* a forward whose scratch could not be allocated: its outputs are not valid */
+/* ==== failed CUDA and cuBLAS calls ==== */
+
+/* The first failed call since `error` last reported one (CUDA_CHECK,
+ * CUBLAS_CHECK, a launch): one device per process, driven by one thread at
+ * a time, as the capability caches in this backend already assume. */
+static struct {
+    int on;
+    char what[512];
+} dev_fail;
+
+/* test hooks: kiln_cuda_inject_fault(1) fails the next launch (not sticky),
+ * (2) makes the next forward start with a kernel that traps, which loses the
+ * context for the rest of the process */
+int cu_inject_launch;
+static int inject_trap;
+extern "C" void kiln_cuda_inject_fault(int kind);
+extern "C" void kiln_cuda_inject_fault(int kind) { cu_inject_launch = kind == 1, inject_trap = kind == 2; }
+__global__ void k_trap(void) { __trap(); }
+
+void cu_dev_fail(const char *lib, const char *name, const char *msg, const char *file, int line, const char *call) {
+    if (dev_fail.on) return; /* after a sticky error every call fails: the first says why */
+    const char *f = strrchr(file, '/');
+    dev_fail.on = 1;
+    snprintf(dev_fail.what, sizeof dev_fail.what, "%s error %s (%s) at %s:%d, in %s", lib, name ? name : "?", msg ? msg : "?",
+             f ? f + 1 : file, line, call);
+    kiln_log(KILN_LOG_ERROR, "cuda: %s", dev_fail.what);
+}
+
+/* a forward whose scratch could not be allocated, or in which a CUDA or
+ * cuBLAS call failed: its outputs are not valid */
 static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
-    const struct cuda_ctx *c = cu_ctx(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    if (dev_fail.on) {
+        /* a sticky error survives the read that clears any other: the
+         * context is lost and nothing on this device will run again. The
+         * failure stays recorded until the next forward begins */
+        cudaGetLastError();
+        const cudaError_t now = cudaStreamSynchronize(c->stream);
+        c->dev_failed = 1;
+        cudaGetLastError();
+        return kiln_errf(err, errlen, "cuda: %s; the batch failed%s", dev_fail.what,
+                         now == cudaSuccess ? ", nothing else changed"
+                                            : ". The GPU context is lost (a sticky error): every later batch on this device "
+                                              "fails too, until kiln is restarted");
+    }
     if (!c->fault_bytes) return 0;
     if (c->fault_host)
         return kiln_errf(err, errlen,
@@ -285,13 +327,14 @@ static void cu_finish(struct cuda_ctx *c) {
     if (c->tape_on) /* the first run of a decode shape was recorded: compile it for k_step (step.cu) */
         cu_sk_compile(c, &c->graphs[c->cur_graph]);
     if (c->mode == CU_CAPTURE) {
-        cudaGraph_t g;
-        CUDA_CHECK(cudaStreamEndCapture(c->stream, &g));
-        cudaGraphExec_t exec;
-        CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-        CUDA_CHECK(cudaGraphDestroy(g));
+        /* a capture that failed leaves no graph: the forward's work never
+         * ran, `error` reports the failure, and the shape is recorded again */
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t exec = NULL;
+        if (!CUDA_FAILED(cudaStreamEndCapture(c->stream, &g)) && CUDA_FAILED(cudaGraphInstantiate(&exec, g, 0))) exec = NULL;
+        if (g) CUDA_CHECK(cudaGraphDestroy(g));
         c->graphs[c->cur_graph].exec = exec;
-        c->mode = CU_REPLAY;
+        c->mode = exec ? CU_REPLAY : CU_EAGER;
     }
     if (c->mode == CU_REPLAY) {
         if (c->graphs[c->cur_graph].sk) cu_sk_launch(c, c->graphs[c->cur_graph].sk);
@@ -671,10 +714,15 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     c->mode = CU_EAGER;
     ktrace_begin(c->stream);
     c->tape_on = 0;
-    if (c->fault_bytes) { /* the last forward failed: its shape's graph is not recorded from it */
+    if (c->fault_bytes || c->dev_failed) { /* the last forward failed: its shape's graph is not recorded from it */
         for (int i = 0; i < c->n_graphs; i++)
             if (!c->graphs[i].exec && !c->graphs[i].sk) c->graphs[i].seen = 0;
-        c->fault_bytes = 0, c->fault_host = 0;
+        if (c->dev_failed) dev_fail.on = 0; /* reported; a failure outside any forward waits for the end of this one */
+        c->fault_bytes = 0, c->fault_host = 0, c->dev_failed = 0;
+    }
+    if (inject_trap) {
+        inject_trap = 0;
+        k_trap<<<1, 1, 0, c->stream>>>();
     }
     const int n = b->n_tokens, S = b->n_seqs, no = b->n_out;
     size_t tot_pages = 0;
@@ -727,7 +775,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
             }
     }
     size_t need = (size_t)4 * n + 4 * S + no + tot_pages + (size_t)FA_ENT * n_ent;
-    CUDA_CHECK(cudaEventSynchronize(meta_done)); /* the last upload has left meta_host */
+    if (CUDA_FAILED(cudaEventSynchronize(meta_done))) return -1; /* the last upload has left meta_host */
     if (need > c->meta_cap) {
         graphs_drop(c);
         if (c->meta) cudaFree(c->meta), cudaFreeHost(c->meta_host), c->bytes_ws -= c->meta_cap * 4;
@@ -778,8 +826,11 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     c->d_tokens = d, c->d_pos = d + n, c->d_row_seq = d + 2 * n, c->d_row_t = d + 3 * n, c->d_seq = d + 4 * n;
     c->d_out_rows = d + 4 * n + 4 * S, c->d_pages = d + 4 * n + 4 * S + no;
     c->fa_tiles = d + (pages - h) + off, c->n_fa_tiles = n_ent, c->fa_slots = n_slots;
-    CUDA_CHECK(cudaMemcpyAsync(d, h, (size_t)(p - h) * 4, cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaEventRecord(meta_done, c->stream));
+    /* without this batch's tables the kernels would read the last batch's
+     * pages (and write its KV cache): the forward does not start */
+    if (CUDA_FAILED(cudaMemcpyAsync(d, h, (size_t)(p - h) * 4, cudaMemcpyHostToDevice, c->stream)) ||
+        CUDA_FAILED(cudaEventRecord(meta_done, c->stream)))
+        return -1;
 
     /* graphs: replay a known decode shape, record it the second time */
     /* an MoE model has built its expert tables in its first (eager) forward */
@@ -803,8 +854,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         /* the first run of a one-token step: record its ops for k_step (step.cu) */
         c->tape_on = 1, c->n_tape = 0;
     } else if (g->seen >= 2) {
-        CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-        c->mode = CU_CAPTURE;
+        if (!CUDA_FAILED(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal))) c->mode = CU_CAPTURE;
     }
     return 0;
 }

@@ -45,24 +45,32 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
-/* A fatal platform failure: print the call, where, the error, and abort. */
-#define CUDA_CHECK(x)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t e_ = (x);                                                                                      \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "kiln: CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(e_), cudaGetErrorString(e_), \
-                    __FILE__, __LINE__, #x);                                                                       \
-            abort();                                                                                               \
-        }                                                                                                          \
-    } while (0)
+/*
+ * A CUDA or cuBLAS call that failed is recorded, not fatal (cu_dev_fail,
+ * cuda.cu): the first failure is logged and the `error` op reports it at
+ * the end of the forward, so the batch fails and the process goes on. A
+ * sticky error (a kernel that faulted: the context is lost) fails every
+ * later batch the same way, and `error` says so. CUDA_FAILED(x) is 1 when
+ * x failed, for calls whose failure must stop what follows (a sync before
+ * the host reads what came back, a table upload before kernels walk it).
+ */
+void cu_dev_fail(const char *lib, const char *name, const char *msg, const char *file, int line, const char *call);
+static inline int cu_check_rt(cudaError_t e, const char *file, int line, const char *call) {
+    if (e == cudaSuccess) return 0;
+    cu_dev_fail("CUDA", cudaGetErrorName(e), cudaGetErrorString(e), file, line, call);
+    return 1;
+}
+#define CUDA_FAILED(x) cu_check_rt((x), __FILE__, __LINE__, #x)
+/* test hook (kiln_cuda_inject_fault): the next launch asks for 4,096 threads
+ * per block, a launch error that leaves the context usable */
+extern int cu_inject_launch;
+#define CUDA_CHECK(x) ((void)CUDA_FAILED(x))
 
-#define CUBLAS_CHECK(x)                                                                                  \
-    do {                                                                                                 \
-        cublasStatus_t s_ = (x);                                                                         \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-            fprintf(stderr, "kiln: cuBLAS error %d at %s:%d: %s\n", (int)s_, __FILE__, __LINE__, #x);    \
-            abort();                                                                                     \
-        }                                                                                                \
+#define CUBLAS_CHECK(x)                                                                                           \
+    do {                                                                                                          \
+        cublasStatus_t s_ = (x);                                                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                          \
+            cu_dev_fail("cuBLAS", cublasGetStatusName(s_), cublasGetStatusString(s_), __FILE__, __LINE__, #x); \
     } while (0)
 
 /* A linear layer's prepared form (qlinear.be). */
@@ -278,6 +286,7 @@ struct cuda_ctx {
      * op reports it, so the batch fails and the process goes on */
     size_t fault_bytes;
     int fault_host; /* ... and it was pinned host memory (cu_pinned) */
+    int dev_failed; /* `error` reported a failed CUDA or cuBLAS call (cu_dev_fail) */
     /* the tied embedding, so lm_head shares its upload */
     const void *embed_host;
     bf16 *embed_dev;
@@ -425,11 +434,13 @@ static inline void cu_launch_cl(cudaStream_t s, void (*k)(KArgs...), dim3 grid, 
     }
     cfg.attrs = at, cfg.numAttrs = na;
     cu_launch_seq++;
+    if (cu_inject_launch) cu_inject_launch = 0, cfg.blockDim = dim3(4096, 1, 1);
     cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
     if (e != cudaSuccess) {
-        fprintf(stderr, "kiln: CUDA launch failed: %s (%s): grid (%u, %u, %u), block (%u, %u, %u), cluster (%u, %u, %u), %zu bytes of shared memory\n",
-                cudaGetErrorName(e), cudaGetErrorString(e), grid.x, grid.y, grid.z, block.x, block.y, block.z, cl.x, cl.y, cl.z, smem);
-        abort();
+        char call[160];
+        snprintf(call, sizeof call, "a launch: grid (%u, %u, %u), block (%u, %u, %u), cluster (%u, %u, %u), %zu bytes of shared memory",
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z, cl.x, cl.y, cl.z, smem);
+        cu_dev_fail("CUDA", cudaGetErrorName(e), cudaGetErrorString(e), __FILE__, __LINE__, call);
     }
 }
 
@@ -443,7 +454,7 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
  * their first launch) */
 int cu_sm90_code(const void *k);
 
-/* checks the last launch (cheap; launch errors are bugs or a broken device) */
+/* checks the last launch (cheap; launch errors are bugs or a broken device: recorded, cu_dev_fail) */
 #define CU_LAUNCHED() CUDA_CHECK(cudaGetLastError())
 
 /* launches every held-back op (gemm.cu): the queued decode matmuls (with a

@@ -40,8 +40,10 @@ void cu_gather_rows(struct kiln_backend *be, void *out, const void *x, const int
     if (rows != c->out_rows_host || n_rows != c->n_out) { /* not the batch's rows: upload (never in a graph) */
         int *tmp = (int *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, (size_t)n_rows * 4);
         if (!tmp) return; /* out of device memory: cu_error reports it */
-        CUDA_CHECK(cudaMemcpyAsync(tmp, rows, (size_t)n_rows * 4, cudaMemcpyHostToDevice, c->stream));
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        /* no row list on the device: no copy (the batch fails, cu_error) */
+        if (CUDA_FAILED(cudaMemcpyAsync(tmp, rows, (size_t)n_rows * 4, cudaMemcpyHostToDevice, c->stream)) ||
+            CUDA_FAILED(cudaStreamSynchronize(c->stream)))
+            return;
         d_rows = tmp;
     }
     if (out == x) {

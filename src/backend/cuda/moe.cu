@@ -45,7 +45,10 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
         if (memcmp(t->host, h, bytes)) { /* another model's layer at the old address: new pointers, in stream order */
             free(t->host);
             t->host = h;
-            CUDA_CHECK(cudaMemcpyAsync((void *)t->gate, h, bytes, cudaMemcpyHostToDevice, c->stream));
+            if (CUDA_FAILED(cudaMemcpyAsync((void *)t->gate, h, bytes, cudaMemcpyHostToDevice, c->stream))) {
+                memset(t->host, 0, bytes); /* matches no layer: the next call uploads again */
+                return NULL;               /* the batch fails (cu_error) */
+            }
         } else
             free(h);
         return t;
@@ -57,7 +60,10 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
         cu_fault(c, bytes, 0);
         return NULL;
     }
-    CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    if (CUDA_FAILED(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice))) { /* the batch fails (cu_error) */
+        cudaFree(d), free(h);
+        return NULL;
+    }
     c->bytes_ws += bytes;
     c->moe_tabs = (struct cu_moe_tab *)kiln_realloc(c->moe_tabs, sizeof *c->moe_tabs * (size_t)(c->n_moe_tabs + 1));
     struct cu_moe_tab *t = &c->moe_tabs[c->n_moe_tabs++];
@@ -299,7 +305,7 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
     const int E = m->n_expert;
     const size_t tab_bytes = sizeof(void *) * 9 * (size_t)E;
     if (c->moe_ptr_cap < tab_bytes) {
-        CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* no copy from the old table in flight */
+        if (CUDA_FAILED(cudaStreamSynchronize(c->stream))) return -1; /* no copy from the old table in flight */
         /* no pinned table this time: the caller runs one call per expert
          * (same results), so this is not the batch's failure */
         if (cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, tab_bytes)) return -1;
@@ -321,7 +327,10 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
         q++;
     }
     for (int i = 0; i < g; i++) rows[g + i] = rows[i];
-    CUDA_CHECK(cudaMemcpyAsync(dtab, h, sizeof(void *) * 9 * (size_t)g, cudaMemcpyHostToDevice, c->stream));
+    if (CUDA_FAILED(cudaMemcpyAsync(dtab, h, sizeof(void *) * 9 * (size_t)g, cudaMemcpyHostToDevice, c->stream))) {
+        free(rows); /* no table on the device: no grouped calls (the batch fails, cu_error) */
+        return -1;
+    }
     int ok = grouped_gemm(c, 2 * g, rows, F, dim, dtab);
     if (ok) {
         cu_swiglu_raw(c, hg, hg, hu, (size_t)cnt[E] * F);
@@ -389,8 +398,10 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         return;
     }
     int *hcnt = c->moe_host, *cnt = hcnt + E;
-    CUDA_CHECK(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    /* the counts size the GEMMs below: without them nothing more runs (the batch fails, cu_error) */
+    if (CUDA_FAILED(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream)) ||
+        CUDA_FAILED(cudaStreamSynchronize(c->stream)))
+        return;
     cnt[0] = 0;
     for (int e = 0; e < E; e++) cnt[e + 1] = cnt[e] + hcnt[e]; /* cnt[e] = first slot of expert e */
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);

@@ -845,19 +845,37 @@ void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
         if (st[i].type == SK_ATTN) nh = st[i].nh > nh ? st[i].nh : nh, hd = st[i].hd > hd ? st[i].hd : hd, ns = st[i].ns;
     /* scratch of its own (never reallocated under a recorded program) */
     const size_t part = (size_t)nh * ns * (hd + 4) * sizeof(float);
+    /* without its scratch the step keeps the graph path */
     if (part > c->sk_part_cap) {
         if (c->sk_part) {
             CUDA_CHECK(cudaFree(c->sk_part));
             c->bytes_ws -= c->sk_part_cap;
         }
+        c->sk_part = NULL, c->sk_part_cap = 0;
+        if (cudaMalloc(&c->sk_part, part * 2) != cudaSuccess) {
+            cudaGetLastError(); /* out of memory is not sticky */
+            c->sk_part = NULL;
+            sk_fail("scratch memory", (int)(part * 2));
+            free(st);
+            return;
+        }
         c->sk_part_cap = part * 2;
-        CUDA_CHECK(cudaMalloc(&c->sk_part, c->sk_part_cap));
         c->bytes_ws += c->sk_part_cap;
     }
     if (!c->sk_bar) {
         const size_t bar = 64, cnt = SK_MAX_HEADS * sizeof(int), cand = (size_t)c->n_sm * 8;
-        CUDA_CHECK(cudaMalloc(&c->sk_bar, bar + cnt + cand));
-        CUDA_CHECK(cudaMemset(c->sk_bar, 0, bar + cnt + cand));
+        if (cudaMalloc(&c->sk_bar, bar + cnt + cand) != cudaSuccess) {
+            cudaGetLastError();
+            c->sk_bar = NULL;
+            sk_fail("scratch memory", (int)(bar + cnt + cand));
+            free(st);
+            return;
+        }
+        if (CUDA_FAILED(cudaMemset(c->sk_bar, 0, bar + cnt + cand))) { /* counters not zeroed: never launched */
+            cudaFree(c->sk_bar), c->sk_bar = NULL;
+            free(st);
+            return;
+        }
         c->bytes_ws += bar + cnt + cand;
     }
     struct sk_prog *p = (struct sk_prog *)kiln_calloc(1, sizeof *p);
@@ -940,8 +958,12 @@ void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p) {
     /* the program into constant memory when another one ran last; a launch
      * of another backend (another stream) may still be reading the table */
     if (sk_loaded != p) {
-        if (sk_stream && sk_stream != c->stream) CUDA_CHECK(cudaStreamSynchronize(sk_stream));
-        CUDA_CHECK(cudaMemcpyToSymbolAsync(sk_cst, p->h_st, sizeof(struct sk_stage) * (size_t)p->n_st, 0, cudaMemcpyHostToDevice, c->stream));
+        /* without its program in constant memory the kernel must not run (the batch fails, cu_error) */
+        if (sk_stream && sk_stream != c->stream && CUDA_FAILED(cudaStreamSynchronize(sk_stream))) return;
+        sk_loaded = NULL;
+        if (CUDA_FAILED(cudaMemcpyToSymbolAsync(sk_cst, p->h_st, sizeof(struct sk_stage) * (size_t)p->n_st, 0, cudaMemcpyHostToDevice,
+                                                c->stream)))
+            return;
         sk_loaded = p;
     }
     sk_stream = c->stream;
@@ -961,7 +983,8 @@ void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p) {
         prof_at = pe ? atol(pe) : -1;
     }
     E.prof = NULL;
-    if (cu_sk_count == prof_at) CUDA_CHECK(cudaMalloc(&E.prof, (size_t)p->n_st * c->n_sm * 3 * 8));
+    if (cu_sk_count == prof_at && cudaMalloc(&E.prof, (size_t)p->n_st * c->n_sm * 3 * 8) != cudaSuccess)
+        cudaGetLastError(), E.prof = NULL; /* no room: this step is not profiled */
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)c->n_sm), cfg.blockDim = dim3(SK_NT), cfg.dynamicSmemBytes = (size_t)p->smem, cfg.stream = c->stream;
     cudaLaunchAttribute at[1];
@@ -970,9 +993,9 @@ void cu_sk_launch(struct cuda_ctx *c, struct sk_prog *p) {
     cfg.attrs = at, cfg.numAttrs = 1;
     cudaError_t e = cudaLaunchKernelEx(&cfg, k_step, E);
     if (e != cudaSuccess) {
-        fprintf(stderr, "kiln: CUDA launch of the decode step kernel failed: %s (%s), %d bytes of shared memory\n",
-                cudaGetErrorName(e), cudaGetErrorString(e), p->smem);
-        abort();
+        char call[96];
+        snprintf(call, sizeof call, "the launch of the decode step kernel, %d bytes of shared memory", p->smem);
+        cu_dev_fail("CUDA", cudaGetErrorName(e), cudaGetErrorString(e), __FILE__, __LINE__, call);
     }
     cu_sk_count++;
     if (E.prof) sk_prof_print(c, p, E.prof);
