@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -702,6 +703,40 @@ static void test_dummy(void) {
     }
 }
 
+/* Dummy GPTQ/AWQ weights on the CPU: after the repack the stored codes'
+ * whole pages are given back (resident memory is the repacked size, as for
+ * a checkpoint's file mapping), the BF16 embedding keeps its pages, and the
+ * model still runs (test_dummy checks its logits). */
+static void test_dummy_dropped(void) {
+    const char *fmts[] = {"gptq-int4", "awq"};
+    char err[512];
+    const long pg = sysconf(_SC_PAGESIZE);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        struct kiln_backend *be = backend_create("cpu", 1, err, sizeof err);
+        struct kiln_model m;
+        memset(&m, 0, sizeof m);
+        int rc = be ? model_load_dummy_quant(&m, FIXTURES "/dummy/qwen3-long-tiny.json", KILN_DTYPE_BF16, fmts[f], 128, 1, be, err, sizeof err) : -1;
+        CHECK(rc == 0, "--quant %s: %s", fmts[f], err);
+        if (rc == 0) {
+            const struct ktensor *ts[] = {&m.layers[0].wq.w, &m.layers[1].down.w, &m.embed};
+            for (int i = 0; i < 3; i++) {
+                uintptr_t a = ((uintptr_t)ts[i]->data + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+                const uintptr_t e = ((uintptr_t)ts[i]->data + (uintptr_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)) & ~(uintptr_t)(pg - 1);
+                const size_t np = e > a ? (e - a) / (size_t)pg : 0;
+                unsigned char *v = kiln_calloc(np + 1, 1);
+                size_t res = 0;
+                CHECK(np >= 8 && mincore((void *)a, e - a, v) == 0, "--quant %s tensor %d: %zu whole pages", fmts[f], i, np);
+                for (size_t k = 0; k < np; k++) res += v[k] & 1;
+                if (i < 2) CHECK(res == 0, "--quant %s: %zu of %zu pages of stored codes still resident after the repack", fmts[f], res, np);
+                else CHECK(res == np, "the BF16 embedding: %zu of %zu pages resident", res, np);
+                free(v);
+            }
+            model_free(&m);
+        }
+        if (be) be->destroy(be);
+    }
+}
+
 /* ==== a forced instruction set is honoured by every kernel ====
  *
  * Per ISA the CPU has (forced with cpu_set_isa, as KILN_CPU_ISA does), a
@@ -1044,6 +1079,7 @@ void test_quant(void) {
     test_gguf_tokenizer();
     test_gguf_qwen3_tokenizer();
     test_dummy();
+    test_dummy_dropped();
     test_isa_dispatch();
     test_scratch_oom();
     test_dummy_oom();
