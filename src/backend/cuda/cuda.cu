@@ -219,6 +219,10 @@ void cu_dev_fail(const char *lib, const char *name, const char *msg, const char 
  * cuBLAS call failed: its outputs are not valid */
 static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
     struct cuda_ctx *c = cu_ctx(be);
+    /* a forward that ends on a held op (today every one ends on read,
+     * argmax or attention, which launch what is held) still launches it,
+     * and its launch is checked here */
+    if (c->mode == CU_EAGER) cu_flush(c);
     if (dev_fail.on) {
         /* a sticky error survives the read that clears any other: the
          * context is lost and nothing on this device will run again. The
