@@ -741,6 +741,26 @@ static void test_scratch_oom(struct pair *p) {
     free_both(p, xc, xg), free(x), free(rows), free(hog), free(B);
 }
 
+/* `read` of one vocabulary-sized row (a decode step's logits: bf16 to
+ * pinned memory, widened on the host with AVX2 where it has it): every value
+ * exact, five reads in a row, and a length that is not a multiple of 16 so
+ * the widening's scalar tail runs. */
+static void test_read_row(struct pair *p) {
+    const size_t n = 151936 - 5;
+    float *x = rand_vec(n, 3.f), *y = kiln_malloc(sizeof(float) * n);
+    void *xg = p->gpu->alloc(p->gpu, n * p->gpu->act_size);
+    p->gpu->write(p->gpu, xg, x, n);
+    for (int r = 0; r < 5; r++) {
+        for (size_t i = 0; i < n; i++) y[i] = -1e30f;
+        p->gpu->read(p->gpu, y, xg, n);
+        size_t same = 0;
+        for (size_t i = 0; i < n; i++) same += y[i] == x[i];
+        CHECK(same == n, "read of %zu values, round %d: %zu exact", n, r, same);
+    }
+    p->gpu->free(p->gpu, xg);
+    free(x), free(y);
+}
+
 /* Pinned host memory that cannot be had (kiln_cuda_pin_fail: the next
  * allocations fail as if the host refused to pin them): read and argmax,
  * which stage their results there, leave zeros, the backend reports the
@@ -1669,6 +1689,7 @@ void test_cuda(void) {
     test_moe(&p);
     test_moe_reuse(&p);
     test_scratch_oom(&p);
+    test_read_row(&p);
     test_pinned_oom();
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
