@@ -178,6 +178,12 @@ void bench_inproc_free(struct bench_target *t) {
     t->ctx = NULL;
 }
 
+/* *mem = the higher of itself and the memory in use now (NAN: none yet) */
+static void keep_peak(double *mem, struct inproc *p) {
+    const double m = mem_now(p);
+    if (!isnan(m) && (isnan(*mem) || m > *mem)) *mem = m;
+}
+
 /* ==== pp / tg (llama-bench) ==== */
 
 /* the bandwidth probe of --roofline: two passes of each stream pattern
@@ -328,8 +334,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                         (void)first;
                         double t2 = kiln_now();
                         if (k >= 0) ts[k] = n / (t1 - t0), ttft[k] = (t2 - t0) * 1e3;
-                        double m = mem_now(&memp);
-                        if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
+                        if (k >= 0) keep_peak(&mem, &memp);
                     } else {
                         if (d == 0) rc = kiln_seq_eval(s, ids, 1, logits, 0, err, errlen);
                         /* timed in windows of `win` steps; with --roofline the
@@ -348,13 +353,12 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                             double t0 = kiln_now();
                             for (int i = w * win; i < i1 && rc == 0; i++) rc = kiln_seq_eval(s, ids + 1 + i, 1, logits, 0, err, errlen);
                             busy += wt[w] = kiln_now() - t0;
-                            double m = mem_now(&memp);
-                            if (k >= 0 && !isnan(m) && (isnan(mem) || m > mem)) mem = m;
+                            if (k >= 0) keep_peak(&mem, &memp);
                         }
                         if (rc == 0 && probe && (rc = probe_bw(&wbw[nw], o, bw_mib, bw_width, err, errlen)) == 0) {
+                            const double gbs = sbytes * n / busy / 1e9;
                             bw[k] = bench_roof_pair(wt, wbw, nw, &bwmax[k]);
-                            roof[k] = 100.0 * sbytes * n / busy / 1e9 / bw[k];
-                            roofmax[k] = 100.0 * sbytes * n / busy / 1e9 / bwmax[k];
+                            roof[k] = 100.0 * gbs / bw[k], roofmax[k] = 100.0 * gbs / bwmax[k];
                         }
                         if (k >= 0) ts[k] = n / busy, ttft[k] = NAN;
                     }

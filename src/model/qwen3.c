@@ -128,9 +128,9 @@ int model_forward(struct kiln_model *m, struct kv_cache *kv, const struct kiln_b
         else
             be->add(be, x, m->xb, (size_t)nr * dim);
     }
-    if (b->n_out == 0) return be->error ? be->error(be, err, errlen) : 0;
     /* final norm and lm_head, only for the rows that sample (gathered
-     * already when the last layer ran on them alone) */
+     * already when the last layer ran on them alone; a batch without any
+     * returned after the last layer's attention, as n >= 1 > n_out) */
     if (x != m->out_x) be->gather_rows(be, m->out_x, m->x, b->out_rows, b->n_out, dim);
     be->rmsnorm(be, m->out_x, m->out_x, &m->norm, b->n_out, dim, eps);
     be->matmul(be, m->out_logits, m->out_x, &m->lm_head, b->n_out);

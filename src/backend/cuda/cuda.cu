@@ -230,7 +230,6 @@ static int cu_error(struct kiln_backend *be, char *err, size_t errlen) {
         cudaGetLastError();
         const cudaError_t now = cudaStreamSynchronize(c->stream);
         c->dev_failed = 1;
-        cudaGetLastError();
         return kiln_errf(err, errlen, "cuda: %s; the batch failed%s", dev_fail.what,
                          now == cudaSuccess ? ", nothing else changed"
                                             : ". The GPU context is lost (a sticky error): every later batch on this device "

@@ -835,6 +835,40 @@ static int sk_slotw(void) {
     return v >= 2048 && v % 2048 == 0 && SK_WRING % v == 0 ? v : 8192;
 }
 
+/* the step's own scratch: `part` bytes of split partials (grown to twice
+ * that) and the zeroed barrier counters; -1 when the device has no room
+ * (not sticky, so cleared) or a call failed (recorded, cu_dev_fail) */
+static int sk_scratch(struct cuda_ctx *c, size_t part) {
+    if (part > c->sk_part_cap) {
+        if (c->sk_part) {
+            CUDA_CHECK(cudaFree(c->sk_part));
+            c->bytes_ws -= c->sk_part_cap;
+        }
+        c->sk_part = NULL, c->sk_part_cap = 0;
+        if (cudaMalloc(&c->sk_part, part * 2) != cudaSuccess) {
+            cudaGetLastError();
+            c->sk_part = NULL;
+            return sk_fail("scratch memory", (int)(part * 2));
+        }
+        c->sk_part_cap = part * 2;
+        c->bytes_ws += c->sk_part_cap;
+    }
+    if (!c->sk_bar) {
+        const size_t bytes = 64 + SK_MAX_HEADS * sizeof(int) + (size_t)c->n_sm * 8; /* barriers, head counters, argmax candidates */
+        if (cudaMalloc(&c->sk_bar, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            c->sk_bar = NULL;
+            return sk_fail("scratch memory", (int)bytes);
+        }
+        if (CUDA_FAILED(cudaMemset(c->sk_bar, 0, bytes))) { /* counters not zeroed: never launched */
+            cudaFree(c->sk_bar), c->sk_bar = NULL;
+            return -1;
+        }
+        c->bytes_ws += bytes;
+    }
+    return 0;
+}
+
 void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
     struct sk_stage *st;
     int n, xs;
@@ -845,38 +879,9 @@ void cu_sk_compile(struct cuda_ctx *c, struct cu_graph *g) {
         if (st[i].type == SK_ATTN) nh = st[i].nh > nh ? st[i].nh : nh, hd = st[i].hd > hd ? st[i].hd : hd, ns = st[i].ns;
     /* scratch of its own (never reallocated under a recorded program) */
     const size_t part = (size_t)nh * ns * (hd + 4) * sizeof(float);
-    /* without its scratch the step keeps the graph path */
-    if (part > c->sk_part_cap) {
-        if (c->sk_part) {
-            CUDA_CHECK(cudaFree(c->sk_part));
-            c->bytes_ws -= c->sk_part_cap;
-        }
-        c->sk_part = NULL, c->sk_part_cap = 0;
-        if (cudaMalloc(&c->sk_part, part * 2) != cudaSuccess) {
-            cudaGetLastError(); /* out of memory is not sticky */
-            c->sk_part = NULL;
-            sk_fail("scratch memory", (int)(part * 2));
-            free(st);
-            return;
-        }
-        c->sk_part_cap = part * 2;
-        c->bytes_ws += c->sk_part_cap;
-    }
-    if (!c->sk_bar) {
-        const size_t bar = 64, cnt = SK_MAX_HEADS * sizeof(int), cand = (size_t)c->n_sm * 8;
-        if (cudaMalloc(&c->sk_bar, bar + cnt + cand) != cudaSuccess) {
-            cudaGetLastError();
-            c->sk_bar = NULL;
-            sk_fail("scratch memory", (int)(bar + cnt + cand));
-            free(st);
-            return;
-        }
-        if (CUDA_FAILED(cudaMemset(c->sk_bar, 0, bar + cnt + cand))) { /* counters not zeroed: never launched */
-            cudaFree(c->sk_bar), c->sk_bar = NULL;
-            free(st);
-            return;
-        }
-        c->bytes_ws += bar + cnt + cand;
+    if (sk_scratch(c, part)) { /* without its scratch the step keeps the graph path */
+        free(st);
+        return;
     }
     struct sk_prog *p = (struct sk_prog *)kiln_calloc(1, sizeof *p);
     p->n_st = n;
