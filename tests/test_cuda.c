@@ -59,6 +59,16 @@ static int switches_on(const char *const *names) {
     return 1;
 }
 
+/* a copy of an environment variable's value (NULL: unset), and putting it back */
+static char *env_save(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+static void env_restore(const char *name, const char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+}
+
 /* ==== helpers ==== */
 
 static uint64_t rs = 0x243f6a8885a308d3ull;
@@ -188,7 +198,7 @@ static void vec_free(struct pair *p, struct vec2 *v) {
 /* a batch of one sequence of n tokens after n_past cached ones */
 struct bat {
     struct kiln_batch b;
-    struct kiln_seq_view v[4];
+    struct kiln_seq_view v[16];
     int32_t tok[16384], pos[16384], rows[16384];
 };
 
@@ -398,9 +408,12 @@ static void test_rope(struct pair *p) {
 /* KV heads of the attention cases (32 query heads): 8 unless a case
  * checks another grouping (the GQA decode kernel handles 2, 4 and 8) */
 static int att_nkv = 8;
+/* query heads and page size of the attention cases: 32 and 16 unless a
+ * case checks another (attn_dec.cu's groups of 1-8 heads and page pieces) */
+static int att_nh = 32, att_P = 16;
 
 static void attention_case_hd(struct pair *p, const char *what, int n_seqs, const int *n_past, const int *n_new, int hd) {
-    const int nh = 32, nkv = att_nkv, P = 16;
+    const int nh = att_nh, nkv = att_nkv, P = att_P;
     int n_pages = 0;
     for (int s = 0; s < n_seqs; s++) n_pages += (n_past[s] + n_new[s] + P - 1) / P;
     n_pages = n_pages < 256 ? 256 : n_pages;
@@ -472,6 +485,21 @@ long kiln_cuda_fused_att_count(void) __attribute__((weak));
 long kiln_cuda_att_pre_count(void) __attribute__((weak));
 long kiln_cuda_att_cluster_count(void) __attribute__((weak));
 int kiln_cuda_att_cluster_max(void) __attribute__((weak));
+long kiln_cuda_att_dec_count(void) __attribute__((weak));
+int kiln_cuda_att_dec_split(int hd, int n_head, int nkv) __attribute__((weak));
+
+/* whether a decode step of S sequences, the longest max_len keys, takes
+ * attn_dec.cu's kernel (cuda.cuh ATT_DEC_MIN_CTX, ATT_DEC_MAX_SEQS,
+ * ATT_DEC_MAX_CTX; flash decode from 2,048 keys at up to 4 sequences).
+ * The backend decides in begin by the previous attention call's shape, as
+ * a model's layers all have one: a case after one of another shape that
+ * the kernel does not take (head_dim 256) would not get it. */
+static int dec_takes(int hd, int nh, int nkv, int S, int max_len) {
+    const char *e = getenv("KILN_CUDA_ATT_DEC_CTX");
+    const int from = e && *e ? atoi(e) : 256;
+    if (!kiln_cuda_att_dec_split || kiln_cuda_att_dec_split(hd, nh, nkv) <= 0 || from <= 0 || max_len < from || S > 8) return 0;
+    return !(S <= 4 && nh / nkv > 2 && max_len > 8192); /* flash decode's */
+}
 
 /* gemv: a GEMV (on the GPU only, into a buffer nothing reads) is the launch
  * just before the fused attention, as the q/k/v projection is in a layer:
@@ -523,6 +551,7 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
             const long runs0 = kiln_cuda_fused_att_count ? kiln_cuda_fused_att_count() : 0;
             const long pre0 = kiln_cuda_att_pre_count ? kiln_cuda_att_pre_count() : 0;
             const long cl0 = kiln_cuda_att_cluster_count ? kiln_cuda_att_cluster_count() : 0;
+            const long dec0 = kiln_cuda_att_dec_count ? kiln_cuda_att_dec_count() : 0;
             struct lin2 L = lin_make(p, 256, 1024, 0);
             void *xg, *yg, *xc = alloc_both(p, &xg, 1024), *yc = alloc_both(p, &yg, 256);
             if (gemv) p->gpu->matmul(p->gpu, yg, xg, &L.g, 1); /* queued; launched by the next op's flush */
@@ -534,20 +563,27 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
                 be[i]->kv_write(be[i], g ? &kg : &kc, 0, g ? kg_ : kc_, g ? vg : vc, &B.b);
                 be[i]->attention(be[i], g ? og : oc, g ? qg : qc, g ? &kg : &kc, 0, &B.b, nh, 0.25f);
             }
-            static const char *const sw[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", NULL};
-            if (kiln_cuda_fused_att_count && switches_on(sw))
-                CHECK(kiln_cuda_fused_att_count() - runs0 == 1, "%s: the fused row kernel did not run", what);
-            static const char *const sw_pre[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_PRE", NULL};
-            if (kiln_cuda_att_pre_count && switches_on(sw_pre))
-                CHECK(kiln_cuda_att_pre_count() - pre0 == gemv, "%s: keys read before the wait %ld times, expected %d", what,
-                      kiln_cuda_att_pre_count() - pre0, gemv);
-            /* 2-16 splits (16 keys each, from the longest row) merge in a
-             * cluster's shared memory on sm_90 (attention.cu, CL) */
+            /* from ATT_DEC_MIN_CTX keys the step takes attn_dec.cu's
+             * kernel instead, after the rope + KV write as their own launch */
             int max_len = 0, split = 1;
             for (int s = 0; s < S; s++) max_len = n_past[s] + 1 > max_len ? n_past[s] + 1 : max_len;
+            const int dec = dec_takes(hd, nh, nkv, S, max_len);
+            if (kiln_cuda_att_dec_count)
+                CHECK(kiln_cuda_att_dec_count() - dec0 == dec, "%s: attn_dec.cu ran %ld times, expected %d", what,
+                      kiln_cuda_att_dec_count() - dec0, dec);
+            static const char *const sw[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", NULL};
+            if (kiln_cuda_fused_att_count && switches_on(sw))
+                CHECK(kiln_cuda_fused_att_count() - runs0 == !dec, "%s: the fused row kernel ran %ld times, expected %d", what,
+                      kiln_cuda_fused_att_count() - runs0, !dec);
+            static const char *const sw_pre[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_PRE", NULL};
+            if (kiln_cuda_att_pre_count && switches_on(sw_pre))
+                CHECK(kiln_cuda_att_pre_count() - pre0 == (gemv && !dec), "%s: keys read before the wait %ld times, expected %d",
+                      what, kiln_cuda_att_pre_count() - pre0, gemv && !dec);
+            /* 2-16 splits (16 keys each, from the longest row) merge in a
+             * cluster's shared memory on sm_90 (attention.cu, CL) */
             while (split < 64 && split * 16 < max_len) split *= 2;
             static const char *const sw_cl[] = {"KILN_CUDA_FUSE", "KILN_CUDA_FUSE_ATT", "KILN_CUDA_ATT_CLUSTER", NULL};
-            if (kiln_cuda_att_cluster_count && kiln_cuda_att_cluster_max && switches_on(sw_cl) &&
+            if (kiln_cuda_att_cluster_count && kiln_cuda_att_cluster_max && switches_on(sw_cl) && !dec &&
                 !getenv("KILN_CUDA_ATT_SPLIT_TOKENS"))
                 CHECK(kiln_cuda_att_cluster_count() - cl0 == (split > 1 && split <= kiln_cuda_att_cluster_max()),
                       "%s: %d splits (clusters up to %d), cluster merges %ld", what, split, kiln_cuda_att_cluster_max(),
@@ -576,8 +612,16 @@ static void test_fused_attention(struct pair *p) {
      * and 16; all but the first merge in a cluster on sm_90 */
     const int past4[] = {0, 5, 200, 470}, past2[] = {31, 16}, past1[] = {100}, past4b[] = {3, 17, 250, 130};
     const int past4s[] = {0, 7, 33, 63}; /* short rows: 1-4 splits of up to 16 keys */
-    for (int gemv = 0; gemv < 2; gemv++) {
-        const char *after = gemv ? ", after a GEMV (keys read before the wait)" : "";
+    /* each twice: with attn_dec.cu's kernel off (the row kernel at every
+     * length), then as a model runs (it takes the 471-key step) */
+    char *saved = env_save("KILN_CUDA_ATT_DEC_CTX");
+    for (int pass = 0; pass < 4; pass++) {
+        const int gemv = pass & 1;
+        if (pass < 2) setenv("KILN_CUDA_ATT_DEC_CTX", "0", 1);
+        else env_restore("KILN_CUDA_ATT_DEC_CTX", saved);
+        char after[120];
+        snprintf(after, sizeof after, "%s%s", gemv ? ", after a GEMV (keys read before the wait)" : "",
+                 pass < 2 ? ", attn_dec off" : "");
         char what[5][200];
         snprintf(what[0], sizeof what[0], "decode step (norm + rope + KV write + attention), 4 seqs, 32/8 heads of 128%s", after);
         snprintf(what[1], sizeof what[1], "decode step, 2 seqs at page ends, 14/2 heads of 64%s", after);
@@ -590,9 +634,68 @@ static void test_fused_attention(struct pair *p) {
         snprintf(what[4], sizeof what[4], "decode step, 4 seqs up to 64 keys, 32/8 heads of 128%s", after);
         fused_att_case(p, what[4], 4, past4s, 32, 8, 128, gemv);
     }
+    free(saved);
+}
+
+/* attn_dec.cu: decode over long caches, streamed by the copy engine. Every
+ * query-head group it takes (1-8 heads per KV head, head_dim 64 and 128),
+ * page sizes whose pages split a 16-key stage (1, 8, 24) or hold several
+ * (64), rows whose lengths end on and just past a stage, next to empty
+ * rows; each case checks that the kernel ran (where the device has it). */
+static void dec_case(struct pair *p, const char *what, int S, const int *past, int hd) {
+    int ones[16], max_len = 0;
+    for (int s = 0; s < 16; s++) ones[s] = 1;
+    for (int s = 0; s < S; s++) max_len = past[s] + 1 > max_len ? past[s] + 1 : max_len;
+    const long d0 = kiln_cuda_att_dec_count ? kiln_cuda_att_dec_count() : 0;
+    attention_case_hd(p, what, S, past, ones, hd);
+    const int want = dec_takes(hd, att_nh, att_nkv, S, max_len);
+    if (kiln_cuda_att_dec_count)
+        CHECK(kiln_cuda_att_dec_count() - d0 == want, "%s: attn_dec.cu ran %ld times, expected %d", what,
+              kiln_cuda_att_dec_count() - d0, want);
+}
+
+static void test_att_dec(struct pair *p) {
+    if (kiln_cuda_att_dec_split) printf("  decode attention over long caches: attn_dec.cu, clusters of %d\n", kiln_cuda_att_dec_split(128, 32, 8));
+    const int mix[] = {8000, 3, 0, 700}, edge[] = {255, 256, 271, 4095}, one[] = {300}, eight[] = {900, 260, 5, 2047, 1, 333, 64, 8000};
+    static const int groups[][3] = {{32, 8, 128}, {32, 16, 128}, {32, 4, 128}, {32, 32, 128}, {40, 8, 128}, {28, 4, 128},
+                                    {24, 8, 128}, {36, 6, 128}, {32, 8, 64}, {14, 2, 64}, {32, 32, 64}};
+    char what[200];
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        att_nh = groups[i][0], att_nkv = groups[i][1];
+        snprintf(what, sizeof what, "attn_dec decode 8000/3/0/700, %d/%d heads of %d", att_nh, att_nkv, groups[i][2]);
+        dec_case(p, what, 4, mix, groups[i][2]);
+    }
+    /* past 8,192 keys: 2 heads per group still here, 4 and 8 take flash decode */
+    const int longer[] = {15000, 3, 0, 700};
+    att_nkv = 16;
+    dec_case(p, "attn_dec decode 15000/3/0/700, 32/16 heads", 4, longer, 128);
+    att_nkv = 8; /* the plan follows the previous call's group: one at 32/8 first, short (row kernel) */
+    const int short4[] = {100, 3, 0, 254};
+    dec_case(p, "decode up to 255 keys (row kernel)", 4, short4, 128);
+    dec_case(p, "decode 15000/3/0/700, 32/8 heads (flash decode)", 4, longer, 128);
+    att_nh = 32, att_nkv = 8;
+    dec_case(p, "attn_dec decode 255/256/271/4095 (stage ends)", 4, edge, 128);
+    dec_case(p, "attn_dec decode of 1 seq after 300", 1, one, 128);
+    dec_case(p, "attn_dec decode of 8 seqs up to 8000", 8, eight, 128);
+    static const int pages[] = {1, 8, 24, 64};
+    for (size_t i = 0; i < sizeof pages / sizeof pages[0]; i++) {
+        att_P = pages[i];
+        snprintf(what, sizeof what, "attn_dec decode 255/256/271/4095, pages of %d", att_P);
+        dec_case(p, what, 4, edge, 128);
+        snprintf(what, sizeof what, "attn_dec decode 255/256/271/4095, pages of %d, head_dim 64", att_P);
+        dec_case(p, what, 4, edge, 64);
+    }
+    att_P = 16;
+    /* 9 sequences: the row kernel */
+    const int nine[] = {300, 300, 300, 300, 300, 300, 300, 300, 300};
+    dec_case(p, "decode of 9 seqs after 300 (row kernel)", 9, nine, 128);
 }
 
 static void test_attention(struct pair *p) {
+    /* the row, GQA and flash kernels at every length: attn_dec.cu off here
+     * (test_att_dec has it) */
+    char *dec_saved = env_save("KILN_CUDA_ATT_DEC_CTX");
+    setenv("KILN_CUDA_ATT_DEC_CTX", "0", 1);
     int past1[] = {37, 0, 300, 1000}, new1[] = {1, 1, 1, 1};
     attention_case(p, "attention decode, 4 seqs (split-K rows)", 4, past1, new1);
     int past2[] = {20, 0}, new2[] = {150, 70};
@@ -666,6 +769,8 @@ static void test_attention(struct pair *p) {
     attention_case(p, "attention prefill 2100 (flash, wgmma + cp.async)", 1, past4, new11);
     attention_case(p, "attention 250 after 15750 cached (flash, wgmma + cp.async, split-KV)", 1, past8, new8);
     unsetenv("KILN_CUDA_FA_WG");
+    env_restore("KILN_CUDA_ATT_DEC_CTX", dec_saved);
+    free(dec_saved);
 }
 
 static void test_misc(struct pair *p) {
@@ -1683,6 +1788,7 @@ void test_cuda(void) {
     test_norms(&p);
     test_rope(&p);
     test_attention(&p);
+    test_att_dec(&p);
     test_fused_attention(&p);
     test_misc(&p);
     test_decode_fused(&p);

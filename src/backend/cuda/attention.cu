@@ -39,6 +39,9 @@
  *    wins (250 new after 15,750 on 32 heads: 2 chunks, 256 blocks in one
  *    wave). KILN_CUDA_FA_SPLIT=0 turns it off; =N cuts the longest tile
  *    into N chunks whatever the estimate says.
+ * Decode steps over 256 or more cached keys take attn_dec.cu instead on
+ * sm_90 (cu_begin decides, cu_attention launches), and at 64 splits the
+ * row kernel's shapes with grouped heads take attn_gqa.cu.
  * Scores and softmax are f32; P is rounded to bf16 for the P.V product, as
  * FlashAttention does. On Hopper (sm_90a code) the two-heads flash blocks at
  * head_dim 128 run flash_wg.cu's wgmma kernel instead (same work list,
@@ -825,7 +828,7 @@ extern "C" long kiln_cuda_att_pre_count(void) { return att_pre_runs; }
 static int attention_fused(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head,
                            float sl2) {
     if (!c->pkv.on || !c->prope.on || c->n_pend || c->padd.on || c->pnorm.on || q != c->prope.q || c->prope.n_head != n_head || c->prope.n_tok != c->n_tokens ||
-        c->pkv.kc != (bf16 *)kv->k[layer] || c->use_flash || cu_attention_gqa_takes(c, kv, n_head))
+        c->pkv.kc != (bf16 *)kv->k[layer] || c->use_flash || cu_attention_gqa_takes(c, kv, n_head) || cu_att_dec_takes(c, kv, n_head))
         return 0;
     /* reads before the wait only right after a GEMV (k_att_rows, R.pre) */
     const int pre = !c->no_att_pre && c->gemv_seq && c->gemv_seq == cu_launch_seq;
@@ -853,6 +856,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const int hd = kv->head_dim;
     /* for the next forward's split plan (cuda.cu cu_begin) */
     c->fa_heads = n_head, c->fa_hd = hd, c->fa_hg = cu_flash_hg(n_head, kv->n_head_kv);
+    c->dec_shape = cu_att_dec_shape(hd, n_head, kv->n_head_kv), c->dec_g = n_head / kv->n_head_kv;
     if (c->use_flash && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
         case 16: launch_flash_hg<16>(c, out, q, kv, layer, n_head, sl2); return;
@@ -862,6 +866,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
         default: break;
         }
     }
+    if (cu_attention_dec(c, out, q, kv, layer, n_head, sl2)) return; /* attn_dec.cu: a long context, streamed */
     if (cu_attention_gqa(c, out, q, kv, layer, n_head, sl2)) return; /* attn_gqa.cu: the KV group's heads together */
     switch (hd) {
     case 16: launch_rows<16>(c, out, q, kv, layer, n_head, sl2); return;

@@ -755,8 +755,13 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
         rows_ctx = e && *e ? atoi(e) : FA_ROWS_MIN_CTX;
         dec_ctx = d && *d ? atoi(d) : FA_DECODE_MIN_CTX;
     }
-    c->use_flash = max_n > ATT_ROWS_MAX || (rows_ctx > 0 && max_n >= 2 && max_len >= rows_ctx) ||
-                   (dec_ctx > 0 && max_n == 1 && S <= FA_DECODE_MAX_SEQS && max_len >= dec_ctx);
+    /* a decode step over a long context: attn_dec.cu's kernel (in a graph) where the shape suits it */
+    const char *dc = getenv("KILN_CUDA_ATT_DEC_CTX"); /* from this many keys (0: never; read per batch, tests switch it) */
+    const int dec_min = dc && *dc ? atoi(dc) : ATT_DEC_MIN_CTX;
+    const int flash_dec = dec_ctx > 0 && max_n == 1 && S <= FA_DECODE_MAX_SEQS && max_len >= dec_ctx;
+    c->att_dec = dec_min > 0 && c->dec_shape != 0 && max_n == 1 && S <= ATT_DEC_MAX_SEQS && max_len >= dec_min &&
+                 !(flash_dec && c->dec_g > 2 && max_len > ATT_DEC_MAX_CTX);
+    c->use_flash = max_n > ATT_ROWS_MAX || (rows_ctx > 0 && max_n >= 2 && max_len >= rows_ctx) || (!c->att_dec && flash_dec);
     if (c->use_flash) {
         /* two q heads per flash block where the KV groups allow it (the last
          * attention call says; unknown: assume so) and the tiles are long;
@@ -842,12 +847,12 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].n_tokens == n && c->graphs[i].n_seqs == S && c->graphs[i].n_out == no &&
-            c->graphs[i].att_split == c->att_split && c->graphs[i].ids == (b->out_ids != NULL))
+            c->graphs[i].att_split == c->att_split && c->graphs[i].att_dec == c->att_dec && c->graphs[i].ids == (b->out_ids != NULL))
             gi = i;
     if (gi < 0) {
         c->graphs = (struct cu_graph *)kiln_realloc(c->graphs, sizeof *c->graphs * (size_t)(c->n_graphs + 1));
         gi = c->n_graphs++;
-        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, b->out_ids != NULL, 0, NULL, NULL, NULL};
+        c->graphs[gi] = (struct cu_graph){n, S, no, c->att_split, b->out_ids != NULL, 0, c->att_dec, NULL, NULL, NULL};
     }
     struct cu_graph *g = &c->graphs[gi];
     c->cur_graph = gi;
@@ -1021,6 +1026,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
+    c->dec_shape = -1;
     c->old_read = env_is("KILN_CUDA_READ", "0");
     cu_gemv_pf = !env_is("KILN_CUDA_PF", "0");
     const char *bps = getenv("KILN_CUDA_GEMV_BPS");

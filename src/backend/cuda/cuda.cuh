@@ -107,6 +107,17 @@ struct cu_moe_tab {
 #define FA_ROWS_MIN_CTX 4096
 #define FA_DECODE_MIN_CTX 2048
 #define FA_DECODE_MAX_SEQS 4
+/* decode steps of at most ATT_DEC_MAX_SEQS sequences with ATT_DEC_MIN_CTX
+ * or more keys of context take attn_dec.cu's kernel where the shape and
+ * the device allow (sm_90 clusters), the flash and row kernels otherwise */
+#define ATT_DEC_MIN_CTX 256
+#define ATT_DEC_MAX_SEQS 8
+/* ...except above ATT_DEC_MAX_CTX keys with more than 2 query heads per KV
+ * head where flash decode takes the step (at most FA_DECODE_MAX_SEQS): its
+ * arithmetic per key grows with the group, the tensor cores' does not
+ * (H200, tg64 after 16,384 keys: 8B 150 tok/s against flash's 160, 30B-A3B
+ * 189 against 210; 0.6B, 2 heads per group, 626 against 541) */
+#define ATT_DEC_MAX_CTX 8192
 #define FA_BM 64
 #define FA_BN 64
 #define FA_ENT 8
@@ -137,6 +148,7 @@ struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
 
 struct cu_graph {
     int n_tokens, n_seqs, n_out, att_split, ids, seen; /* ids: the step ends with argmax (kiln_batch.out_ids) */
+    int att_dec; /* its attention takes attn_dec.cu's kernel */
     const void *kv; /* the k[] array of the cache it attends to */
     cudaGraphExec_t exec;
     struct sk_prog *sk; /* set: the step runs as k_step (step.cu) instead of a graph */
@@ -172,6 +184,9 @@ struct cuda_ctx {
     int no_att_pre;         /* KILN_CUDA_ATT_PRE=0: decode attention loads its keys after the wait */
     int att_split_tokens; /* ATT_SPLIT_TOKENS, or KILN_CUDA_ATT_SPLIT_TOKENS */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
+    int att_dec;     /* this batch's decode attention may take attn_dec.cu's kernel (cu_begin; the shape decides per call) */
+    int dec_shape;   /* the last attention's shape suits attn_dec.cu (1), does not (0), or no attention ran yet (-1) */
+    int dec_g;       /* query heads per KV head of the last attention (0: none yet) */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
     int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention work list (entries, layout above) */
@@ -341,6 +356,12 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x, const struct moe_
  * 0 when the shape is not one it handles */
 int cu_attention_gqa(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2);
 int cu_attention_gqa_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head);
+/* decode attention streamed by the copy engine, the splits merged in a
+ * cluster (attn_dec.cu): whether a shape suits it, whether it takes this
+ * call, and the launch (0 when it does not take it) */
+int cu_att_dec_shape(int hd, int n_head, int nkv);
+int cu_att_dec_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head);
+int cu_attention_dec(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2);
 void cu_embed(struct kiln_backend *be, void *x, const struct ktensor *table, const struct kiln_batch *b);
 void cu_swiglu(struct kiln_backend *be, void *out, const void *gate, const void *up, int n, int ffn);
 void cu_add(struct kiln_backend *be, void *x, const void *y, size_t n);
