@@ -564,7 +564,8 @@ static void fused_att_case(struct pair *p, const char *what, int S, const int *n
                 be[i]->attention(be[i], g ? og : oc, g ? qg : qc, g ? &kg : &kc, 0, &B.b, nh, 0.25f);
             }
             /* from ATT_DEC_MIN_CTX keys the step takes attn_dec.cu's
-             * kernel instead, after the rope + KV write as their own launch */
+             * kernel instead, after the rope + KV write as their own launch
+             * (folded in, they cost 0.6B 1-4%: docs/cuda.md item 23) */
             int max_len = 0, split = 1;
             for (int s = 0; s < S; s++) max_len = n_past[s] + 1 > max_len ? n_past[s] + 1 : max_len;
             const int dec = dec_takes(hd, nh, nkv, S, max_len);
@@ -633,6 +634,17 @@ static void test_fused_attention(struct pair *p) {
         fused_att_case(p, what[3], 4, past4b, 32, 8, 128, gemv);
         snprintf(what[4], sizeof what[4], "decode step, 4 seqs up to 64 keys, 32/8 heads of 128%s", after);
         fused_att_case(p, what[4], 4, past4s, 32, 8, 128, gemv);
+        /* longer rows through attn_dec.cu (with it off, the GQA and flash
+         * kernels take these, unfused): 8 and 2 heads per KV head, and a new
+         * key that opens a stage and a page */
+        if (pass < 2) continue;
+        const int pastg8[] = {2999, 300, 0, 1023}, pastg2[] = {700, 255}, past4096[] = {4096};
+        snprintf(what[0], sizeof what[0], "decode step, 4 seqs up to 3000 keys, 32/4 heads of 128%s", after);
+        fused_att_case(p, what[0], 4, pastg8, 32, 4, 128, gemv);
+        snprintf(what[0], sizeof what[0], "decode step, 2 seqs up to 701 keys, 16/8 heads of 64%s", after);
+        fused_att_case(p, what[0], 2, pastg2, 16, 8, 64, gemv);
+        snprintf(what[0], sizeof what[0], "decode step, 1 seq, key 4097 opens a page, 32/8 heads of 128%s", after);
+        fused_att_case(p, what[0], 1, past4096, 32, 8, 128, gemv);
     }
     free(saved);
 }
