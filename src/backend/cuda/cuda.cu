@@ -45,7 +45,9 @@
  * KILN_CUDA_MOE_PRE=0 (its weight copies issued after its wait),
  * KILN_CUDA_GEMV_B=0 (no bulk-copy GEMV for matrices that fit in shared
  * memory), KILN_CUDA_GEMV_B_SPREAD=0 (its blocks not spread evenly over the
- * SMs).
+ * SMs), KILN_CUDA_ATT_DEC_CTX=N (decode steps take attn_dec.cu from N keys of
+ * context, default ATT_DEC_MIN_CTX; 0: never), KILN_CUDA_ATT_PRE=0 (decode
+ * attention reads no cached key before its wait).
  */
 #include <pthread.h>
 #include <string.h>
