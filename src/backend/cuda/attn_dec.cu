@@ -323,15 +323,13 @@ static int dec_split_of(int hd, int G) {
     return 0;
 }
 
-static long dec_runs, dec_pre_runs;
+static long dec_runs; /* launches (tests read it) */
 extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv);
 extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv) {
     return nkv > 0 && n_head % nkv == 0 ? dec_split_of(hd, n_head / nkv) : 0;
 }
 extern "C" long kiln_cuda_att_dec_count(void);
 extern "C" long kiln_cuda_att_dec_count(void) { return dec_runs; }
-extern "C" long kiln_cuda_att_dec_pre_count(void);
-extern "C" long kiln_cuda_att_dec_pre_count(void) { return dec_pre_runs; }
 
 int cu_att_dec_shape(int hd, int n_head, int nkv) { return kiln_cuda_att_dec_split(hd, n_head, nkv) > 0; }
 
@@ -343,7 +341,7 @@ template <int HD, int G>
 static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
     const int ns = dec_split<HD, G>(), nkv = kv->n_head_kv;
     const int pre = !c->no_att_pre; /* KILN_CUDA_ATT_PRE=0: everything after the wait (A/B timing) */
-    dec_runs++, dec_pre_runs += pre;
+    dec_runs++;
     cu_launch_cl(c->stream, k_att_dec<HD, G>, dim3((unsigned)(c->n_tokens * nkv), (unsigned)ns), DEC_THREADS, dec_smem<HD, G>::total,
                  dim3(1, (unsigned)ns, 1), out, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer], c->d_row_seq, c->d_row_t,
                  c->d_seq, c->d_pages, n_head, nkv, kv->page_size, sl2, ns, pre);
