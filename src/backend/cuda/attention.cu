@@ -762,23 +762,7 @@ static void launch_flash_hg(struct cuda_ctx *c, bf16 *out, const bf16 *q, const 
 template <int HD, bool ROPE>
 static int rows_cluster_max(void) {
     static int mx = -1;
-    if (mx < 0) {
-        mx = 0;
-        if (cu_sm90_code((const void *)k_att_rows<HD, ROPE, true>)) {
-            mx = 8;
-            if (cudaFuncSetAttribute(k_att_rows<HD, ROPE, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                cudaSuccess) {
-                cudaLaunchConfig_t cfg = {};
-                cudaLaunchAttribute at;
-                at.id = cudaLaunchAttributeClusterDimension;
-                at.val.clusterDim.x = 1, at.val.clusterDim.y = ATT_CL_MAX, at.val.clusterDim.z = 1;
-                cfg.gridDim = dim3(1, ATT_CL_MAX), cfg.blockDim = dim3(128), cfg.attrs = &at, cfg.numAttrs = 1;
-                int n = 0;
-                if (cudaOccupancyMaxActiveClusters(&n, k_att_rows<HD, ROPE, true>, &cfg) == cudaSuccess && n > 0) mx = ATT_CL_MAX;
-            }
-        }
-        cudaGetLastError();
-    }
+    if (mx < 0) mx = cu_sm90_code((const void *)k_att_rows<HD, ROPE, true>) ? cu_cluster_max((const void *)k_att_rows<HD, ROPE, true>, 128, 0) : 0;
     return mx;
 }
 
@@ -855,8 +839,7 @@ void cu_attention(struct kiln_backend *be, void *out_, const void *q_, const str
     const float sl2 = scale * 1.4426950408889634f;
     const int hd = kv->head_dim;
     /* for the next forward's split plan (cuda.cu cu_begin) */
-    c->fa_heads = n_head, c->fa_hd = hd, c->fa_hg = cu_flash_hg(n_head, kv->n_head_kv);
-    c->dec_shape = cu_att_dec_shape(hd, n_head, kv->n_head_kv), c->dec_g = n_head / kv->n_head_kv;
+    c->fa_heads = n_head, c->fa_hd = hd, c->fa_hg = cu_flash_hg(n_head, kv->n_head_kv), c->fa_nkv = kv->n_head_kv;
     if (c->use_flash && !getenv("KILN_CUDA_NO_FLASH")) {
         switch (hd) {
         case 16: launch_flash_hg<16>(c, out, q, kv, layer, n_head, sl2); return;

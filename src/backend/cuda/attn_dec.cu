@@ -294,48 +294,16 @@ __global__ void __launch_bounds__(DEC_THREADS) k_att_dec(bf16 *__restrict__ out,
 template <int HD, int G> static int dec_split(void) {
     static int n = -1;
     if (n >= 0) return n;
-    n = 0;
     const void *k = (const void *)k_att_dec<HD, G>;
     const size_t smem = dec_smem<HD, G>::total;
-    if (cu_sm90_code(k) && cudaFuncSetAttribute(k_att_dec<HD, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess) {
-        for (int want = DEC_CL_MAX; want >= 8 && !n; want /= 2) {
-            if (want > 8 && cudaFuncSetAttribute(k_att_dec<HD, G>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-                continue;
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute at;
-            at.id = cudaLaunchAttributeClusterDimension;
-            at.val.clusterDim.x = 1, at.val.clusterDim.y = want, at.val.clusterDim.z = 1;
-            cfg.gridDim = dim3(1, want), cfg.blockDim = dim3(DEC_THREADS), cfg.dynamicSmemBytes = smem, cfg.attrs = &at, cfg.numAttrs = 1;
-            int c = 0;
-            if (cudaOccupancyMaxActiveClusters(&c, k_att_dec<HD, G>, &cfg) == cudaSuccess && c > 0) n = want;
-        }
-    }
+    n = cu_sm90_code(k) && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess
+            ? cu_cluster_max(k, DEC_THREADS, smem)
+            : 0;
     cudaGetLastError();
     return n;
 }
 
-static int dec_split_of(int hd, int G) {
-#define DEC_CASE(H, GG) \
-    if (hd == H && G == GG) return dec_split<H, GG>();
-    DEC_CASE(64, 1) DEC_CASE(64, 2) DEC_CASE(64, 3) DEC_CASE(64, 4) DEC_CASE(64, 5) DEC_CASE(64, 6) DEC_CASE(64, 7) DEC_CASE(64, 8)
-    DEC_CASE(128, 1) DEC_CASE(128, 2) DEC_CASE(128, 3) DEC_CASE(128, 4) DEC_CASE(128, 5) DEC_CASE(128, 6) DEC_CASE(128, 7) DEC_CASE(128, 8)
-#undef DEC_CASE
-    return 0;
-}
-
 static long dec_runs; /* launches (tests read it) */
-extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv);
-extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv) {
-    return nkv > 0 && n_head % nkv == 0 ? dec_split_of(hd, n_head / nkv) : 0;
-}
-extern "C" long kiln_cuda_att_dec_count(void);
-extern "C" long kiln_cuda_att_dec_count(void) { return dec_runs; }
-
-int cu_att_dec_shape(int hd, int n_head, int nkv) { return kiln_cuda_att_dec_split(hd, n_head, nkv) > 0; }
-
-int cu_att_dec_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head) {
-    return c->att_dec && cu_att_dec_shape(kv->head_dim, n_head, kv->n_head_kv);
-}
 
 template <int HD, int G>
 static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
@@ -348,16 +316,36 @@ static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv
     CU_LAUNCHED();
 }
 
-int cu_attention_dec(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
-    if (!cu_att_dec_takes(c, kv, n_head)) return 0;
-    const int G = n_head / kv->n_head_kv, hd = kv->head_dim;
-#define DEC_CASE(H, GG)                                        \
-    if (hd == H && G == GG) {                                  \
-        launch<H, GG>(c, out, q, kv, layer, n_head, sl2);      \
-        return 1;                                              \
+/* the shapes compiled (head_dim 64 and 128, 1-8 query heads per KV head):
+ * without c, the cluster size of the shape (0: not compiled, or the device
+ * cannot run it); with c, its launch (1; 0: not compiled) */
+static int dec_dispatch(int hd, int G, struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer,
+                        int n_head, float sl2) {
+#define DEC_CASE(H, GG)                                          \
+    if (hd == H && G == GG) {                                    \
+        if (!c) return dec_split<H, GG>();                       \
+        launch<H, GG>(c, out, q, kv, layer, n_head, sl2);        \
+        return 1;                                                \
     }
     DEC_CASE(64, 1) DEC_CASE(64, 2) DEC_CASE(64, 3) DEC_CASE(64, 4) DEC_CASE(64, 5) DEC_CASE(64, 6) DEC_CASE(64, 7) DEC_CASE(64, 8)
     DEC_CASE(128, 1) DEC_CASE(128, 2) DEC_CASE(128, 3) DEC_CASE(128, 4) DEC_CASE(128, 5) DEC_CASE(128, 6) DEC_CASE(128, 7) DEC_CASE(128, 8)
 #undef DEC_CASE
     return 0;
+}
+
+extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv);
+extern "C" int kiln_cuda_att_dec_split(int hd, int n_head, int nkv) {
+    return nkv > 0 && n_head % nkv == 0 ? dec_dispatch(hd, n_head / nkv, NULL, NULL, NULL, NULL, 0, 0, 0.f) : 0;
+}
+extern "C" long kiln_cuda_att_dec_count(void);
+extern "C" long kiln_cuda_att_dec_count(void) { return dec_runs; }
+
+int cu_att_dec_shape(int hd, int n_head, int nkv) { return kiln_cuda_att_dec_split(hd, n_head, nkv) > 0; }
+
+int cu_att_dec_takes(const struct cuda_ctx *c, const struct kv_cache *kv, int n_head) {
+    return c->att_dec && cu_att_dec_shape(kv->head_dim, n_head, kv->n_head_kv);
+}
+
+int cu_attention_dec(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
+    return cu_att_dec_takes(c, kv, n_head) && dec_dispatch(kv->head_dim, n_head / kv->n_head_kv, c, out, q, kv, layer, n_head, sl2);
 }

@@ -90,6 +90,22 @@ int cu_sm90_code(const void *k) {
     cudaGetLastError();
     return ok;
 }
+int cu_cluster_max(const void *k, int threads, size_t smem) {
+    int n = 0;
+    for (int want = 16; want >= 8 && !n; want /= 2) {
+        if (want > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) continue;
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = 1, at.val.clusterDim.y = (unsigned)want, at.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(1, (unsigned)want), cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
+        cfg.attrs = &at, cfg.numAttrs = 1;
+        int c = 0;
+        if (cudaOccupancyMaxActiveClusters(&c, k, &cfg) == cudaSuccess && c > 0) n = want;
+    }
+    cudaGetLastError();
+    return n;
+}
 thread_local unsigned long cu_launch_seq;
 extern int cu_gemv_pf, cu_gemv_rows, cu_gemv_bps, cu_gemv_srows, cu_gemv_smb;
 /* sizes of the engine's buffers (activations, KV pages), for the accounting */
@@ -761,8 +777,10 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     const char *dc = getenv("KILN_CUDA_ATT_DEC_CTX"); /* from this many keys (0: never; read per batch, tests switch it) */
     const int dec_min = dc && *dc ? atoi(dc) : ATT_DEC_MIN_CTX;
     const int flash_dec = dec_ctx > 0 && max_n == 1 && S <= FA_DECODE_MAX_SEQS && max_len >= dec_ctx;
-    c->att_dec = dec_min > 0 && c->dec_shape != 0 && max_n == 1 && S <= ATT_DEC_MAX_SEQS && max_len >= dec_min &&
-                 !(flash_dec && c->dec_g > 2 && max_len > ATT_DEC_MAX_CTX);
+    /* by the last attention call's shape (a model's layers share one; none yet: try it) */
+    const int dec_ok = !c->fa_hd || cu_att_dec_shape(c->fa_hd, c->fa_heads, c->fa_nkv), G = c->fa_nkv ? c->fa_heads / c->fa_nkv : 0;
+    c->att_dec = dec_min > 0 && dec_ok && max_n == 1 && S <= ATT_DEC_MAX_SEQS && max_len >= dec_min &&
+                 !(flash_dec && G > 2 && max_len > ATT_DEC_MAX_CTX);
     c->use_flash = max_n > ATT_ROWS_MAX || (rows_ctx > 0 && max_n >= 2 && max_len >= rows_ctx) || (!c->att_dec && flash_dec);
     if (c->use_flash) {
         /* two q heads per flash block where the KV groups allow it (the last
@@ -1028,7 +1046,6 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
     const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
     c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
-    c->dec_shape = -1;
     c->old_read = env_is("KILN_CUDA_READ", "0");
     cu_gemv_pf = !env_is("KILN_CUDA_PF", "0");
     const char *bps = getenv("KILN_CUDA_GEMV_BPS");

@@ -185,13 +185,11 @@ struct cuda_ctx {
     int att_split_tokens; /* ATT_SPLIT_TOKENS, or KILN_CUDA_ATT_SPLIT_TOKENS */
     int att_split; /* split-K factor of decode attention: the power of two >= max_len / ATT_SPLIT_TOKENS, at most 64 */
     int att_dec;     /* this batch's decode attention may take attn_dec.cu's kernel (cu_begin; the shape decides per call) */
-    int dec_shape;   /* the last attention's shape suits attn_dec.cu (1), does not (0), or no attention ran yet (-1) */
-    int dec_g;       /* query heads per KV head of the last attention (0: none yet) */
     const int32_t *out_rows_host;
     const struct kiln_seq_view *seqs_host;
     int *fa_tiles, *fa_tiles_host, n_fa_tiles, fa_tiles_cap; /* prefill attention work list (entries, layout above) */
     int fa_slots; /* partial slots of the split entries (0: no tile is split) */
-    int fa_heads, fa_hd, fa_hg; /* q heads, head_dim, most q heads per flash block (1, 2) of the last attention call, for cu_begin's plan (0: unknown) */
+    int fa_heads, fa_hd, fa_hg, fa_nkv; /* q heads, head_dim, most q heads per flash block (1, 2), KV heads of the last attention call, for cu_begin's plan (0: unknown) */
     int fa_hg_run; /* q heads per flash block in this batch (cu_begin: 2 if fa_hg allows and the longest tile is long) */
     int fa_ovl_run; /* k_flash_wg2 with the in-warpgroup overlap in this batch (cu_begin: the longest tile is long) */
 
@@ -474,6 +472,10 @@ static inline void cu_launch(cudaStream_t s, void (*k)(KArgs...), dim3 grid, dim
  * (the kernels using clusters, bulk copies or mbarriers check this before
  * their first launch) */
 int cu_sm90_code(const void *k);
+/* the largest cluster (16, a non-portable size, or 8) in which kernel k's
+ * blocks of `threads` threads and `smem` bytes of dynamic shared memory can
+ * run on this device; 0 for none. Call once k's attributes are set. */
+int cu_cluster_max(const void *k, int threads, size_t smem);
 
 /* checks the last launch (cheap; launch errors are bugs or a broken device: recorded, cu_dev_fail) */
 #define CU_LAUNCHED() CUDA_CHECK(cudaGetLastError())
