@@ -198,7 +198,7 @@ static void vec_free(struct pair *p, struct vec2 *v) {
 /* a batch of one sequence of n tokens after n_past cached ones */
 struct bat {
     struct kiln_batch b;
-    struct kiln_seq_view v[16];
+    struct kiln_seq_view v[80];
     int32_t tok[16384], pos[16384], rows[16384];
 };
 
@@ -209,9 +209,15 @@ static void begin_both(struct pair *p, const struct kiln_batch *b) {
 
 /* ==== (a) ops ==== */
 
+long kiln_cuda_gemv_tc_count(void) __attribute__((weak));
+
+/* n = 3..16 take the tensor-core GEMV where n_in % 256 == 0 and n_out % 16
+ * == 0 (the first three shapes), unless KILN_CUDA_GEMV_TC / _ROWS say
+ * otherwise; the others take cuBLAS (or the CUDA-core GEMV up to 8) */
 static void test_matmul(struct pair *p) {
     const int shapes[][3] = {{1024, 4096, 0}, {4096, 12288, 0}, {12288, 4096, 1}, {1000, 100, 1}, {77, 200, 0}};
-    const int ns[] = {1, 2, 3, 5, 8, 9, 40};
+    const int ns[] = {1, 2, 3, 5, 8, 9, 12, 16, 17, 40};
+    static const char *const sw[] = {"KILN_CUDA_GEMV_TC", "KILN_CUDA_GEMV_ROWS", "KILN_CUDA_DEFER", NULL};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         struct lin2 w = lin_make(p, shapes[s][0], shapes[s][1], shapes[s][2]);
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
@@ -219,11 +225,17 @@ static void test_matmul(struct pair *p) {
             float *x = rand_vec((size_t)n * w.c.n_in, 1.f);
             void *xc, *xg, *yg, *yc = alloc_both(p, &yg, (size_t)n * w.c.n_out);
             put(p, &xc, &xg, x, (size_t)n * w.c.n_in);
+            const long tc0 = kiln_cuda_gemv_tc_count ? kiln_cuda_gemv_tc_count() : 0;
             p->cpu->matmul(p->cpu, yc, xc, &w.c, n);
             p->gpu->matmul(p->gpu, yg, xg, &w.g, n);
             char what[96];
             snprintf(what, sizeof what, "matmul %dx%d%s n=%d", w.c.n_out, w.c.n_in, w.c.bias.data ? "+b" : "", n);
             check_rel(p, what, yc, yg, (size_t)n * w.c.n_out, TOL_OP);
+            if (kiln_cuda_gemv_tc_count && switches_on(sw)) {
+                const int tc = n >= 3 && n <= 16 && w.c.n_in % 256 == 0 && w.c.n_out % 16 == 0;
+                CHECK(kiln_cuda_gemv_tc_count() - tc0 == tc, "%s: tensor-core GEMV ran %ld times (%d)", what,
+                      kiln_cuda_gemv_tc_count() - tc0, tc);
+            }
             free_both(p, xc, xg), free_both(p, yc, yg), free(x);
         }
         lin_free(p, &w);
@@ -497,7 +509,7 @@ int kiln_cuda_att_dec_split(int hd, int n_head, int nkv) __attribute__((weak));
 static int dec_takes(int hd, int nh, int nkv, int S, int max_len) {
     const char *e = getenv("KILN_CUDA_ATT_DEC_CTX");
     const int from = e && *e ? atoi(e) : 256;
-    if (!kiln_cuda_att_dec_split || kiln_cuda_att_dec_split(hd, nh, nkv) <= 0 || from <= 0 || max_len < from || S > 8) return 0;
+    if (!kiln_cuda_att_dec_split || kiln_cuda_att_dec_split(hd, nh, nkv) <= 0 || from <= 0 || max_len < from || S > 512) return 0;
     return !(S <= 4 && nh / nkv > 2 && max_len > 8192); /* flash decode's */
 }
 
@@ -655,8 +667,8 @@ static void test_fused_attention(struct pair *p) {
  * (64), rows whose lengths end on and just past a stage, next to empty
  * rows; each case checks that the kernel ran (where the device has it). */
 static void dec_case(struct pair *p, const char *what, int S, const int *past, int hd) {
-    int ones[16], max_len = 0;
-    for (int s = 0; s < 16; s++) ones[s] = 1;
+    int ones[80], max_len = 0;
+    for (int s = 0; s < 80; s++) ones[s] = 1;
     for (int s = 0; s < S; s++) max_len = past[s] + 1 > max_len ? past[s] + 1 : max_len;
     const long d0 = kiln_cuda_att_dec_count ? kiln_cuda_att_dec_count() : 0;
     attention_case_hd(p, what, S, past, ones, hd);
@@ -698,9 +710,17 @@ static void test_att_dec(struct pair *p) {
         dec_case(p, what, 4, edge, 64);
     }
     att_P = 16;
-    /* 9 sequences: the row kernel */
-    const int nine[] = {300, 300, 300, 300, 300, 300, 300, 300, 300};
-    dec_case(p, "decode of 9 seqs after 300 (row kernel)", 9, nine, 128);
+    /* more sequences, fewer splits per (row, KV head) (attn_dec.cu
+     * dec_nsplit: at 32/8 heads on an H200, 4 at 8 sequences, 2 at 16, 1 at
+     * 40 and 65, where the grid takes two waves) */
+    int many[65];
+    for (int s = 0; s < 65; s++) many[s] = (s * 523) % 1500;
+    dec_case(p, "attn_dec decode of 16 seqs up to 1500", 16, many, 128);
+    for (int s = 0; s < 65; s++) many[s] = (s * 181) % 600 + (s == 0 ? 2000 : 0);
+    dec_case(p, "attn_dec decode of 40 seqs up to 2000", 40, many, 128);
+    dec_case(p, "attn_dec decode of 40 seqs up to 2000, head_dim 64", 40, many, 64);
+    for (int s = 0; s < 65; s++) many[s] = s ? 100 : 300;
+    dec_case(p, "attn_dec decode of 65 seqs up to 300", 65, many, 128);
 }
 
 static void test_attention(struct pair *p) {
@@ -878,6 +898,44 @@ static void test_read_row(struct pair *p) {
     free(x), free(y);
 }
 
+/* The device argmax of rows of a vocabulary's width and of an odd one,
+ * against the host's kiln_argmax on the same bf16 values: the first of
+ * tied maxima whether the tie is inside one of the kernel's 4,096-value
+ * parts or across parts, a maximum at the last index, a row of one value
+ * everywhere (index 0), a row whose maximum is -inf everywhere but one
+ * value, and 1..16 rows (a batched decode step's out rows). */
+static void test_argmax(struct pair *p) {
+    const int widths[] = {151936, 1003};
+    for (int wi = 0; wi < 2; wi++) {
+        const int width = widths[wi], rows = 16;
+        float *x = rand_vec((size_t)rows * width, 4.f), *y = kiln_malloc(sizeof(float) * rows * width);
+        float *r0 = x, *r1 = x + width, *r2 = x + 2 * (size_t)width, *r3 = x + 3 * (size_t)width, *r4 = x + 4 * (size_t)width;
+        r0[width / 3] = r0[width - 7] = 9.5f;   /* tied across parts (one part at width 1003) */
+        r1[width - 1] = 9.5f;                   /* the last index */
+        r2[4097 % width] = r2[4100 % width] = 9.5f, r2[4099 % width] = 9.25f; /* tied inside a part */
+        for (int i = 0; i < width; i++) r3[i] = 1.f, r4[i] = -INFINITY;
+        r4[width / 2] = -3.f;
+        void *xg = p->gpu->alloc(p->gpu, (size_t)rows * width * p->gpu->act_size);
+        p->gpu->write(p->gpu, xg, x, (size_t)rows * width);
+        p->gpu->read(p->gpu, y, xg, (size_t)rows * width); /* the bf16 values */
+        for (int n = 1; n <= rows; n += n < 4 ? 1 : 4) {
+            int32_t ids[16];
+            for (int i = 0; i < rows; i++) ids[i] = -1;
+            p->gpu->argmax(p->gpu, ids, xg, n, width);
+            int bad = -1;
+            for (int i = 0; i < n && bad < 0; i++)
+                if (ids[i] != kiln_argmax(y + (size_t)i * width, width)) bad = i;
+            CHECK(bad < 0, "argmax of %d rows of %d: row %d gives %d, the host %d", n, width, bad, bad < 0 ? 0 : ids[bad],
+                  bad < 0 ? 0 : kiln_argmax(y + (size_t)bad * width, width));
+        }
+        CHECK(kiln_argmax(y, width) == width / 3 && kiln_argmax(y + 3 * (size_t)width, width) == 0 &&
+                  kiln_argmax(y + 4 * (size_t)width, width) == width / 2,
+              "argmax fixture rows at width %d", width);
+        p->gpu->free(p->gpu, xg);
+        free(x), free(y);
+    }
+}
+
 /* Pinned host memory that cannot be had (kiln_cuda_pin_fail: the next
  * allocations fail as if the host refused to pin them): read and argmax,
  * which stage their results there, leave zeros, the backend reports the
@@ -935,7 +993,8 @@ static void test_pinned_oom(void) {
 
 /* The decode paths that only a model's forward reaches: q/k/v reading one x
  * (one launch of three jobs) and gate/up folded into swiglu (the GLU GEMV,
- * which also writes up), at batch 1 and 2, at Qwen3-8B shapes (the streaming
+ * which also writes up), at batch 1 and 2 (CUDA-core GEMVs) and 5 and 16
+ * (the tensor-core GEMV where the shape allows it), at Qwen3-8B shapes (the streaming
  * GEMV k_gemv_s) and Qwen2-0.5B-like shapes with q/k/v biases (k_gemv).
  * norm: x is the output of a residual add + RMSNorm just before, as in a
  * layer, which the
@@ -961,7 +1020,9 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag, double
         struct lin2 L[5] = {lin_make(p, qd, dim, b), lin_make(p, kvd, dim, b), lin_make(p, kvd, dim, b),
                             lin_make(p, ffn, dim, 0), lin_make(p, ffn, dim, 0)};
         struct vec2 nw = vec_make(p, 1, dim, 0.2f, 1.f);
-        for (int n = 1; n <= 2; n++) {
+        static const int ns[] = {1, 2, 5, 16};
+        for (int ni = 0; ni < 4; ni++) {
+            const int n = ns[ni];
             float *x = rand_vec((size_t)n * dim, 1.f), *r = rand_vec((size_t)n * dim, 1.f);
             void *xc, *xg, *rc, *rg, *yc, *yg, *oc[5], *og[5];
             put(p, &xc, &xg, x, (size_t)n * dim);
@@ -1004,7 +1065,7 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag, double
             }
             static const char *const sw[] = {"KILN_CUDA_GEMV_B", "KILN_CUDA_DEFER", NULL};
             if (kiln_cuda_gemv_b_ok && kiln_cuda_gemv_b_ok() && switches_on(sw)) {
-                CHECK(kiln_cuda_gemv_b_count() - gb0 == bulk * shapes[s][5], "decode %d-wide n=%d%s: %ld bulk-copy GEMVs", dim, n, tag,
+                CHECK(kiln_cuda_gemv_b_count() - gb0 == (n <= 2 ? bulk * shapes[s][5] : 0), "decode %d-wide n=%d%s: %ld bulk-copy GEMVs", dim, n, tag,
                       kiln_cuda_gemv_b_count() - gb0);
             }
             for (int i = 0; i < 5; i++) free_both(p, oc[i], og[i]);
@@ -1808,6 +1869,7 @@ void test_cuda(void) {
     test_moe_reuse(&p);
     test_scratch_oom(&p);
     test_read_row(&p);
+    test_argmax(&p);
     test_pinned_oom();
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);

@@ -12,7 +12,8 @@
  *
  * Decomposition: block (row * n_head_kv + kv head, split), a cluster of
  * the n_split blocks of one (row, kv head) (n_split = 16, or 8 where the
- * device refuses non-portable clusters). Split sp takes a contiguous range
+ * device refuses non-portable clusters, fewer when the rows alone fill the
+ * GPU: dec_nsplit; 1 is no cluster). Split sp takes a contiguous range
  * of the row's len = row_t + 1 keys in whole stages of TS = 2048 U / HD
  * tokens (8 U KB of K and V at any head size; U = 1 or 2, below).
  * Warp 8 (the producer) copies each stage's K and V rows with
@@ -42,9 +43,9 @@
  * kernel), and every earlier forward ended before this one's batch upload.
  * q and the stages holding new tokens wait.
  *
- * n_split depends on nothing but the device, so a replayed graph is valid
- * at every length; short rows leave most splits empty (m = -inf, weight 0
- * in the merge). HD 64 or 128, G 1-8; other shapes keep the other kernels.
+ * n_split depends on the device and the number of rows (dec_nsplit), not
+ * on the lengths, so a replayed graph is valid at every length; short rows
+ * leave most splits empty (m = -inf, weight 0 in the merge). HD 64 or 128, G 1-8; other shapes keep the other kernels.
  */
 #include <math.h>
 #include <string.h>
@@ -63,7 +64,8 @@
 #define DEC_CL_MAX 16
 
 /* shared memory: the stages (reused for the warps' merge), the cluster's
- * slots [n_split][G][HD + 2], the barriers */
+ * slots [n_split][G][HD + 2], the barriers; total is the most (n_split =
+ * DEC_CL_MAX), a launch asks for what its n_split needs (dec_bytes) */
 template <int HD, int G> struct dec_smem {
     static constexpr int U = DEC_U(G);
     static constexpr int TS = 2048 * U / HD;
@@ -87,8 +89,8 @@ __global__ void __launch_bounds__(DEC_THREADS) k_att_dec(bf16 *__restrict__ out,
     constexpr int TS = SM::TS, LPK = HD / 8, KPW = 32 / LPK, U = SM::U;
     static_assert(DEC_NW * KPW * U == TS, "a stage is U keys per lane group");
     extern __shared__ __align__(128) unsigned char smem[];
-    float *slots = (float *)(smem + SM::region);
-    unsigned long long *bar = (unsigned long long *)(smem + SM::region + SM::slots);
+    float *slots = (float *)(smem + SM::region); /* n_split of them: the launch sizes the shared memory by it */
+    unsigned long long *bar = (unsigned long long *)(smem + SM::region + (size_t)n_split * G * (HD + 2) * 4);
     const unsigned full0 = smem_u32(bar), empty0 = smem_u32(bar + DEC_NS), cbar = smem_u32(bar + 2 * DEC_NS);
     const int rk = blockIdx.x, row = rk / nkv, kh = rk % nkv, sp = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -305,12 +307,36 @@ template <int HD, int G> static int dec_split(void) {
 
 static long dec_runs; /* launches (tests read it) */
 
+template <int HD, int G> static size_t dec_bytes(int ns) {
+    return dec_smem<HD, G>::region + (size_t)ns * G * (HD + 2) * 4 + dec_smem<HD, G>::bars;
+}
+
+/* Splits per (row, KV head): the device's cluster size, halved while the
+ * grid would need more than one wave (blocks per SM by shared memory, 1 KB
+ * of each block's reserve included). A decode step of several sequences
+ * has enough (row, KV head) pairs to fill the GPU with fewer splits, and
+ * each wave of these blocks costs its start (barriers, cluster) and merge:
+ * at 16 splits, 8 sequences of Qwen3-8B (1,024 blocks, one per SM) took 51
+ * us per layer after 256 keys (ncu), against ~6 us for one sequence. The
+ * split count depends on the number of rows, which a decode graph's key
+ * holds, and on nothing that changes between replays. */
+template <int HD, int G> static int dec_nsplit(const struct cuda_ctx *c, int nkv) {
+    int ns = dec_split<HD, G>();
+    const long pairs = (long)c->n_tokens * nkv;
+    while (ns > 1) {
+        const int per = c->smem_sm > 0 ? (int)((size_t)c->smem_sm / (dec_bytes<HD, G>(ns) + 1024)) : 1;
+        if (pairs * ns <= (long)c->n_sm * (per > 1 ? per : 1)) break;
+        ns /= 2;
+    }
+    return ns;
+}
+
 template <int HD, int G>
 static void launch(struct cuda_ctx *c, bf16 *out, const bf16 *q, const struct kv_cache *kv, int layer, int n_head, float sl2) {
-    const int ns = dec_split<HD, G>(), nkv = kv->n_head_kv;
+    const int nkv = kv->n_head_kv, ns = dec_nsplit<HD, G>(c, nkv);
     const int pre = !c->no_att_pre; /* KILN_CUDA_ATT_PRE=0: everything after the wait (A/B timing) */
     dec_runs++;
-    cu_launch_cl(c->stream, k_att_dec<HD, G>, dim3((unsigned)(c->n_tokens * nkv), (unsigned)ns), DEC_THREADS, dec_smem<HD, G>::total,
+    cu_launch_cl(c->stream, k_att_dec<HD, G>, dim3((unsigned)(c->n_tokens * nkv), (unsigned)ns), DEC_THREADS, dec_bytes<HD, G>(ns),
                  dim3(1, (unsigned)ns, 1), out, q, (const bf16 *)kv->k[layer], (const bf16 *)kv->v[layer], c->d_row_seq, c->d_row_t,
                  c->d_seq, c->d_pages, n_head, nkv, kv->page_size, sl2, ns, pre);
     CU_LAUNCHED();

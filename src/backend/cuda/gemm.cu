@@ -1,15 +1,17 @@
 /*
  * gemm.cu: y = x W^T + b with bf16 weights and activations, f32 accumulation.
  *
- * Two paths, picked by the number of activation rows n:
- *  - n <= 8 (decode): our own GEMV. A step at batch 1 reads every weight
- *    once and does two flops per byte, so it runs at memory bandwidth or
+ * Three paths, picked by the number of activation rows n:
+ *  - n <= 2 (decode; KILN_CUDA_GEMV_ROWS, up to 8): our own GEMV. A step
+ *    at batch 1 reads every weight once and does two flops per byte, so it runs at memory bandwidth or
  *    not at all: each lane streams 16-byte weight loads (8 in flight, cache
  *    hint L1::no_allocate so the small x stays in L1), one warp per output row,
  *    split-K across up to 8 warps of a block when the rows are too few to
  *    fill the GPU (k_proj, v_proj, small models).
- *  - n > 8 (prefill): cuBLAS GemmEx, bf16 in, f32 compute, bf16 (or f32) out;
- *    bias added by a small kernel.
+ *  - 3 <= n <= 16 (batched decode, where n_in % 256 == 0 and n_out % 16
+ *    == 0): k_gemv_tc, the same streaming on the tensor cores (mma.sync).
+ *  - otherwise (prefill): cuBLAS GemmEx, bf16 in, f32 compute, bf16 (or
+ *    f32) out; bias added by a small kernel.
  * The MoE decode path's fused expert GEMVs are here too, since they are the
  * same loop reading expert pointers from a device table.
  */
@@ -550,6 +552,139 @@ static int gemv_b_launch(struct cuda_ctx *c, const struct gemv_jobs *J, const bf
     return 1;
 }
 
+/*
+ * k_gemv_tc: the decode GEMV for 3-16 rows of x (batched decode) on the
+ * tensor cores. At these batch sizes a step still reads every weight once,
+ * but the CUDA-core GEMV pays NB dot products per 16-byte weight chunk
+ * (1.5 TB/s at 8 rows) and cuBLAS splits K with a second, reduce kernel per
+ * matmul; mma.sync does a 16 x 8 x 16 product per instruction, so the
+ * weights stream as at batch 1.
+ * Decomposition: block b owns 16 consecutive rows of one job (jobs as
+ * k_gemv's: q/k/v in one launch, gate/up with SwiGLU as GLU); its 8 warps
+ * split n_in into 8 contiguous ranges of n_in / 256 blocks of 32 (GLU:
+ * warps 0-3 the gate rows, 4-7 the up rows, 4 ranges each, so that a lane
+ * keeps two weight streams either way: with all four in every lane the
+ * gate/up GEMV ran at 2.8 TB/s, the others at 3.5). In a
+ * block of 32, lane (g = lane / 4, t = lane % 4) loads 16 bytes of weight
+ * rows g and g + 8 and of x rows g (and g + 8 when NT = 2) at k = 8t..8t+7.
+ * The dot product does not care in which order k is summed, so those 8
+ * values serve as k = 2t, 2t+1 and 2t+8, 2t+9 of two m16n8k16 products: A's
+ * and B's fragments are then the loaded words as they are, with no shuffle
+ * or shared memory (x rows past n are zeros). The warps' accumulators meet
+ * in shared memory. Weights and x are loaded U = 4 blocks ahead (the first
+ * weights before griddepcontrol.wait: no kernel writes them; x loaded just
+ * before its use left the warps waiting on L2: 2.2 TB/s). Needs n_in % 256 == 0 and
+ * every job's n_out % 16 == 0.
+ */
+#define TC_MAX_ROWS 16
+
+template <int NT, typename OutT, bool GLU>
+__global__ void __launch_bounds__(256) k_gemv_tc(const struct gemv_jobs J, const bf16 *__restrict__ x, int n, int n_in) {
+    KTRACE();
+    constexpr int U = 4;              /* blocks of 32 in flight per lane */
+    constexpr int KS = GLU ? 4 : 8;   /* warps that split a row's n_in */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x;
+    const int ji = (J.nj > 2 && tile >= J.j[2].blk0) ? 2 : (J.nj > 1 && tile >= J.j[1].blk0) ? 1 : 0;
+    const int blk0 = ji == 0 ? J.j[0].blk0 : ji == 1 ? J.j[1].blk0 : J.j[2].blk0;
+    /* GLU: warps 0-3 take the gate rows, 4-7 the same rows of up */
+    const bf16 *W = GLU && warp >= KS ? J.j[0].w2 : ji == 0 ? J.j[0].w : ji == 1 ? J.j[1].w : J.j[2].w;
+    const int r0 = (tile - blk0) * 16, nkb = n_in / (32 * KS);
+    const size_t rs = (size_t)n_in >> 3, k0 = (size_t)(warp % KS) * nkb * 4 + t; /* a row, the lane's first chunk: in uint4 */
+    const uint4 *wa = (const uint4 *)W + (r0 + g) * rs + k0, *wb = wa + 8 * rs;
+    uint4 ra[U], rb[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (u < nkb) ra[u] = ld_stream(wa + 4 * u), rb[u] = ld_stream(wb + 4 * u);
+    pdl_wait_release();
+    const uint4 *xa = (const uint4 *)x + g * rs + k0, *xb = xa + 8 * rs;
+    const bool va = g < n, vb = g + 8 < n;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 xr[U][NT]; /* x's chunks, loaded as far ahead as the weights' (an L2 round trip each) */
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (u < nkb) {
+            xr[u][0] = va ? __ldg(xa + 4 * u) : z;
+            if (NT > 1) xr[u][NT - 1] = vb ? __ldg(xb + 4 * u) : z;
+        }
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = 0.f;
+    for (int b = 0; b < nkb; b += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (b + u >= nkb) break;
+            /* two m16n8k16 products of one block of 32: k 8t..8t+3, then 8t+4..8t+7 */
+            const unsigned a0[4] = {ra[u].x, rb[u].x, ra[u].y, rb[u].y}, a1[4] = {ra[u].z, rb[u].z, ra[u].w, rb[u].w};
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                mma16816(acc[i], a0, xr[u][i].x, xr[u][i].y);
+                mma16816(acc[i], a1, xr[u][i].z, xr[u][i].w);
+            }
+            const int nb = b + u + U;
+            if (nb < nkb) {
+                ra[u] = ld_stream(wa + 4 * nb), rb[u] = ld_stream(wb + 4 * nb);
+                xr[u][0] = va ? __ldg(xa + 4 * nb) : z;
+                if (NT > 1) xr[u][NT - 1] = vb ? __ldg(xb + 4 * nb) : z;
+            }
+        }
+    }
+    /* accumulator c of tile i, lane l: weight row (l / 4) + 8 (c / 2), x row 8 i + 2 (l % 4) + c % 2 */
+    __shared__ float red[8][NT * 4][32];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) red[warp][i * 4 + c][lane] = acc[i][c];
+    __syncthreads();
+    if (threadIdx.x >= NT * 128) return;
+    const int q = threadIdx.x >> 5, l = threadIdx.x & 31, c = q & 3;
+    const int row = r0 + (l >> 2) + (c & 2 ? 8 : 0), col = (q >> 2) * 8 + 2 * (l & 3) + (c & 1);
+    if (col >= n) return;
+    float s = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; w++) {
+        s += red[w][q][l];
+        if (GLU) s2 += red[KS + w][q][l];
+    }
+    const int n_out = ji == 0 ? J.j[0].n_out : ji == 1 ? J.j[1].n_out : J.j[2].n_out;
+    const float *bias = ji == 0 ? J.j[0].bias : ji == 1 ? J.j[1].bias : J.j[2].bias;
+    void *out = ji == 0 ? J.j[0].out : ji == 1 ? J.j[1].out : J.j[2].out;
+    const float bv = bias ? bias[row] : 0.f;
+    const size_t o = (size_t)col * n_out + row;
+    if (!GLU) {
+        ((OutT *)out)[o] = to_out<OutT>(s + bv);
+    } else { /* rounded as gs_emit rounds */
+        const float gv = __bfloat162float(__float2bfloat16(s + bv));
+        const bf16 u = __float2bfloat16(s2 + (J.j[0].bias2 ? J.j[0].bias2[row] : 0.f));
+        ((bf16 *)out)[o] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+        ((bf16 *)J.j[0].out2)[o] = u;
+    }
+}
+
+/* rows of x up to which decode matmuls take k_gemv_tc (above cu_gemv_rows;
+ * KILN_CUDA_GEMV_TC=0: cuBLAS as before), where the shape allows it */
+int cu_gemv_tc = TC_MAX_ROWS;
+static long gemv_tc_runs;
+extern "C" long kiln_cuda_gemv_tc_count(void);
+extern "C" long kiln_cuda_gemv_tc_count(void) { return gemv_tc_runs; }
+
+static int tc_fits(int n, int n_out, int n_in) {
+    return n > cu_gemv_rows && n <= cu_gemv_tc && n <= TC_MAX_ROWS && n_in % 256 == 0 && n_out % 16 == 0;
+}
+
+template <typename OutT, bool GLU>
+static void gemv_tc_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in) {
+    int blk = 0;
+    for (int i = 0; i < J->nj; i++) J->j[i].blk0 = blk, blk += J->j[i].n_out / 16;
+    if (n <= 8) cu_launch(c->stream, k_gemv_tc<1, OutT, GLU>, blk, 256, 0, *J, x, n, n_in);
+    else cu_launch(c->stream, k_gemv_tc<2, OutT, GLU>, blk, 256, 0, *J, x, n, n_in);
+    CU_LAUNCHED();
+    gemv_tc_runs++;
+    c->gemv_seq = cu_launch_seq; /* wait-then-release, as the others */
+}
+
 /* k_gemv_any: the same for any n_in (scalar loads); one warp per row, all
  * n rows of x. Used only for odd shapes. */
 template <typename OutT>
@@ -597,6 +732,12 @@ template <int NB, typename OutT, bool GLU> static int gs_occ(void) {
 template <typename OutT, bool GLU>
 static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in,
                              const struct gemv_norm *nm = NULL) {
+    int tc = !nm && tc_fits(n, 16, n_in); /* above 8 rows the callers checked tc_fits */
+    for (int i = 0; i < J->nj; i++) tc &= J->j[i].n_out % 16 == 0;
+    if (tc) {
+        gemv_tc_launch<OutT, GLU>(c, J, x, n, n_in);
+        return;
+    }
     if (!nm && gemv_b_launch<OutT, GLU>(c, J, x, n, n_in)) {
         c->gemv_seq = cu_launch_seq; /* wait-then-release, as the others */
         return;
@@ -668,7 +809,7 @@ static void gemv(struct cuda_ctx *c, OutT *out, const bf16 *x, const bf16 *w, co
 
 /* the pending norm can be folded into a GEMV over x (its output) */
 static int norm_fold(struct cuda_ctx *c, const void *x, int n, int n_in) {
-    return c->pnorm.on && c->pnorm.out == x && c->pnorm.n == n && c->pnorm.dim == n_in && (size_t)n * n_in * 2 <= 48 * 1024;
+    return n <= cu_gemv_rows && c->pnorm.on && c->pnorm.out == x && c->pnorm.n == n && c->pnorm.dim == n_in && (size_t)n * n_in * 2 <= 48 * 1024;
 }
 
 static struct gemv_norm take_norm(struct cuda_ctx *c) {
@@ -767,7 +908,8 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     struct cuda_ctx *c = cu_ctx(be);
     CU_TAPE(c, SKT_MATMUL, out, x, NULL, w, NULL, NULL, n, 0, 0, 0, 0.f);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
-    if (n <= cu_gemv_rows && gemv_ok((const bf16 *)x, L->w, w->n_in) && !c->no_defer) {
+    const int small = (n <= cu_gemv_rows || tc_fits(n, w->n_out, w->n_in)) && gemv_ok((const bf16 *)x, L->w, w->n_in);
+    if (small && !c->no_defer) {
         if (c->pgemm.on) cu_flush(c);
         /* a pending norm stays pending only if this matmul reads its output
          * and writes none of its buffers */
@@ -785,7 +927,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
         return;
     }
     cu_flush(c);
-    if (n <= cu_gemv_rows) {
+    if (small) {
         gemv<bf16>(c, (bf16 *)out, (const bf16 *)x, L->w, L->bias, n, w->n_out, w->n_in);
         return;
     }

@@ -296,7 +296,7 @@ __device__ __forceinline__ void sk_emit(const struct sk_stage &S, int j, int lr,
     if (S.res) S.res[lr] = __float2bfloat16((rx == rx ? rx : sk_bf(sk_ldcg(S.res + lr))) + sk_bf(y));
     if (S.ids) {
         const float yv = sk_bf(y);
-        if (bi == 0x7fffffff) bv = yv, bi = lr; /* the thread's first row, as k_argmax */
+        if (bi == 0x7fffffff) bv = yv, bi = lr; /* the thread's first row, as k_argmax_part */
         else amax_merge(bv, bi, yv, lr);
     }
 }
