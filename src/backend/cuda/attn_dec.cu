@@ -45,7 +45,8 @@
  *
  * n_split depends on the device and the number of rows (dec_nsplit), not
  * on the lengths, so a replayed graph is valid at every length; short rows
- * leave most splits empty (m = -inf, weight 0 in the merge). HD 64 or 128, G 1-8; other shapes keep the other kernels.
+ * leave most splits empty (m = -inf, weight 0 in the merge). HD 64 or 128,
+ * G 1-8; other shapes keep the other kernels.
  */
 #include <math.h>
 #include <string.h>

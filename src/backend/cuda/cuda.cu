@@ -432,12 +432,13 @@ __global__ void __launch_bounds__(256) k_argmax_part(float2 *part, const bf16 *x
         const int i = c0 + j * 256 + threadIdx.x;
         v[j] = i < width ? __bfloat162float(r[i]) : -INFINITY;
     }
+    /* the first value is taken as it is (NaN included, as on the host); values
+     * past the row are -inf and replace nothing */
     float m = v[0];
     int at = c0 + threadIdx.x < width ? c0 + threadIdx.x : 0x7fffffff;
 #pragma unroll
     for (int j = 1; j < AMAX_CHUNK / 256; j++)
-        if (v[j] > m && c0 + j * 256 + threadIdx.x < width) m = v[j], at = c0 + j * 256 + threadIdx.x;
-    if (at == 0x7fffffff) m = -INFINITY;
+        if (v[j] > m) m = v[j], at = c0 + j * 256 + threadIdx.x;
     for (int o = 16; o; o >>= 1) amax_merge(m, at, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, at, o));
     __shared__ float sm[8];
     __shared__ int sa[8];

@@ -538,8 +538,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* argmax merge of (value, index) pairs: the larger value wins, the lower
- * index on ties (the host's kiln_argmax on the same bf16-exact values) */
 /* c += a b on the tensor cores (sm_80+): one m16n8k16 tile, bf16 inputs in
  * mma.sync's fragment layout (a: 4 registers of the 16 x 16 A, b0 b1: the
  * 16 x 8 B), f32 accumulators c[4] */
@@ -550,6 +548,8 @@ __device__ __forceinline__ void mma16816(float *c, const unsigned *a, unsigned b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* argmax merge of (value, index) pairs: the larger value wins, the lower
+ * index on ties (the host's kiln_argmax on the same bf16-exact values) */
 __device__ __forceinline__ void amax_merge(float &m, int &at, float m2, int at2) {
     if (m2 > m || (m2 == m && at2 < at)) m = m2, at = at2;
 }

@@ -3,8 +3,8 @@
  *
  * Three paths, picked by the number of activation rows n:
  *  - n <= 2 (decode; KILN_CUDA_GEMV_ROWS, up to 8): our own GEMV. A step
- *    at batch 1 reads every weight once and does two flops per byte, so it runs at memory bandwidth or
- *    not at all: each lane streams 16-byte weight loads (8 in flight, cache
+ *    at batch 1 reads every weight once and does two flops per byte, so it
+ *    runs at memory bandwidth or not at all: each lane streams 16-byte weight loads (8 in flight, cache
  *    hint L1::no_allocate so the small x stays in L1), one warp per output row,
  *    split-K across up to 8 warps of a block when the rows are too few to
  *    fill the GPU (k_proj, v_proj, small models).
@@ -290,8 +290,10 @@ __device__ __forceinline__ int gs_job(const struct gemv_jobs &J, int row) {
     return (J.nj > 2 && row >= gs_row0(J, 2)) ? 2 : (J.nj > 1 && row >= gs_row0(J, 1)) ? 1 : 0;
 }
 
+/* out[j0 + j][row] for j < NB (row of the concatenated jobs), bias added;
+ * GLU: silu(gate) * up and up, each rounded as the separate ops round */
 template <int NB, typename OutT, bool GLU>
-__device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, const float *v, const float *v2) {
+__device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, const float *v, const float *v2, int j0 = 0) {
     /* fields picked one by one: a struct picked by a run-time index is copied to the stack */
     const int ji = gs_job(J, row);
     const int r = row - gs_row0(J, ji);
@@ -301,15 +303,15 @@ __device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, cons
     const float b = bias ? bias[r] : 0.f;
     if (!GLU) {
 #pragma unroll
-        for (int j = 0; j < NB; j++) ((OutT *)out)[(size_t)j * n_out + r] = to_out<OutT>(v[j] + b);
+        for (int j = 0; j < NB; j++) ((OutT *)out)[(size_t)(j0 + j) * n_out + r] = to_out<OutT>(v[j] + b);
     } else {
         const float b2 = J.j[0].bias2 ? J.j[0].bias2[r] : 0.f;
 #pragma unroll
         for (int j = 0; j < NB; j++) {
             const float gv = __bfloat162float(__float2bfloat16(v[j] + b));
             const bf16 u = __float2bfloat16(v2[j] + b2);
-            ((bf16 *)out)[(size_t)j * n_out + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
-            ((bf16 *)J.j[0].out2)[(size_t)j * n_out + r] = u;
+            ((bf16 *)out)[(size_t)(j0 + j) * n_out + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+            ((bf16 *)J.j[0].out2)[(size_t)(j0 + j) * n_out + r] = u;
         }
     }
 }
@@ -559,8 +561,9 @@ static int gemv_b_launch(struct cuda_ctx *c, const struct gemv_jobs *J, const bf
  * (1.5 TB/s at 8 rows) and cuBLAS splits K with a second, reduce kernel per
  * matmul; mma.sync does a 16 x 8 x 16 product per instruction, so the
  * weights stream as at batch 1.
- * Decomposition: block b owns 16 consecutive rows of one job (jobs as
- * k_gemv's: q/k/v in one launch, gate/up with SwiGLU as GLU); its 8 warps
+ * Decomposition: block b owns rows 16b..16b+15 of the jobs' concatenated
+ * rows, all of one job (jobs as k_gemv_s's: q/k/v in one launch, gate/up
+ * with SwiGLU as GLU, written by gs_emit); its 8 warps
  * split n_in into 8 contiguous ranges of n_in / 256 blocks of 32 (GLU:
  * warps 0-3 the gate rows, 4-7 the up rows, 4 ranges each, so that a lane
  * keeps two weight streams either way: with all four in every lane the
@@ -584,12 +587,10 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const struct gemv_jobs J, const
     constexpr int U = 4;              /* blocks of 32 in flight per lane */
     constexpr int KS = GLU ? 4 : 8;   /* warps that split a row's n_in */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int tile = blockIdx.x;
-    const int ji = (J.nj > 2 && tile >= J.j[2].blk0) ? 2 : (J.nj > 1 && tile >= J.j[1].blk0) ? 1 : 0;
-    const int blk0 = ji == 0 ? J.j[0].blk0 : ji == 1 ? J.j[1].blk0 : J.j[2].blk0;
+    const int row0 = blockIdx.x * 16, ji = gs_job(J, row0); /* rows of the concatenated jobs (every n_out % 16 == 0) */
     /* GLU: warps 0-3 take the gate rows, 4-7 the same rows of up */
     const bf16 *W = GLU && warp >= KS ? J.j[0].w2 : ji == 0 ? J.j[0].w : ji == 1 ? J.j[1].w : J.j[2].w;
-    const int r0 = (tile - blk0) * 16, nkb = n_in / (32 * KS);
+    const int r0 = row0 - gs_row0(J, ji), nkb = n_in / (32 * KS);
     const size_t rs = (size_t)n_in >> 3, k0 = (size_t)(warp % KS) * nkb * 4 + t; /* a row, the lane's first chunk: in uint4 */
     const uint4 *wa = (const uint4 *)W + (r0 + g) * rs + k0, *wb = wa + 8 * rs;
     uint4 ra[U], rb[U];
@@ -640,7 +641,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const struct gemv_jobs J, const
     __syncthreads();
     if (threadIdx.x >= NT * 128) return;
     const int q = threadIdx.x >> 5, l = threadIdx.x & 31, c = q & 3;
-    const int row = r0 + (l >> 2) + (c & 2 ? 8 : 0), col = (q >> 2) * 8 + 2 * (l & 3) + (c & 1);
+    const int col = (q >> 2) * 8 + 2 * (l & 3) + (c & 1);
     if (col >= n) return;
     float s = 0.f, s2 = 0.f;
 #pragma unroll
@@ -648,19 +649,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(const struct gemv_jobs J, const
         s += red[w][q][l];
         if (GLU) s2 += red[KS + w][q][l];
     }
-    const int n_out = ji == 0 ? J.j[0].n_out : ji == 1 ? J.j[1].n_out : J.j[2].n_out;
-    const float *bias = ji == 0 ? J.j[0].bias : ji == 1 ? J.j[1].bias : J.j[2].bias;
-    void *out = ji == 0 ? J.j[0].out : ji == 1 ? J.j[1].out : J.j[2].out;
-    const float bv = bias ? bias[row] : 0.f;
-    const size_t o = (size_t)col * n_out + row;
-    if (!GLU) {
-        ((OutT *)out)[o] = to_out<OutT>(s + bv);
-    } else { /* rounded as gs_emit rounds */
-        const float gv = __bfloat162float(__float2bfloat16(s + bv));
-        const bf16 u = __float2bfloat16(s2 + (J.j[0].bias2 ? J.j[0].bias2[row] : 0.f));
-        ((bf16 *)out)[o] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
-        ((bf16 *)J.j[0].out2)[o] = u;
-    }
+    gs_emit<1, OutT, GLU>(J, row0 + (l >> 2) + (c & 2 ? 8 : 0), &s, &s2, col);
 }
 
 /* rows of x up to which decode matmuls take k_gemv_tc (above cu_gemv_rows;
@@ -676,8 +665,8 @@ static int tc_fits(int n, int n_out, int n_in) {
 
 template <typename OutT, bool GLU>
 static void gemv_tc_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in) {
-    int blk = 0;
-    for (int i = 0; i < J->nj; i++) J->j[i].blk0 = blk, blk += J->j[i].n_out / 16;
+    int blk = 0; /* 16 rows each */
+    for (int i = 0; i < J->nj; i++) blk += J->j[i].n_out / 16;
     if (n <= 8) cu_launch(c->stream, k_gemv_tc<1, OutT, GLU>, blk, 256, 0, *J, x, n, n_in);
     else cu_launch(c->stream, k_gemv_tc<2, OutT, GLU>, blk, 256, 0, *J, x, n, n_in);
     CU_LAUNCHED();
@@ -732,7 +721,7 @@ template <int NB, typename OutT, bool GLU> static int gs_occ(void) {
 template <typename OutT, bool GLU>
 static void gemv_jobs_launch(struct cuda_ctx *c, struct gemv_jobs *J, const bf16 *x, int n, int n_in,
                              const struct gemv_norm *nm = NULL) {
-    int tc = !nm && tc_fits(n, 16, n_in); /* above 8 rows the callers checked tc_fits */
+    int tc = !nm && tc_fits(n, 16, n_in); /* and each job's n_out below; above 8 rows the callers checked it all */
     for (int i = 0; i < J->nj; i++) tc &= J->j[i].n_out % 16 == 0;
     if (tc) {
         gemv_tc_launch<OutT, GLU>(c, J, x, n, n_in);
