@@ -60,16 +60,19 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         be->matmul(be, y, x, &q, n);
         float e = max_rel(y, ref, (size_t)n * n_out);
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
-        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), moves no bit */
-            const int st = cpu_gemv_streams();
+        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), and its prefetch move no bit */
+            const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd();
             float *y2 = kiln_malloc(sizeof(float) * (size_t)n * n_out);
-            for (int s2 = 1; s2 <= 2; s2++) {
-                CHECK(cpu_set_gemv_streams(s2) == s2);
-                be->matmul(be, y2, x, &q, n);
-                CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out), "%s matmul %s %dx%d n=%d: %d streams and the default (%d) give other bits",
-                      isa, dtype_name(t), n_out, n_in, n, s2, st);
-            }
-            cpu_set_gemv_streams(st);
+            for (int s2 = 1; s2 <= 2; s2++)
+                for (int d = 0; d <= 1024; d += 1024) {
+                    CHECK(cpu_set_gemv_streams(s2) == s2 && cpu_set_gemv_pfd(d) == d);
+                    memset(y2, 0xff, sizeof(float) * (size_t)n * n_out);
+                    be->matmul(be, y2, x, &q, n);
+                    CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out),
+                          "%s matmul %s %dx%d n=%d: %d streams, prefetch %d and the default (%d, %d) give other bits", isa, dtype_name(t),
+                          n_out, n_in, n, s2, d, st, pf);
+                }
+            cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf);
             free(y2);
         }
         if (n > 1 && n < 8) { /* decode of n sequences: each row's bits as decoded alone */

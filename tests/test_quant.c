@@ -186,6 +186,25 @@ static void test_kernels(void) {
                     CHECK(md <= tol, "%s n=%d %s: max |delta| %g > %g", fmts[f], n, pass ? "int8" : "exact", md, tol);
                     if (getenv("KILN_TEST_VERBOSE") && n == 5) fprintf(stderr, "  kernel %-10s %-5s max |delta| / sum |w x| = %.2e\n", fmts[f], pass ? "int8" : "exact", md / scale);
                 }
+#if defined(__x86_64__)
+                /* decode: the int8 kernels' row order and prefetch (cpu.h) move no bit; the
+                 * AVX2 kernels in place of the VNNI ones only the f32 order of the block sums */
+                float *o1 = kiln_malloc(sizeof(float) * N), *o2 = kiln_malloc(sizeof(float) * N);
+                be->matmul(be, o1, x, &w, 1);
+                const int pf0 = cpu_qm_pfd(), two0 = cpu_qm_two(), vd0 = cpu_vnni_dec();
+                for (int v = 0; v < 8; v++) {
+                    cpu_set_qm_two(v & 1), cpu_set_qm_pfd(v & 2 ? 0 : 4096), cpu_set_vnni_dec(v >> 2);
+                    memset(o2, 0xff, sizeof(float) * N);
+                    be->matmul(be, o2, x, &w, 1);
+                    double d = 0;
+                    for (int o = 0; o < N; o++) d = fmax(d, fabs((double)o1[o] - o2[o]) / (fabs(o1[o]) + 1e-3));
+                    CHECK(vd0 == (v >> 2) ? !memcmp(o1, o2, sizeof(float) * N) : d < 1e-4, "%s %s decode, streams %d, prefetch %d, vnni %d: rel %g",
+                          fmts[f], pass ? "int8" : "exact", 1 + (v & 1), v & 2 ? 0 : 4096, v >> 2, d);
+                }
+                cpu_set_qm_two(two0), cpu_set_qm_pfd(pf0), cpu_set_vnni_dec(vd0);
+                free(o1), free(o2);
+#endif
+
                 be->release_linear(be, &w);
             } else if (rc == 0) {
                 CHECK(0, "%s: prepare: %s", fmts[f], err);

@@ -8,12 +8,16 @@
  *   ./build/decode-ab gemv K N SWITCH A B [rounds]
  *
  * SWITCH is a setting the CPU backend can change between calls; today
- * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size). Each round times A and B
+ * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
+ * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
+ * dense GEMV's prefetch distance in bytes, 0 none) and, on x86, `qm-pfd`,
+ * `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
  * median rate and the median and quartiles of the per-round B/A ratios:
  * a drift slower than one round cancels out of each ratio.
  *
- * model: `--dummy` MODEL (QUANT as --quant; F16 KV cache, 2 threads), one
+ * model: `--dummy` MODEL (QUANT as --quant), or the checkpoint or .gguf file at
+ *   MODEL when it holds a '/' (F16 KV cache, 2 threads), one
  *   untimed token, then per arm `steps` decode steps (default 32) with the
  *   last logits read, the sequence cut back to one token before each arm.
  * gemv: distinct BF16 K x N matrices filling ~256 MB (walloc'd, as the
@@ -35,6 +39,13 @@ static int cmp(const void *a, const void *b) {
 
 static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "gemv-streams")) return cpu_set_gemv_streams(v) == v ? 0 : -1;
+    if (!strcmp(sw, "isa")) return cpu_set_isa(v) == v ? 0 : -1;
+    if (!strcmp(sw, "gemv-pfd")) return cpu_set_gemv_pfd(v) == v ? 0 : -1;
+#if defined(__x86_64__)
+    if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
+    if (!strcmp(sw, "qm-streams")) return cpu_set_qm_two(v == 2) == (v == 2) ? 0 : -1;
+    if (!strcmp(sw, "vnni-dec")) return cpu_set_vnni_dec(v) == v ? 0 : -1;
+#endif
     return -1;
 }
 
@@ -54,8 +65,9 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     snprintf(model, sizeof model, "%s", spec);
     char *quant = strchr(model, ':');
     if (quant) *quant++ = 0;
-    struct kiln_engine_opts o = {.dummy = model, .quant = quant, .backend = "cpu", .n_threads = 2, .kv_dtype = "f16",
-                                 .max_total_tokens = 1024, .seed = 1};
+    const int file = strchr(model, '/') != NULL; /* a checkpoint or .gguf path, else a --dummy name */
+    struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,
+                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16", .max_total_tokens = 1024, .seed = 1};
     kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
     if (!e) return fprintf(stderr, "decode-ab: %s\n", err), 1;
     kiln_seq *s = kiln_seq_new(e, err, sizeof err);

@@ -146,13 +146,30 @@ int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes)
  * as one: on a Zen 3 EPYC with the weights in 2 MiB pages one stream read
  * 5-6% more there (BF16 K = 2048, 4096, 6144) and 0-10% less on 2 KiB rows
  * (docs/cpu.md, "One stream for long rows on AMD"); on the Xeon that the
- * two streams were measured on (2 KiB rows) two read 5-10% more.
+ * two streams were measured on (2 KiB rows) two read 5-10% more. AMD CPUs
+ * with AVX-512 (Zen 4 and later) read every row size as one stream and
+ * without software prefetch (cpu_gemv_pfd): on a Zen 4 EPYC one stream
+ * decoded 0.6B BF16 14% faster than two (docs/cpu.md, "Zen 4").
  * KILN_CPU_GEMV_STREAMS=1|2 forces one order for every row size, 0 the
  * rule by row size; cpu_set_gemv_streams (tests, tools/decode_ab.c) sets
  * 0, 1 or 2 and returns what is in effect. The quantized kernels keep two
  * streams: on the same Zen 3 one and two tied. */
 int cpu_gemv_streams(void);
 int cpu_set_gemv_streams(int s);
+/* the dense decode GEMV's software prefetch distance in bytes, 0 for none
+ * (matmul.c; KILN_CPU_GEMV_PFD); the setter for tests and decode-ab */
+int cpu_gemv_pfd(void);
+int cpu_set_gemv_pfd(int bytes);
+/* x86: the int8 decode kernels' prefetch distance and row order (two
+ * streams or one), and whether batch-1 Q8_0 / Q4_0 decode takes the VNNI
+ * kernels (qmatmul_int8_x86.c, qmatmul.c); getters and setters for tests
+ * and decode-ab */
+int cpu_qm_pfd(void);
+int cpu_qm_two(void);
+int cpu_set_qm_pfd(int bytes);
+int cpu_set_qm_two(int two);
+int cpu_vnni_dec(void);
+int cpu_set_vnni_dec(int on);
 
 /* f32 view of a small prepared tensor (norm weight, bias) */
 static inline const float *cpu_vec(const struct ktensor *t) { return (const float *)t->be; }

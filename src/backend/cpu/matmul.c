@@ -248,10 +248,18 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 
 /* Decode GEMV, one activation row: the weight rows are read one row at a
  * time, a chunk as two sequential streams, or one for rows of 4 KiB and
- * up on AMD CPUs (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), 64 weights per step
- * into 4 independent accumulators, with a software prefetch GEMV_PFD bytes
- * ahead of the stream; the first GEMV_PFD bytes of both streams are
- * prefetched on entry. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
+ * up on AMD CPUs (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), one 64-byte line
+ * of weights per step (32 16-bit weights: 4 ymm accumulators on AVX2, 2 zmm
+ * on AVX-512), with a software prefetch GEMV_PFD bytes ahead of the stream;
+ * the first GEMV_PFD bytes of both streams are prefetched on entry. The
+ * AVX-512 loop took two lines per step (4 zmm, two prefetches) until
+ * 2026-12-04: on a Zen 4 EPYC (2 cores, AVX-512 executed as two 256-bit
+ * halves) that streamed BF16 ~22% slower than the AVX2 loop from DRAM
+ * (`decode-ab gemv 1024 2048 isa 2 1`: AVX2 / AVX-512 1.28, then 0.99 with
+ * one line per step) though it ran faster from L2 (55 against 43 GB/s on
+ * one core): 0.6B BF16 tg128 19.1 -> 25.1 tok/s, 68 -> 95% of the probe.
+ * A standalone loop showed the same for F16 (two lines 0.78 of AVX2, one
+ * line 1.04); why two lines per step stream worse there is not known. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
  * (4 interleaved streams, no prefetch) 21-24 GB/s, one row + 4 KiB prefetch
  * 33-37 GB/s, a plain read 37-39. That 4 KiB was for one stream; with two
  * streams per thread each runs 2 KiB ahead, the same 4 KiB in flight per
@@ -289,7 +297,7 @@ int cpu_gemv_streams(void) {
     int s = 2;
 #if defined(KILN_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) s = 0;
+    if (__builtin_cpu_is("amd")) s = __builtin_cpu_supports("avx512f") ? 1 : 0; /* Zen 4 and later: one (cpu.h) */
 #endif
     if (e && (!strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "2"))) s = *e - '0';
     return gemv_streams = s;
@@ -303,14 +311,35 @@ static inline int gemv_two(size_t rb) {
     return s ? s == 2 : rb < 4096;
 }
 
-/* the first GEMV_PFD bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS),
- * or the first 2 x GEMV_PFD of the one stream */
-static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1, int two) {
+/* The software prefetch distance of the dense decode GEMV in bytes, 0 for
+ * none (cpu.h): GEMV_PFD, but none on AMD CPUs with AVX-512 (Zen 4 and
+ * later), whose hardware prefetchers stream faster alone ("Zen 4: one line
+ * per GEMV step, no software prefetch", docs/cpu.md). KILN_CPU_GEMV_PFD=N
+ * forces N bytes; chosen once, before any pool job. */
+static int gemv_pfd = -1;
+
+int cpu_gemv_pfd(void) {
+    if (gemv_pfd >= 0) return gemv_pfd;
+    int d = GEMV_PFD;
+#if defined(KILN_X86)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) d = 0;
+#endif
+    const char *e = getenv("KILN_CPU_GEMV_PFD");
+    if (e && *e) d = atoi(e);
+    return gemv_pfd = d < 0 ? 0 : d / 64 * 64;
+}
+
+int cpu_set_gemv_pfd(int d) { return gemv_pfd = d < 0 ? 0 : d / 64 * 64; }
+
+/* the first pfd bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS), or
+ * the first 2 x pfd of the one stream */
+static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1, int two, int pfd) {
     const int64_t h = two ? (r1 - r0 + 1) / 2 : r1 - r0;
     for (int s = 0; s < 1 + two; s++) {
         const uint8_t *p = W + (size_t)(r0 + s * h) * rb;
         size_t bytes = (size_t)(s ? r1 - r0 - h : h) * rb;
-        if (bytes > (size_t)GEMV_PFD * (2 - two)) bytes = (size_t)GEMV_PFD * (2 - two);
+        if (bytes > (size_t)pfd * (2 - two)) bytes = (size_t)pfd * (2 - two);
         for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
     }
 }
@@ -320,23 +349,21 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
     AVX512 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                      int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                      float *out, int n_out) {                             \
-        const int two_ = gemv_two(rb);                                                                            \
-        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
+        enum { V = 64 / (16 * (int)sizeof(WT)) }; /* vectors of 16 weights per cache line: 2 (16-bit), 1 (f32) */ \
+        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd();                                                   \
+        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            __m512 a[4][4];                                                                                       \
-            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm512_setzero_ps();             \
+            __m512 a[4][2];                                                                                       \
+            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = _mm512_setzero_ps();                                 \
             int i = 0;                                                                                            \
-            for (; i + 64 <= n_in; i += 64) {                                                                     \
-                for (int c = 0; c < 64 * (int)sizeof(WT); c += 64)                                                \
-                    _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
-                const __m512 w0 = LOAD(w + i), w1 = LOAD(w + i + 16), w2 = LOAD(w + i + 32), w3 = LOAD(w + i + 48); \
+            for (; i + 16 * V <= n_in; i += 16 * V) {                                                             \
+                if (pfd_) _mm_prefetch((const char *)(w + i) + pfd_, _MM_HINT_T0);                               \
+                const __m512 w0 = LOAD(w + i), w1 = V > 1 ? LOAD(w + i + 16) : w0;                                \
                 for (int j = 0; j < nx; j++) {                                                                   \
                     const float *xj = x + (size_t)j * n_in + i;                                                   \
                     a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);                                  \
-                    a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);                             \
-                    a[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xj + 32), a[j][2]);                             \
-                    a[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xj + 48), a[j][3]);                             \
+                    if (V > 1) a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);                  \
                 }                                                                                                 \
             }                                                                                                     \
             for (; i < n_in; i += 16) {                                                                           \
@@ -347,9 +374,7 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
                     a[j][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + (size_t)j * n_in + i), a[j][0]);   \
             }                                                                                                     \
             for (int j = 0; j < nx; j++)                                                                          \
-                out[(size_t)j * n_out + r] =                                                                      \
-                    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[j][0], a[j][1]), _mm512_add_ps(a[j][2], a[j][3]))) + \
-                    (bias ? bias[r] : 0.0f);                                                                      \
+                out[(size_t)j * n_out + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1])) + (bias ? bias[r] : 0.0f); \
         }                                                                                                         \
     }                                                                                                             \
     AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,        \
@@ -372,16 +397,16 @@ GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
     AVX2 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
                                                                    int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                    float *out, int n_out) {                             \
-        const int two_ = gemv_two(rb);                                                                            \
-        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
+        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd();                                                   \
+        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
             __m256 a[2][4];                                                                                       \
             for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm256_setzero_ps();             \
             for (int i = 0; i < n32; i += 32) {                                                                   \
-                for (int c = 0; c < 32 * (int)sizeof(WT); c += 64)                                                \
-                    _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
+                for (int c = 0; pfd_ && c < 32 * (int)sizeof(WT); c += 64)                                        \
+                    _mm_prefetch((const char *)(w + i) + c + pfd_, _MM_HINT_T0);                                  \
                 const __m256 w0 = LOAD(w + i), w1 = LOAD(w + i + 8), w2 = LOAD(w + i + 16), w3 = LOAD(w + i + 24);   \
                 for (int j = 0; j < nx; j++) {                                                                    \
                     const float *xj = x + (size_t)j * n_in + i;                                                   \
@@ -455,8 +480,8 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
     static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,       \
                                                               int n_in, int64_t r0, int64_t r1, const float *bias,      \
                                                               float *out, int n_out) {                                  \
-        const int two_ = gemv_two(rb);                                                                            \
-        gemv_pf_start(W, rb, r0, r1, two_);                                                                       \
+        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd();                                                   \
+        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         const int n32 = n_in & ~31;                                                                               \
         CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
             const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
@@ -464,8 +489,8 @@ DOT_NEON(dot_f16_neon, uint16_t, kiln_f16x4, dot_f16_scalar)
             for (int j = 0; j < nx; j++)                                                                          \
                 for (int u = 0; u < 8; u++) a[j][u] = vdupq_n_f32(0);                                             \
             for (int i = 0; i < n32; i += 32) {                                                                   \
-                for (int c = 0; c < 32 * (int)sizeof(WT); c += 64)                                                \
-                    _mm_prefetch((const char *)(w + i) + c + GEMV_PFD, _MM_HINT_T0);                              \
+                for (int c = 0; pfd_ && c < 32 * (int)sizeof(WT); c += 64)                                        \
+                    _mm_prefetch((const char *)(w + i) + c + pfd_, _MM_HINT_T0);                                  \
                 float32x4_t wv[8];                                                                                \
                 _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) wv[u] = LOAD(w + i + 4 * u);                  \
                 for (int j = 0; j < nx; j++) {                                                                    \
@@ -878,7 +903,7 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     struct mm_job j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     int64_t rows = 0;
-    cpu_gemv_streams(); /* chosen here, on the calling thread, before the kernels read it */
+    cpu_gemv_streams(), cpu_gemv_pfd(); /* chosen here, on the calling thread, before the kernels read them */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
         j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,

@@ -509,6 +509,9 @@ static int int8_gemm(int isa, enum kiln_dtype t, int n) {
  * and, for the VNNI decode, the per-block vectors; returns whether it is
  * the GEMM (1 or 0), or -1 when the buffer could not grow */
 static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
+#if defined(KILN_X86)
+    qm_pfd();
+#endif
     const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
@@ -561,13 +564,13 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     }
     const int nrow = gemm ? j.ntile * j.NT : n;
     /* VNNI decode (Q8_0 / Q4_0): per-block vectors built once per call */
-    const int dec = !gemm && n == 1 && vnni && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    const int dec = !gemm && n == 1 && vnni && cpu_vnni_dec() && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int dec4 = dec && w->w.dtype == KILN_DTYPE_Q4_0, dec4q = dec4 && nb <= Q4Q_MAX_NB && qm_have_vbmi();
     const int dec8 = dec && w->w.dtype == KILN_DTYPE_Q8_0;
     /* row dots, quantizer: AVX2; the GEMM and n = 1 on VNNI */
     cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, ((gemm && j.R == 16) || dec ? CPU_USED_VNNI : 0) | (dec4q ? CPU_USED_VBMI : 0));
     /* decode without VNNI: the AVX2 8-block kernels (cs in corr's space) */
-    j.dec2 = !gemm && n == 1 && !vnni && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
+    j.dec2 = !gemm && n == 1 && !(vnni && cpu_vnni_dec()) && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q4_0);
     const int d2q4 = j.dec2 && w->w.dtype == KILN_DTYPE_Q4_0;
     /* decode of 2-7 rows: rowa_q4_0's / rowa_q8_0's step over up to 4 rows at once (qm_rowm_*) */
     j.decm = gemm || n < 2 || n > DECM_MAX || j.isa < CPU_ISA_AVX2 ? 0 : w->w.dtype == KILN_DTYPE_Q4_0 ? 1 : w->w.dtype == KILN_DTYPE_Q8_0 ? 2 : 0;

@@ -427,7 +427,50 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
 #ifndef QPFD
 #define QPFD 4096
 #endif
-#define KILN_PF(p) _mm_prefetch((const char *)(p) + QPFD, _MM_HINT_T0)
+/* The int8 decode kernels' prefetch distance and row order
+ * (qmatmul_internal.h), settled once: QPFD ahead, two streams, but one
+ * stream on AMD CPUs with AVX-512 (Zen 4 and later; there Q8_0 decoded
+ * 6-10% faster as one, Q4_0 tied: docs/cpu.md, "Zen 4");
+ * KILN_CPU_QM_PFD=N and KILN_CPU_QM_STREAMS=1|2 override. */
+int qm_pfd_cur = QPFD, qm_two_cur = 1;
+static int qm_settled;
+
+static void qm_settle(void) {
+    if (qm_settled) return;
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) qm_two_cur = 0;
+    const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS");
+    if (e && *e) qm_pfd_cur = atoi(e) < 0 ? 0 : atoi(e) / 64 * 64;
+    if (t && (!strcmp(t, "1") || !strcmp(t, "2"))) qm_two_cur = *t == '2';
+    qm_settled = 1;
+}
+
+int qm_pfd(void) {
+    qm_settle();
+    return qm_pfd_cur;
+}
+
+int cpu_qm_pfd(void) { return qm_pfd(); }
+
+int cpu_qm_two(void) {
+    qm_settle();
+    return qm_two_cur;
+}
+
+int cpu_set_qm_pfd(int d) {
+    qm_settle();
+    return qm_pfd_cur = d < 0 ? 0 : d / 64 * 64;
+}
+
+int cpu_set_qm_two(int two) {
+    qm_settle();
+    return qm_two_cur = two != 0;
+}
+
+#define KILN_PF(p)                                                                     \
+    do {                                                                               \
+        if (qm_pfd_cur) _mm_prefetch((const char *)(p) + qm_pfd_cur, _MM_HINT_T0);    \
+    } while (0)
 #define DOT1_BODY(DOTI)                                                                                   \
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
     int i = 0;                                                                                            \

@@ -56,6 +56,15 @@ extern float qm_fp8_lut[256];
 #ifndef QPFD_G
 #define QPFD_G 4096
 #endif
+
+/* x86, the int8 decode kernels' weight streams (qmatmul_int8_x86.c): the
+ * software prefetch distance in bytes, 0 for none (KILN_PF), and QM_ROWS1's
+ * row order, two streams (1) or one (0). qm_pfd() settles both (policy,
+ * then KILN_CPU_QM_PFD / KILN_CPU_QM_STREAMS; call it before a pool job),
+ * cpu_set_qm_pfd / cpu_set_qm_two change them (tests, decode-ab); the
+ * kernels read the variables */
+extern int qm_pfd_cur, qm_two_cur;
+int qm_pfd(void);
 #define L128_PF1 2048
 #define L128_PF2 32768
 
@@ -303,7 +312,7 @@ VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd,
     } while (0)
 #define QM_ROWS1(ROW, n, out)                                                                               \
     do {                                                                                                    \
-        CPU_FOR_ROWS2(r_, 0, (n)) {                                                                         \
+        CPU_FOR_ROWS(r_, 0, (n), qm_two_cur) {                                                              \
             const __m256 v_ = ROW(r_);                                                                      \
             (out)[r_] = _mm_cvtss_f32(kiln_hsum8x4(v_, v_, v_, v_));                                        \
         }                                                                                                   \
