@@ -56,6 +56,7 @@ enum { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_LAST = 
 #endif
 int cpu_isa(void);                /* in use */
 int cpu_isa_max(void);            /* best the CPU has */
+int cpu_amd_avx512(void);         /* an AMD CPU with AVX-512 (Zen 4 and later): the decode GEMVs' streaming policy */
 int cpu_set_isa(int isa);         /* capped at cpu_isa_max(); returns what was set */
 const char *cpu_isa_name(int isa);
 
@@ -152,8 +153,9 @@ int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes)
  * decoded 0.6B BF16 14% faster than two (docs/cpu.md, "Zen 4").
  * KILN_CPU_GEMV_STREAMS=1|2 forces one order for every row size, 0 the
  * rule by row size; cpu_set_gemv_streams (tests, tools/decode_ab.c) sets
- * 0, 1 or 2 and returns what is in effect. The quantized kernels keep two
- * streams: on the same Zen 3 one and two tied. */
+ * 0, 1 or 2 and returns what is in effect. The int8 decode kernels keep two
+ * streams (on the same Zen 3 one and two tied), but for one on AMD CPUs
+ * with AVX-512 (cpu_qm_two). */
 int cpu_gemv_streams(void);
 int cpu_set_gemv_streams(int s);
 /* the dense decode GEMV's software prefetch distance in bytes, 0 for none

@@ -99,6 +99,17 @@ int cpu_isa(void) {
     return isa_cur;
 }
 
+/* an AMD CPU with AVX-512 (Zen 4 and later): the decode streaming policy of
+ * the GEMV kernels (cpu.h) */
+int cpu_amd_avx512(void) {
+#if defined(KILN_X86)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
 int cpu_isa_max(void) {
     isa_init();
     return isa_hw;
@@ -250,8 +261,9 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
  * time, a chunk as two sequential streams, or one for rows of 4 KiB and
  * up on AMD CPUs (CPU_FOR_ROWS, cpu_gemv_streams: cpu.h), one 64-byte line
  * of weights per step (32 16-bit weights: 4 ymm accumulators on AVX2, 2 zmm
- * on AVX-512), with a software prefetch GEMV_PFD bytes ahead of the stream;
- * the first GEMV_PFD bytes of both streams are prefetched on entry. The
+ * on AVX-512), with a software prefetch cpu_gemv_pfd() bytes ahead of the
+ * stream (GEMV_PFD, or none on AMD CPUs with AVX-512); the first that many
+ * bytes of both streams are prefetched on entry. The
  * AVX-512 loop took two lines per step (4 zmm, two prefetches) until
  * 2026-12-04: on a Zen 4 EPYC (2 cores, AVX-512 executed as two 256-bit
  * halves) that streamed BF16 ~22% slower than the AVX2 loop from DRAM
@@ -259,7 +271,8 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
  * one line per step) though it ran faster from L2 (55 against 43 GB/s on
  * one core): 0.6B BF16 tg128 19.1 -> 25.1 tok/s, 68 -> 95% of the probe.
  * A standalone loop showed the same for F16 (two lines 0.78 of AVX2, one
- * line 1.04); why two lines per step stream worse there is not known. One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
+ * line 1.04); why two lines per step stream worse there is not known.
+ * One thread, BF16 from DRAM (harness, CPU time): 4 rows at a time
  * (4 interleaved streams, no prefetch) 21-24 GB/s, one row + 4 KiB prefetch
  * 33-37 GB/s, a plain read 37-39. That 4 KiB was for one stream; with two
  * streams per thread each runs 2 KiB ahead, the same 4 KiB in flight per
@@ -297,7 +310,7 @@ int cpu_gemv_streams(void) {
     int s = 2;
 #if defined(KILN_X86)
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) s = __builtin_cpu_supports("avx512f") ? 1 : 0; /* Zen 4 and later: one (cpu.h) */
+    if (__builtin_cpu_is("amd")) s = cpu_amd_avx512() ? 1 : 0; /* Zen 4 and later: one (cpu.h) */
 #endif
     if (e && (!strcmp(e, "0") || !strcmp(e, "1") || !strcmp(e, "2"))) s = *e - '0';
     return gemv_streams = s;
@@ -320,11 +333,7 @@ static int gemv_pfd = -1;
 
 int cpu_gemv_pfd(void) {
     if (gemv_pfd >= 0) return gemv_pfd;
-    int d = GEMV_PFD;
-#if defined(KILN_X86)
-    __builtin_cpu_init();
-    if (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) d = 0;
-#endif
+    int d = cpu_amd_avx512() ? 0 : GEMV_PFD;
     const char *e = getenv("KILN_CPU_GEMV_PFD");
     if (e && *e) d = atoi(e);
     return gemv_pfd = d < 0 ? 0 : d / 64 * 64;

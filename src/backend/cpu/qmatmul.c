@@ -134,18 +134,6 @@ int qm_have_vnni(void) {
     return v;
 }
 
-/* the Q8_0 / Q4_0 batch-1 decode on the VNNI kernels (1) or the AVX2 ones
- * (0) on an AVX-512 VNNI machine: KILN_CPU_VNNI_DEC, or the setter */
-static int vnni_dec = -1;
-int cpu_vnni_dec(void) {
-    if (vnni_dec < 0) {
-        const char *e = getenv("KILN_CPU_VNNI_DEC");
-        vnni_dec = e && *e ? atoi(e) != 0 : 1;
-    }
-    return vnni_dec;
-}
-int cpu_set_vnni_dec(int on) { return vnni_dec = on != 0; }
-
 #endif /* KILN_X86 */
 
 /* ==== dispatch ==== */

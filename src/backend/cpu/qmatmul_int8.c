@@ -510,7 +510,7 @@ static int int8_gemm(int isa, enum kiln_dtype t, int n) {
  * the GEMM (1 or 0), or -1 when the buffer could not grow */
 static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, const float *x, const struct qlinear *w, int n) {
 #if defined(KILN_X86)
-    qm_pfd();
+    qm_settle(); /* the decode settings, on the calling thread before the kernels read them */
 #endif
     const int K = w->n_in, N = w->n_out, nb = K / 32;
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,

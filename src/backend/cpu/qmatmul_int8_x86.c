@@ -427,45 +427,31 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
 #ifndef QPFD
 #define QPFD 4096
 #endif
-/* The int8 decode kernels' prefetch distance and row order
- * (qmatmul_internal.h), settled once: QPFD ahead, two streams, but one
- * stream on AMD CPUs with AVX-512 (Zen 4 and later; there Q8_0 decoded
- * 6-10% faster as one, Q4_0 tied: docs/cpu.md, "Zen 4");
- * KILN_CPU_QM_PFD=N and KILN_CPU_QM_STREAMS=1|2 override. */
+/* The int8 decode kernels' settings (qmatmul_internal.h), settled once by
+ * qm_settle: QPFD ahead, two streams, the VNNI kernels where the CPU has
+ * them; but one stream on AMD CPUs with AVX-512 (Zen 4 and later; there
+ * Q8_0 decoded 6-10% faster as one, Q4_0 tied: docs/cpu.md, "Zen 4").
+ * KILN_CPU_QM_PFD=N, KILN_CPU_QM_STREAMS=1|2 and KILN_CPU_VNNI_DEC=0|1
+ * override. */
 int qm_pfd_cur = QPFD, qm_two_cur = 1;
-static int qm_settled;
+static int qm_vnni_cur = 1, qm_settled;
 
-static void qm_settle(void) {
+void qm_settle(void) {
     if (qm_settled) return;
-    __builtin_cpu_init();
-    if (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) qm_two_cur = 0;
-    const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS");
+    if (cpu_amd_avx512()) qm_two_cur = 0;
+    const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS"), *v = getenv("KILN_CPU_VNNI_DEC");
     if (e && *e) qm_pfd_cur = atoi(e) < 0 ? 0 : atoi(e) / 64 * 64;
     if (t && (!strcmp(t, "1") || !strcmp(t, "2"))) qm_two_cur = *t == '2';
+    if (v && *v) qm_vnni_cur = atoi(v) != 0;
     qm_settled = 1;
 }
 
-int qm_pfd(void) {
-    qm_settle();
-    return qm_pfd_cur;
-}
-
-int cpu_qm_pfd(void) { return qm_pfd(); }
-
-int cpu_qm_two(void) {
-    qm_settle();
-    return qm_two_cur;
-}
-
-int cpu_set_qm_pfd(int d) {
-    qm_settle();
-    return qm_pfd_cur = d < 0 ? 0 : d / 64 * 64;
-}
-
-int cpu_set_qm_two(int two) {
-    qm_settle();
-    return qm_two_cur = two != 0;
-}
+int cpu_qm_pfd(void) { return qm_settle(), qm_pfd_cur; }
+int cpu_qm_two(void) { return qm_settle(), qm_two_cur; }
+int cpu_vnni_dec(void) { return qm_settle(), qm_vnni_cur; }
+int cpu_set_qm_pfd(int d) { return qm_settle(), qm_pfd_cur = d < 0 ? 0 : d / 64 * 64; }
+int cpu_set_qm_two(int two) { return qm_settle(), qm_two_cur = two != 0; }
+int cpu_set_vnni_dec(int on) { return qm_settle(), qm_vnni_cur = on != 0; }
 
 #define KILN_PF(p)                                                                     \
     do {                                                                               \

@@ -59,12 +59,12 @@ extern float qm_fp8_lut[256];
 
 /* x86, the int8 decode kernels' weight streams (qmatmul_int8_x86.c): the
  * software prefetch distance in bytes, 0 for none (KILN_PF), and QM_ROWS1's
- * row order, two streams (1) or one (0). qm_pfd() settles both (policy,
- * then KILN_CPU_QM_PFD / KILN_CPU_QM_STREAMS; call it before a pool job),
- * cpu_set_qm_pfd / cpu_set_qm_two change them (tests, decode-ab); the
- * kernels read the variables */
+ * row order, two streams (1) or one (0). qm_settle() settles them and the
+ * VNNI-or-AVX2 decode choice (policy, then the environment; call it before
+ * a pool job), the cpu_set_qm_* setters (cpu.h) change them for tests and
+ * decode-ab; the kernels read the variables */
 extern int qm_pfd_cur, qm_two_cur;
-int qm_pfd(void);
+void qm_settle(void);
 #define L128_PF1 2048
 #define L128_PF2 32768
 
