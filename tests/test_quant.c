@@ -424,6 +424,78 @@ static void test_qgemm(void) {
     be->destroy(be);
 }
 
+/* Q4_0 in groups of 16 rows (x86: qmatmul_internal.h): every ISA gives the
+ * scalar kernel's bits, at every n, for rows in groups and rows past them
+ * (N = 16 x g + r), with and without bias; a token's row is the same bits
+ * in any batch (decode, a few sequences, prefill tiles); and the result is
+ * the stored-block path's (KILN_CPU_Q4X=0) up to f32 summation order. */
+static void test_q4x(void) {
+#if defined(KILN_X86)
+    char err[512];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    const int saved = cpu_isa();
+    static const struct {
+        int N, K;
+    } cs[] = {{16, 64}, {37, 320}, {48, 1056}, {131, 256}, {7, 96}};
+    static const int ns[] = {1, 2, 3, 7, 8, 9, 17, 37};
+    const int maxn = 37;
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 4242);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int N = cs[c].N, K = cs[c].K;
+        void **owned = kiln_calloc(1, sizeof(void *));
+        struct qlinear w = {.n_out = N, .n_in = K}, w0;
+        CHECK(quant_dummy_linear(&w, "q4_0", 0, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
+        uint8_t *q = (uint8_t *)w.w.data;
+        for (int b = 0; b < N * K / 32; b++) /* random codes and scales, so a code or scale read from the wrong row fails */
+            for (int i = 0; i < 18; i++) q[18 * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+        float *bias = test_alloc(&owned, sizeof(float) * N);
+        for (int i = 0; i < N; i++) bias[i] = kiln_rng_normal(&r);
+        if (c & 1) w.bias = (struct ktensor){KILN_DTYPE_F32, 1, N, bias, NULL};
+        w0 = w;
+        setenv("KILN_CPU_Q4X", "0", 1);
+        CHECK(be->prepare_linear(be, &w0, err, sizeof err) == 0, "%s", err);
+        unsetenv("KILN_CPU_Q4X");
+        CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
+        CHECK(w.repacked && !w0.repacked, "N=%d: repacked %d, stored %d", N, w.repacked, w0.repacked);
+        float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
+        float *one = kiln_malloc(sizeof(float) * N);
+        for (int i = 0; i < maxn * K; i++) x[i] = kiln_rng_normal(&r) * (i % 53 == 0 ? 6.0f : 1.0f);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int n = ns[ni];
+            cpu_set_isa(CPU_ISA_SCALAR);
+            be->matmul(be, ref, x, &w, n);
+            for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
+                cpu_set_isa(isa);
+                memset(out, 0xff, sizeof(float) * (size_t)n * N);
+                be->matmul(be, out, x, &w, n);
+                CHECK(!memcmp(out, ref, sizeof(float) * (size_t)n * N), "%s q4_0 N=%d K=%d n=%d: not the scalar kernel's bits", cpu_isa_name(isa), N, K, n);
+                int same = 1;
+                for (int t = 0; t < n; t += 5) {
+                    be->matmul(be, one, x + (size_t)t * K, &w, 1);
+                    same &= !memcmp(one, out + (size_t)t * N, sizeof(float) * N);
+                }
+                CHECK(same, "%s q4_0 N=%d K=%d n=%d: a token's row differs from the same token alone", cpu_isa_name(isa), N, K, n);
+                memset(out, 0xff, sizeof(float) * (size_t)n * N);
+                be->matmul(be, out, x, &w0, n);
+                double md = 0, scale = 0;
+                for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i])), scale = fmax(scale, fabs(ref[i]));
+                CHECK(md <= 2e-6 * scale * sqrt(K / 32.0), "%s q4_0 N=%d K=%d n=%d: stored blocks %g from groups of 16 (outputs up to %g)",
+                      cpu_isa_name(isa), N, K, n, md, scale);
+            }
+        }
+        be->release_linear(be, &w), be->release_linear(be, &w0);
+        free(x), free(ref), free(out), free(one);
+        for (int i = 0; owned[i]; i++) free(owned[i]);
+        free(owned);
+    }
+    cpu_set_isa(saved);
+    be->destroy(be);
+#endif
+}
+
 /* ==== quantize round trips ==== */
 
 /* matmul_multi (q/k/v, gate/up of a decode step as one pool job) gives
@@ -722,12 +794,17 @@ static void test_dummy(void) {
     }
 }
 
-/* Dummy GPTQ/AWQ weights on the CPU: after the repack the stored codes'
- * whole pages are given back (resident memory is the repacked size, as for
- * a checkpoint's file mapping), the BF16 embedding keeps its pages, and the
- * model still runs (test_dummy checks its logits). */
+/* Dummy GPTQ/AWQ weights on the CPU, and on x86 Q4_0 ones: after the
+ * repack the stored codes' whole pages are given back (resident memory is
+ * the repacked size, as for a checkpoint's file mapping), the BF16
+ * embedding keeps its pages, and the model still runs (test_dummy checks
+ * its logits). */
 static void test_dummy_dropped(void) {
+#if defined(KILN_X86)
+    const char *fmts[] = {"gptq-int4", "awq", "q4_0"};
+#else
     const char *fmts[] = {"gptq-int4", "awq"};
+#endif
     char err[512];
     const long pg = sysconf(_SC_PAGESIZE);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
@@ -740,7 +817,9 @@ static void test_dummy_dropped(void) {
             const struct ktensor *ts[] = {&m.layers[0].wq.w, &m.layers[1].down.w, &m.embed};
             for (int i = 0; i < 3; i++) {
                 uintptr_t a = ((uintptr_t)ts[i]->data + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-                const uintptr_t e = ((uintptr_t)ts[i]->data + (uintptr_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)) & ~(uintptr_t)(pg - 1);
+                const size_t bytes = dtype_size(ts[i]->dtype) ? (size_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)
+                                                              : (size_t)ts[i]->rows * quant_row_bytes(ts[i]->dtype, ts[i]->cols);
+                const uintptr_t e = ((uintptr_t)ts[i]->data + (uintptr_t)bytes) & ~(uintptr_t)(pg - 1);
                 const size_t np = e > a ? (e - a) / (size_t)pg : 0;
                 unsigned char *v = kiln_calloc(np + 1, 1);
                 size_t res = 0;
@@ -1091,6 +1170,7 @@ void test_quant(void) {
     test_kernels();
     test_qgemm();
     test_kq_extremes();
+    test_q4x();
     test_qmulti();
     test_config_errors();
     test_gguf_parser();

@@ -11,7 +11,9 @@
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
  * dense GEMV's prefetch distance in bytes, 0 none) and, on x86, `qm-pfd`,
- * `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels. Each round times A and B
+ * `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
+ * for model runs also `env:NAME`, a setting read at load (KILN_CPU_Q4X):
+ * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
  * median rate and the median and quartiles of the per-round B/A ratios:
  * a drift slower than one round cancels out of each ratio.
@@ -60,30 +62,53 @@ static void report(const char *what, const char *unit, int a, int b, double *con
     free(ratio);
 }
 
+/* one engine on the CPU (2 threads, F16 KV) with its sequence after one
+ * untimed token; NULL with err */
+static kiln_engine *open_one(const char *model, const char *quant, int file, kiln_seq **s, char *err, size_t errlen) {
+    struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,
+                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16", .max_total_tokens = 1024, .seed = 1};
+    kiln_engine *e = kiln_engine_open(&o, err, errlen);
+    if (!e) return NULL;
+    int32_t t = 1;
+    if (!(*s = kiln_seq_new(e, err, errlen)) || kiln_seq_eval(*s, &t, 1, NULL, 0, err, errlen)) {
+        if (*s) kiln_seq_free(*s);
+        kiln_engine_close(e);
+        return NULL;
+    }
+    return e;
+}
+
 static int run_model(const char *spec, const char *sw, int A, int B, int rounds, int steps) {
     char model[128], err[512];
     snprintf(model, sizeof model, "%s", spec);
     char *quant = strchr(model, ':');
     if (quant) *quant++ = 0;
     const int file = strchr(model, '/') != NULL; /* a checkpoint or .gguf path, else a --dummy name */
-    struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,
-                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16", .max_total_tokens = 1024, .seed = 1};
-    kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
-    if (!e) return fprintf(stderr, "decode-ab: %s\n", err), 1;
-    kiln_seq *s = kiln_seq_new(e, err, sizeof err);
-    float *lg = kiln_malloc(sizeof(float) * (size_t)kiln_engine_config(e)->vocab);
+    /* env:NAME: a load-time setting; each arm its own engine, opened with NAME=A or NAME=B */
+    const char *env = !strncmp(sw, "env:", 4) ? sw + 4 : NULL;
+    kiln_engine *e[2] = {NULL, NULL};
+    kiln_seq *s[2] = {NULL, NULL};
+    for (int arm = 0; arm < (env ? 2 : 1); arm++) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", arm ? B : A);
+        if (env) setenv(env, v, 1);
+        if (!(e[arm] = open_one(model, quant, file, &s[arm], err, sizeof err))) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+        if (env) unsetenv(env);
+    }
+    if (!env) e[1] = e[0], s[1] = s[0];
+    float *lg = kiln_malloc(sizeof(float) * (size_t)kiln_engine_config(e[0])->vocab);
     int32_t t = 1;
-    int rc = !s || kiln_seq_eval(s, &t, 1, lg, 0, err, sizeof err);
+    int rc = 0;
     double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
     for (int r = -1; r < rounds && !rc; r++) /* round -1: both arms once, untimed */
         for (int k = 0; k < 2 && !rc; k++) {
             const int arm = r & 1 ? 1 - k : k;
-            if (set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
-            kiln_seq_truncate(s, 1);
+            if (!env && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            kiln_seq_truncate(s[arm], 1);
             const double t0 = kiln_now();
             for (int i = 0; i < steps && !rc; i++) {
                 t = (int32_t)((t * 7919 + 13) % 100000);
-                rc = kiln_seq_eval(s, &t, 1, lg, 0, err, sizeof err);
+                rc = kiln_seq_eval(s[arm], &t, 1, lg, 0, err, sizeof err);
             }
             if (r >= 0) rate[arm][r] = steps / (kiln_now() - t0);
         }
@@ -92,8 +117,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     snprintf(what, sizeof what, "%s decode, %s, %d steps per arm", spec, sw, steps);
     report(what, "tok/s", A, B, rate, rounds);
     free(rate[0]), free(rate[1]), free(lg);
-    kiln_seq_free(s);
-    kiln_engine_close(e);
+    for (int arm = 0; arm < (env ? 2 : 1); arm++) kiln_seq_free(s[arm]), kiln_engine_close(e[arm]);
     return 0;
 }
 
@@ -137,7 +161,8 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size)\n");
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, qm-pfd, qm-streams, vnni-dec,\n"
+                        "        env:NAME (model runs: an engine per arm, opened with NAME=A / NAME=B)\n");
         return 2;
     }
     const int A = atoi(argv[base]), B = atoi(argv[base + 1]);

@@ -423,24 +423,28 @@ void model_describe_formats(const struct kiln_model *m, FILE *f) {
         fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
 }
 
-/* The CPU backend repacks GPTQ/AWQ linears at load (cpu_qprepare_linear,
- * always) and never reads the stored tensors again: drop their pages so
- * resident memory is the repacked size, not stored + repacked. From a
- * checkpoint they are the file mapping's (read-only), and a later read
- * (kiln quantize's reference dequantization) faults them back in from the
- * file. Dummy weights are the model's own anonymous memory, one buffer per
- * tensor (owned_alloc), so only whole pages inside each tensor go and its
- * neighbours keep theirs; they come back as zeros, which nothing reads
- * (0.6B GPTQ-int4 --dummy: 767 -> 553 MiB peak RSS in a tg run, Q4_0's
- * 552). */
+/* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 ones, at load
+ * (cpu_qprepare_linear) and never reads the stored tensors again
+ * (qlinear.repacked): drop their pages so resident memory is the repacked
+ * size, not stored + repacked. From a checkpoint they are the file
+ * mapping's (read-only), and a later read (kiln quantize's reference
+ * dequantization) faults them back in from the file. Dummy weights are the
+ * model's own anonymous memory, one buffer per tensor (owned_alloc), so only
+ * whole pages inside each tensor go and its neighbours keep theirs; they
+ * come back as zeros, which nothing reads (0.6B GPTQ-int4 --dummy: 767 ->
+ * 553 MiB peak RSS in a tg run, Q4_0's 552). A tied lm_head's weight is the
+ * embedding, which the lookup still reads: from a file its pages go too
+ * (the lookup faults back the rows it gathers), a dummy's stay. */
 static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
-    (void)m, (void)ctx;
-    if (w->fmt != KILN_WFMT_GPTQ && w->fmt != KILN_WFMT_AWQ) return 0;
+    (void)ctx;
+    if (!w->repacked) return 0;
     const struct ktensor *ts[] = {&w->w, &w->zeros, &w->scales, &w->g_idx};
     long pg = sysconf(_SC_PAGESIZE);
     for (size_t i = 0; i < 4; i++) {
-        if (!ts[i]->data) continue;
-        uintptr_t a = (uintptr_t)ts[i]->data, e = a + (uintptr_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype);
+        if (!ts[i]->data || (ts[i]->data == m->embed.data && !m->st.n_files)) continue; /* a dummy's tied embedding: still read */
+        const size_t bytes = dtype_size(ts[i]->dtype) ? (size_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)
+                                                      : (size_t)ts[i]->rows * quant_row_bytes(ts[i]->dtype, ts[i]->cols); /* GGUF blocks */
+        uintptr_t a = (uintptr_t)ts[i]->data, e = a + (uintptr_t)bytes;
         a = (a + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1); /* whole pages inside the tensor only */
         e &= ~(uintptr_t)(pg - 1);
         if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
@@ -456,7 +460,7 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
-    if (!strcmp(be->name, "cpu")) each_linear(m, drop_repacked, NULL);
+    each_linear(m, drop_repacked, NULL);
     return 0;
 }
 

@@ -47,6 +47,7 @@ struct qlinear {
     int block_n, block_k;  /* FP8 scale block (128 x 128) */
     int zero_plus1;        /* GPTQ v1: stored zeros are z - 1 */
     void *be;              /* backend's prepared form, or NULL */
+    int repacked;          /* set by the backend's prepare: it computes on its own copy and never reads w, scales, zeros, g_idx again */
 };
 
 /* The sparse MoE FFN of one layer (Qwen3-MoE):

@@ -6,7 +6,8 @@
  * hold the AVX2 and AVX-512 paths to (test_quant.c, test_qgemm).
  *
  * Two numerics, both reading the weights as stored (or as repacked once at
- * load, for GPTQ/AWQ: format/quant.h struct qgrp):
+ * load: GPTQ/AWQ into format/quant.h's struct qgrp, Q4_0 on x86 into groups
+ * of 16 rows):
  *
  *   exact   (FP8, GPTQ/AWQ 8-bit or with groups the int8 path cannot take;
  *           GGUF Q5_0/Q5_1; anything with KILN_QACT=f32)
@@ -30,6 +31,11 @@
  *           stored codes with the activation codes, scaled per block. Costs
  *           ~0.5% relative error per dot from rounding x: the tests bound it
  *           separately. KILN_QACT=f32 forces the exact path.
+ *             Q4_0 on x86: the weight copied once at load into groups of
+ *               16 rows (qmatmul_internal.h), one kernel family for every
+ *               n (16 rows x up to 8 tokens per pass, VNNI or AVX2; the
+ *               scalar one gives the same bits); KILN_CPU_Q4X=0 keeps the
+ *               stored blocks and the kernels below.
  *             decode (n = 1): one row at a time, 4+ independent accumulators,
  *               software prefetch, one contiguous run of rows per thread
  *               (cpu_parallel_for_split); AVX-512 VNNI kernels for Q8_0 / Q4_0
@@ -62,6 +68,15 @@ static int want_int8(enum kiln_dtype t) {
            t == KILN_DTYPE_Q6_K;
 }
 
+#if defined(KILN_X86)
+/* Q4_0 linears of the int8 path go into groups of 16 rows at load
+ * (qmatmul_internal.h); KILN_CPU_Q4X=0 keeps them as stored, for A/B runs */
+static int q4x_on(void) {
+    const char *e = getenv("KILN_CPU_Q4X");
+    return !(e && !strcmp(e, "0"));
+}
+#endif
+
 int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
     if (quant_check_linear(w, "linear", err, errlen)) return -1;
     struct qprep *p = kiln_calloc(1, sizeof *p);
@@ -81,8 +96,20 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
             return -1;
         }
         p->gact = qact_f32() ? 0 : qm_gact_group(&p->grp);
+        w->repacked = 1;
         break;
-    case KILN_WFMT_GGUF: p->int8_act = want_int8(w->w.dtype); break;
+    case KILN_WFMT_GGUF:
+        p->int8_act = want_int8(w->w.dtype);
+#if defined(KILN_X86)
+        if (p->int8_act && w->w.dtype == KILN_DTYPE_Q4_0 && q4x_on()) {
+            if (!(p->q4x = qm_q4x_pack(w->w.data, w->n_out, w->n_in))) {
+                free(p);
+                return kiln_errf(err, errlen, "cpu: out of memory repacking a Q4_0 linear (%d x %d)", w->n_out, w->n_in);
+            }
+            w->repacked = 1;
+        }
+#endif
+        break;
     default: free(p); return kiln_errf(err, errlen, "cpu: weight format %d is not supported", (int)w->fmt);
     }
     w->be = p;
@@ -94,6 +121,7 @@ void cpu_qrelease_linear(struct qlinear *w) {
     if (!p) return;
     qgrp_free(&p->grp);
     free(p->fp8_scale);
+    kiln_wfree(p->q4x);
     free(p);
     w->be = NULL;
 }

@@ -85,6 +85,64 @@ static float dot_q4_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     return acc;
 }
 
+#if defined(KILN_X86)
+/* ==== Q4_0 in groups of 16 rows (qmatmul_internal.h): the copy, and the
+ * scalar kernels the AVX2 / VNNI ones (qmatmul_int8_x86.c) equal ==== */
+
+uint8_t *qm_q4x_pack(const uint8_t *W, int N, int K) {
+    const int nb = K / 32;
+    const size_t rb = (size_t)nb * 18;
+    const int64_t ng = N / Q4X_R;
+    uint8_t *P = kiln_walloc(rb * (size_t)N);
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *p = P + ((size_t)g * nb + b) * Q4X_BB;
+            for (int r = 0; r < Q4X_R; r++) {
+                const uint8_t *blk = W + (size_t)(Q4X_R * g + r) * rb + (size_t)18 * b;
+                memcpy(p + 2 * r, blk, 2);
+                for (int c = 0; c < 4; c++) memcpy(p + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+            }
+        }
+    memcpy(P + (size_t)ng * Q4X_R * rb, W + (size_t)ng * Q4X_R * rb, (size_t)(N - ng * Q4X_R) * rb); /* the rows past the groups, as stored */
+    return P;
+}
+
+/* group G against nt tokens of the tile xt (qm_q4x_vnni's contract) */
+static void q4x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < Q4X_R; r++) {
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *p = G + (size_t)Q4X_BB * b;
+                const struct q8a *x = &xt[(size_t)b * NT + t];
+                int s = -8 * x->sum;
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const int q = p[32 + 64 * c + 4 * r + i];
+                        s += (q & 15) * x->qs[4 * c + i] + (q >> 4) * x->qs[16 + 4 * c + i];
+                    }
+                acc = fmaf((float)s, h2f(p + 2 * r) * x->d, acc);
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+/* a row past the groups (stored blocks) against token x of a tile (its
+ * blocks NT apart), with the groups' arithmetic */
+static float q4x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
+    float acc = 0;
+    for (int b = 0; b < nb; b++, w += 18) {
+        const struct q8a *xb = &x[(size_t)b * NT];
+        int s = -8 * xb->sum;
+        for (int j = 0; j < 16; j++) s += (w[2 + j] & 15) * xb->qs[j] + (w[2 + j] >> 4) * xb->qs[16 + j];
+        acc = fmaf((float)s, h2f(w) * xb->d, acc);
+    }
+    return acc;
+}
+#endif
+
 static float dot_q4_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     float acc = 0;
     for (int i = 0; i < nb; i++, w += 20) {
@@ -316,6 +374,8 @@ struct ijob {
     int decm;      /* decode of 2-7 rows, Q4_0: 1 (qm_rowm_q4_0), Q8_0: 2 (qm_rowm_q8_0): per row its act2 / xd / cs below */
     const __m256i *x2m[DECM_MAX];
     const float *xdm[DECM_MAX], *csm[DECM_MAX];
+    const uint8_t *q4x; /* Q4_0 in groups of 16 rows (i_q4x), or NULL */
+    int64_t ng;         /* ... its groups */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -423,6 +483,36 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
     (void)tid;
 }
+
+#if defined(KILN_X86)
+/* Q4_0 in groups of 16 rows: items are the groups, then one for the rows
+ * past them; each group meets every tile of tokens in turn (nt <= NT) */
+static void i_q4x(void *arg, int64_t u0, int64_t u1, int tid) {
+    const struct ijob *j = arg;
+    const size_t grp = (size_t)Q4X_R * j->rb;
+    CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
+        for (int tile = 0; tile < j->ntile; tile++) {
+            const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
+            if (u < j->ng) {
+                const uint8_t *G = j->q4x + (size_t)u * grp;
+                float *o = j->out + (size_t)t0 * j->N + Q4X_R * u;
+                const float *bias = j->bias ? j->bias + Q4X_R * u : NULL;
+                if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_q4x_vnni(G, xt, j->NT, nt, j->nb, o, j->N, bias);
+                else if (j->isa >= CPU_ISA_AVX2)
+                    for (int t = 0; t < nt; t += 2) qm_q4x_avx2(G, xt + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, o + (size_t)t * j->N, j->N, bias);
+                else q4x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
+            } else {
+                for (int64_t r = Q4X_R * j->ng; r < j->N; r++)
+                    for (int t = 0; t < nt; t++)
+                        j->out[(size_t)(t0 + t) * j->N + r] = q4x_tail(j->q4x + (size_t)r * j->rb, xt + t, j->NT, j->nb) + (j->bias ? j->bias[r] : 0.0f);
+            }
+        }
+    }
+    (void)tid;
+}
+
+#endif
 
 #if defined(KILN_X86)
 static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
@@ -542,6 +632,21 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     *jp = j;
     return 0;
 #else
+    if (((const struct qprep *)w->be)->q4x) {
+        /* Q4_0 in groups of 16 rows: every n on one kernel, tokens in tiles
+         * of NT (VNNI 8, AVX2 2; fewer when n is) */
+        const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
+        j.q4x = ((const struct qprep *)w->be)->q4x, j.ng = N / Q4X_R;
+        j.R = vnni ? 16 : 0, j.NT = vnni || j.isa < CPU_ISA_AVX2 ? 8 : 2;
+        if (j.NT > n) j.NT = n;
+        j.ntile = (n + j.NT - 1) / j.NT;
+        cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, vnni ? CPU_USED_VNNI : 0);
+        const size_t sz = sizeof *j.xa * (size_t)j.ntile * j.NT * nb;
+        if (qm_buf_get(be, &sz, (void **)&j.xa, 1)) return -1;
+        cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
+        *jp = j;
+        return 2;
+    }
     switch (w->w.dtype) {
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = qm_dot_q8_0_avx2; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = qm_dot_q4_0_avx2; break;
@@ -669,7 +774,9 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     const int gemm = int8_setup(be, &j, out, x, w, n);
     if (gemm < 0) return; /* reported by cpu_error */
 #if defined(KILN_X86)
-    if (gemm) {
+    if (gemm == 2) {
+        cpu_parallel_for_split(be, j.ng + (j.N > Q4X_R * j.ng), cpu_split_chunk(be, j.ng + 1, Q4X_R * j.rb), i_q4x, &j);
+    } else if (gemm) {
         if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * PK_BLOCK(j.mode, j.R)))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
         cpu_scratch_threads_free(be, j.scr);
     } else
@@ -693,17 +800,29 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
 #endif
     for (int i = 1; i < count; i++)
         if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
+#if defined(KILN_X86)
+    const int x16 = ((const struct qprep *)ws[0]->be)->q4x != NULL;
+    for (int i = 1; i < count; i++) /* all in groups of 16 rows, or none */
+        if ((((const struct qprep *)ws[i]->be)->q4x != NULL) != x16) return 0;
+#endif
     const int gemm = int8_setup(be, &j[0], outs[0], x, ws[0], n);
     if (gemm < 0) return 1; /* skipped; reported by cpu_error */
-    if (gemm) return 0;     /* not reached: the GEMM was ruled out above */
+    if (gemm == 1) return 0; /* not reached: the GEMM was ruled out above */
     for (int i = 0; i < count; i++) {
         if (i) {
             j[i] = j[0];
             j[i].w = ws[i], j[i].out = outs[i], j[i].N = ws[i]->n_out;
             j[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
         }
+#if defined(KILN_X86)
+        if (gemm == 2) {
+            j[i].q4x = ((const struct qprep *)ws[i]->be)->q4x, j[i].ng = j[i].N / Q4X_R;
+            t[i] = (struct cpu_task){i_q4x, &j[i], j[i].ng + (j[i].N > Q4X_R * j[i].ng)};
+            continue;
+        }
+#endif
         t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, j[0].rb);
+    cpu_parallel_for_split_tasks(be, t, count, gemm == 2 ? Q4X_R * j[0].rb : j[0].rb);
     return 1;
 }

@@ -35,7 +35,36 @@ struct qprep {
     float *fp8_scale;   /* FP8: [ceil(N/bn)][ceil(K/bk)] as f32 */
     int int8_act;       /* GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: int8 activation path */
     int gact;           /* GPTQ / AWQ 4-bit with int8 activations: the group size, or 0 */
+    uint8_t *q4x;       /* GGUF Q4_0 on x86, the int8 path: the weight in groups of 16 rows (below), or NULL */
 };
+
+/* ==== Q4_0 in groups of 16 rows (x86) ====
+ *
+ * cpu_qprepare_linear copies a Q4_0 linear of the int8 path into this
+ * layout once, and every x86 kernel (scalar, AVX2, VNNI; decode, a few
+ * sequences, prefill) reads it instead of the stored blocks. Rows 16 g ..
+ * 16 g + 15 form group g, whose K / 32 blocks follow each other, Q4X_BB
+ * bytes each:
+ *
+ *   bytes   0..31    the 16 rows' f16 scales, row order
+ *   bytes  32..287   4 chunks of 64 bytes; chunk c holds code bytes 4c ..
+ *                    4c + 3 of each row, row r at 4r. A code byte j keeps
+ *                    weight j in its low nibble and weight 16 + j in its
+ *                    high one (as stored), so chunk c's low nibbles are
+ *                    weights 4c .. 4c + 3 and its high ones 16 + 4c ..
+ *
+ * One 64-byte load is then 16 rows x 4 weights: a vpdpbusd against one
+ * broadcast of 4 activation codes adds 4 products to each row's lane, and
+ * a block's 16 scales convert as one vector; no row needs a horizontal
+ * sum, and every group is one sequential stream. Rows past the last whole
+ * group stay as stored (18-byte blocks) after the groups, so row r >= 16 x
+ * groups is at r x row_bytes as before; the copy is the stored size. Every
+ * kernel computes a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r
+ * xd_b) in block order, so they agree to the bit on every ISA and n. */
+enum { Q4X_R = 16, Q4X_BB = 288 };
+/* the copy of Q4_0 blocks W [N][K / 32] in this layout (kiln_walloc'd; NULL
+ * when out of memory) */
+uint8_t *qm_q4x_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -274,6 +303,11 @@ AVX2 float qm_dot1_q4_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q4_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
 AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
+/* group G (16 rows, nb blocks) against the activation tile xt (block b of
+ * token t at xt[b NT + t]) for nt tokens: out[t ldo + r] = row r's sum
+ * (+ bias[r] when bias). VNNI: nt <= 8; AVX2: nt <= 2. */
+VNNI void qm_q4x_vnni(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias);
+AVX2 void qm_q4x_avx2(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 /* The decode row kernels' loop over a chunk of rows 0 .. n-1: ROW(r) gives
