@@ -424,12 +424,14 @@ static void test_qgemm(void) {
     be->destroy(be);
 }
 
-/* Q4_0 in groups of 16 rows (x86: qmatmul_internal.h): every ISA gives the
- * scalar kernel's bits, at every n, for rows in groups and rows past them
- * (N = 16 x g + r), with and without bias; a token's row is the same bits
- * in any batch (decode, a few sequences, prefill tiles); and the result is
- * the stored-block path's (KILN_CPU_Q4X=0) up to f32 summation order. */
-static void test_q4x(void) {
+/* Q4_0 and GPTQ / AWQ 4-bit in groups of 16 rows (x86: qmatmul_internal.h,
+ * qmatmul_gptq.c): every ISA gives the scalar kernel's bits, at every n,
+ * for rows in groups and rows past them (N = 16 x g + r), with and without
+ * bias, GPTQ with groups of 32 / 64 / 128 / per-channel and random zero
+ * points; a token's row is the same bits in any batch (decode, a few
+ * sequences, prefill tiles); and the result is the stored layout's
+ * (KILN_CPU_Q4X=0) up to f32 summation order. */
+static void test_x16(void) {
 #if defined(KILN_X86)
     char err[512];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
@@ -437,20 +439,27 @@ static void test_q4x(void) {
     if (!be) return;
     const int saved = cpu_isa();
     static const struct {
-        int N, K;
-    } cs[] = {{16, 64}, {37, 320}, {48, 1056}, {131, 256}, {7, 96}};
+        const char *fmt;
+        int N, K, group;
+    } cs[] = {{"q4_0", 16, 64, 0},         {"q4_0", 37, 320, 0},       {"q4_0", 48, 1056, 0},      {"q4_0", 131, 256, 0},
+              {"q4_0", 7, 96, 0},          {"gptq-int4", 40, 384, 128}, {"gptq-int4", 56, 352, 32}, {"gptq-int4", 48, 320, 64},
+              {"gptq-int4", 16, 256, 0},   {"awq", 24, 1024, 128},     {"gptq-int4", 8, 256, 128}, {"awq", 72, 512, 256}};
     static const int ns[] = {1, 2, 3, 7, 8, 9, 17, 37};
     const int maxn = 37;
     struct kiln_rng r;
     kiln_rng_seed(&r, 4242);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
-        const int N = cs[c].N, K = cs[c].K;
+        const int N = cs[c].N, K = cs[c].K, q4 = !strcmp(cs[c].fmt, "q4_0");
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K}, w0;
-        CHECK(quant_dummy_linear(&w, "q4_0", 0, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
-        uint8_t *q = (uint8_t *)w.w.data;
-        for (int b = 0; b < N * K / 32; b++) /* random codes and scales, so a code or scale read from the wrong row fails */
-            for (int i = 0; i < 18; i++) q[18 * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+        CHECK(quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
+        if (q4) { /* random codes and scales, so a code or scale read from the wrong row fails */
+            uint8_t *q = (uint8_t *)w.w.data;
+            for (int b = 0; b < N * K / 32; b++)
+                for (int i = 0; i < 18; i++) q[18 * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+        } else { /* random zero points */
+            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
+        }
         float *bias = test_alloc(&owned, sizeof(float) * N);
         for (int i = 0; i < N; i++) bias[i] = kiln_rng_normal(&r);
         if (c & 1) w.bias = (struct ktensor){KILN_DTYPE_F32, 1, N, bias, NULL};
@@ -459,7 +468,7 @@ static void test_q4x(void) {
         CHECK(be->prepare_linear(be, &w0, err, sizeof err) == 0, "%s", err);
         unsetenv("KILN_CPU_Q4X");
         CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
-        CHECK(w.repacked && !w0.repacked, "N=%d: repacked %d, stored %d", N, w.repacked, w0.repacked);
+        CHECK(w.repacked && w0.repacked == !q4, "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked, w0.repacked);
         float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
         float *one = kiln_malloc(sizeof(float) * N);
         for (int i = 0; i < maxn * K; i++) x[i] = kiln_rng_normal(&r) * (i % 53 == 0 ? 6.0f : 1.0f);
@@ -471,19 +480,20 @@ static void test_q4x(void) {
                 cpu_set_isa(isa);
                 memset(out, 0xff, sizeof(float) * (size_t)n * N);
                 be->matmul(be, out, x, &w, n);
-                CHECK(!memcmp(out, ref, sizeof(float) * (size_t)n * N), "%s q4_0 N=%d K=%d n=%d: not the scalar kernel's bits", cpu_isa_name(isa), N, K, n);
+                CHECK(!memcmp(out, ref, sizeof(float) * (size_t)n * N), "%s %s N=%d K=%d n=%d: not the scalar kernel's bits", cpu_isa_name(isa),
+                      cs[c].fmt, N, K, n);
                 int same = 1;
                 for (int t = 0; t < n; t += 5) {
                     be->matmul(be, one, x + (size_t)t * K, &w, 1);
                     same &= !memcmp(one, out + (size_t)t * N, sizeof(float) * N);
                 }
-                CHECK(same, "%s q4_0 N=%d K=%d n=%d: a token's row differs from the same token alone", cpu_isa_name(isa), N, K, n);
+                CHECK(same, "%s %s N=%d K=%d n=%d: a token's row differs from the same token alone", cpu_isa_name(isa), cs[c].fmt, N, K, n);
                 memset(out, 0xff, sizeof(float) * (size_t)n * N);
                 be->matmul(be, out, x, &w0, n);
                 double md = 0, scale = 0;
                 for (int i = 0; i < n * N; i++) md = fmax(md, isnan(out[i]) ? INFINITY : fabs(out[i] - ref[i])), scale = fmax(scale, fabs(ref[i]));
-                CHECK(md <= 2e-6 * scale * sqrt(K / 32.0), "%s q4_0 N=%d K=%d n=%d: stored blocks %g from groups of 16 (outputs up to %g)",
-                      cpu_isa_name(isa), N, K, n, md, scale);
+                CHECK(md <= 2e-6 * scale * sqrt(K / 32.0), "%s %s N=%d K=%d n=%d: stored layout %g from groups of 16 (outputs up to %g)",
+                      cpu_isa_name(isa), cs[c].fmt, N, K, n, md, scale);
             }
         }
         be->release_linear(be, &w), be->release_linear(be, &w0);
@@ -1170,7 +1180,7 @@ void test_quant(void) {
     test_kernels();
     test_qgemm();
     test_kq_extremes();
-    test_q4x();
+    test_x16();
     test_qmulti();
     test_config_errors();
     test_gguf_parser();

@@ -69,8 +69,9 @@ static int want_int8(enum kiln_dtype t) {
 }
 
 #if defined(KILN_X86)
-/* Q4_0 linears of the int8 path go into groups of 16 rows at load
- * (qmatmul_internal.h); KILN_CPU_Q4X=0 keeps them as stored, for A/B runs */
+/* Q4_0 and GPTQ / AWQ 4-bit linears of the int8 path go into groups of 16
+ * rows at load (qmatmul_internal.h, qmatmul_gptq.c); KILN_CPU_Q4X=0 keeps
+ * them as stored / as qgrp rows, for A/B runs */
 static int q4x_on(void) {
     const char *e = getenv("KILN_CPU_Q4X");
     return !(e && !strcmp(e, "0"));
@@ -96,6 +97,13 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
             return -1;
         }
         p->gact = qact_f32() ? 0 : qm_gact_group(&p->grp);
+#if defined(KILN_X86)
+        if (p->gact && q4x_on() && !(p->g16 = qm_g16_pack(&p->grp))) {
+            qgrp_free(&p->grp);
+            free(p);
+            return kiln_errf(err, errlen, "cpu: out of memory repacking a 4-bit linear (%d x %d)", w->n_out, w->n_in);
+        }
+#endif
         w->repacked = 1;
         break;
     case KILN_WFMT_GGUF:
@@ -122,6 +130,7 @@ void cpu_qrelease_linear(struct qlinear *w) {
     qgrp_free(&p->grp);
     free(p->fp8_scale);
     kiln_wfree(p->q4x);
+    kiln_wfree(p->g16);
     free(p);
     w->be = NULL;
 }

@@ -16,6 +16,10 @@
  * else, and for 8-bit codes, the exact path. Codes as packed by qgrp_pack:
  * per 32-block 16 bytes, byte i = element i (low nibble), 16 + i (high).
  *
+ *   x86 (any ISA): the rows copied once at load into groups of 16 rows
+ *     ("GPTQ / AWQ 4-bit in groups of 16 rows" below), one kernel family
+ *     for every n, the same bits on every ISA; the kernels that follow
+ *     run with KILN_CPU_Q4X=0 (the qgrp rows as packed) and off x86.
  *   decode (n = 1), AVX-512 VNNI: one row at a time, 4 blocks (64 code
  *     bytes, one load) per step: low nibbles [b0 0..15 | b1 | b2 | b3] and
  *     high nibbles [b0 16..31 | ...] against x laid out the same (act4), two
@@ -39,6 +43,8 @@
  * without VNNI: 0.6B pp512 (KILN_CPU_ISA=avx2) 240-246 -> 304-357 tok/s;
  * before it, the int8 row dots there ran at 139.
  */
+#include <math.h>
+
 #include "backend/cpu/qmatmul_internal.h"
 
 /* the group size if w can take the int8 path, else 0 */
@@ -67,6 +73,8 @@ struct gjob {
     float *dx2;       /* ... and [dx_b x 4 | dx_b+1 x 4] per pair */
 #endif
     const float *x;
+    const uint8_t *g16; /* the weight in groups of 16 rows (g_g16), or NULL */
+    int64_t ng;         /* ... its groups */
     int n, K, N, nb, G, gs, isa, vnni;
     int NT, ntile;
     void **scr; /* per-thread panels (cpu_scratch_threads) */
@@ -523,6 +531,234 @@ static void g_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
 
 #endif /* KILN_X86 */
 
+/* ==== GPTQ / AWQ 4-bit in groups of 16 rows (x86) ====
+ *
+ * As Q4_0's (qmatmul_internal.h, "Q4_0 in groups of 16 rows"): on x86 the
+ * int8 path copies the repacked rows once at load into groups of 16 rows,
+ * and every x86 kernel reads that. A 16-row group holds, per quant group,
+ * the 16 rows' s then their b (128 bytes of f32), then the group's blocks
+ * as 4 chunks of 64 bytes each (chunk c: code bytes 4c .. 4c + 3 of the
+ * block's 16 in each row, row r at 4r; low nibbles weights 4c .., high
+ * ones 16 + 4c ..). Rows past the last whole group follow as qgrp rows
+ * (codes, then their [s, b] pairs). Every kernel computes a row as
+ *
+ *   for each group g: T = fma chain over its blocks of (float)(sum q x) dx_b
+ *                     acc = fma(b_g, SX_g, fma(T, s_g, acc))
+ *
+ * so the scalar, AVX2 and VNNI ones give the same bits at every n. */
+#if defined(KILN_X86)
+static size_t g16_bytes(const struct qgrp *g) { return (size_t)g->n_group * 128 + (size_t)(g->n_in / 32) * 256; }
+
+uint8_t *qm_g16_pack(struct qgrp *g) {
+    const int N = g->n_out, nb = g->n_in / 32, G = g->n_group, bpg = (g->gstart[1] + 31) / 32;
+    const int64_t ng = N / 16, nt = N - 16 * ng;
+    const size_t GB = g16_bytes(g), sbr = sizeof(float) * 2 * (size_t)G;
+    uint8_t *P = kiln_walloc(ng * GB + (size_t)nt * (g->row_bytes + sbr));
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t u = 0; u < ng; u++) {
+        uint8_t *p = P + (size_t)u * GB;
+        for (int gi = 0; gi < G; gi++) {
+            float *sv = (float *)p;
+            for (int r = 0; r < 16; r++) {
+                const float *sb = g->sb + ((size_t)(16 * u + r) * G + gi) * 2;
+                sv[r] = sb[0], sv[16 + r] = sb[1];
+            }
+            p += 128;
+            for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256)
+                for (int r = 0; r < 16; r++)
+                    for (int c = 0; c < 4; c++) memcpy(p + 64 * c + 4 * r, g->q + (size_t)(16 * u + r) * g->row_bytes + 16 * (size_t)b + 4 * c, 4);
+        }
+    }
+    uint8_t *tail = P + (size_t)ng * GB;
+    memcpy(tail, g->q + (size_t)ng * 16 * g->row_bytes, (size_t)nt * g->row_bytes);
+    memcpy(tail + (size_t)nt * g->row_bytes, g->sb + (size_t)ng * 16 * G * 2, (size_t)nt * sbr);
+    free(g->q), free(g->sb);
+    g->q = NULL, g->sb = NULL; /* nothing reads them now */
+    return P;
+}
+
+/* group U (16 rows) against nt tokens of the tile xt (block b of token t
+ * at xt[b NT + t]), sxt the tile's SX ([G][NT]): out[t ldo + r] */
+static void g16_scalar(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg, float *out, size_t ldo,
+                       const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *p = U;
+            float acc = 0;
+            for (int gi = 0; gi < G; gi++) {
+                const float sg = ((const float *)p)[r], bg = ((const float *)p)[16 + r];
+                float T = 0;
+                p += 128;
+                for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256) {
+                    const struct q8a *x = &xt[(size_t)b * NT + t];
+                    int sum = 0;
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                            const int q = p[64 * c + 4 * r + i];
+                            sum += (q & 15) * x->qs[4 * c + i] + (q >> 4) * x->qs[16 + 4 * c + i];
+                        }
+                    T = fmaf((float)sum, x->d, T);
+                }
+                acc = fmaf(bg, sxt[(size_t)gi * NT + t], fmaf(T, sg, acc));
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+/* a row past the groups (qgrp codes q, [s, b] pairs sb) against token x of
+ * a tile, sx its SX values NT apart: the groups' arithmetic */
+static float g16_tail(const uint8_t *q, const float *sb, const struct q8a *x, const float *sx, int NT, int nb, int G, int bpg) {
+    float acc = 0;
+    for (int gi = 0; gi < G; gi++) {
+        float T = 0;
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) {
+            const struct q8a *xb = &x[(size_t)b * NT];
+            T = fmaf((float)gdot_blk(q + 16 * (size_t)b, xb->qs), xb->d, T);
+        }
+        acc = fmaf(sb[2 * gi + 1], sx[(size_t)gi * NT], fmaf(T, sb[2 * gi], acc));
+    }
+    return acc;
+}
+
+/* a block's 256 code bytes, qm_pfd_cur ahead of the stream (the int8 decode
+ * kernels' distance, qm_settle) */
+#define G16_PF(p)                                                                                     \
+    do {                                                                                              \
+        if (qm_pfd_cur)                                                                               \
+            for (int o_ = 0; o_ < 256; o_ += 64) _mm_prefetch((const char *)(p) + o_ + qm_pfd_cur, _MM_HINT_T0); \
+    } while (0)
+
+/* VNNI: per block 4 loads of 16 rows x 4 code bytes split into nibbles once
+ * for the nt <= 8 tokens, 8 vpdpbusd per token against broadcasts of 4
+ * activation codes (two chains for one token), the block's sum times dx
+ * into the group's T; per group acc = fma(b, SX, fma(T, s, acc)) with the
+ * 16 rows' s and b as vectors */
+VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nb, int G,
+                                                                 int bpg, int T, float *out, size_t ldo, const float *bias) {
+    __m512 acc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const uint8_t *p = U;
+    for (int gi = 0; gi < G; gi++) {
+        const __m512 sv = _mm512_loadu_ps(p), bv = _mm512_loadu_ps(p + 64);
+        __m512 Tv[8];
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) Tv[t] = _mm512_setzero_ps();
+        p += 128;
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256) {
+            G16_PF(p);
+            const struct q8a *x = xt + (size_t)b * NT;
+            __m512i s[8];
+            x16_isum_vnni(p, x, T, s);
+            #pragma GCC unroll 8
+            for (int t = 0; t < T; t++) Tv[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(x[t].d), Tv[t]);
+        }
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(sxt[(size_t)gi * NT + t]), _mm512_fmadd_ps(Tv[t], sv, acc[t]));
+    }
+    const __m512 bias_v = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bias_v));
+}
+
+VNNI static void g16_vnni(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg, float *out, size_t ldo,
+                          const float *bias) {
+    switch (nt) {
+    case 1: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias); break;
+    case 2: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias); break;
+    case 3: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 3, out, ldo, bias); break;
+    case 4: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 4, out, ldo, bias); break;
+    case 5: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 5, out, ldo, bias); break;
+    case 6: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 6, out, ldo, bias); break;
+    case 7: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 7, out, ldo, bias); break;
+    default: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 8, out, ldo, bias); break;
+    }
+}
+
+/* AVX2: two halves of 8 rows (a chunk's 32-byte halves), nt <= 2 tokens;
+ * a block's 8 maddubs per token add in i16 (8 x 2 x 15 x 127 < 2^15), one
+ * madd makes each row's i32 sum: the VNNI lane, exactly */
+AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nb, int G,
+                                                                 int bpg, int T, float *out, size_t ldo, const float *bias) {
+    __m256 acc[2][2];
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const uint8_t *p = U;
+    for (int gi = 0; gi < G; gi++) {
+        const float *sb = (const float *)p;
+        __m256 Tv[2][2];
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++) Tv[t][0] = Tv[t][1] = _mm256_setzero_ps();
+        p += 128;
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256) {
+            G16_PF(p);
+            const struct q8a *x = xt + (size_t)b * NT;
+            __m256i s[2][2];
+            x16_isum_avx2(p, x, T, s);
+            #pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                #pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) Tv[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][e]), _mm256_set1_ps(x[t].d), Tv[t][e]);
+        }
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++)
+            #pragma GCC unroll 2
+            for (int e = 0; e < 2; e++)
+                acc[t][e] = _mm256_fmadd_ps(_mm256_loadu_ps(sb + 16 + 8 * e), _mm256_set1_ps(sxt[(size_t)gi * NT + t]),
+                                            _mm256_fmadd_ps(Tv[t][e], _mm256_loadu_ps(sb + 8 * e), acc[t][e]));
+    }
+    #pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
+        const __m256 bias_v = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bias_v));
+    }
+}
+
+AVX2 static void g16_avx2(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg, float *out, size_t ldo,
+                          const float *bias) {
+    if (nt == 1) g16_avx2_(U, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias);
+    else g16_avx2_(U, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias);
+}
+
+/* items are the 16-row groups, then one for the rows past them; each group
+ * meets every tile of tokens in turn */
+static void g_g16(void *arg, int64_t u0, int64_t u1, int tid) {
+    const struct gjob *j = arg;
+    const size_t GB = g16_bytes(j->g);
+    const int bpg = j->gs / 32, NT = j->NT;
+    CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
+        for (int tile = 0; tile < j->ntile; tile++) {
+            const int t0 = tile * NT, nt = j->n - t0 < NT ? j->n - t0 : NT;
+            const struct q8a *xt = j->xa + (size_t)tile * j->nb * NT;
+            const float *sxt = j->sx + (size_t)tile * j->G * NT;
+            if (u < j->ng) {
+                const uint8_t *U = j->g16 + (size_t)u * GB;
+                float *o = j->out + (size_t)t0 * j->N + 16 * u;
+                const float *bias = j->bias ? j->bias + 16 * u : NULL;
+                if (j->vnni) g16_vnni(U, xt, sxt, NT, nt, j->nb, j->G, bpg, o, j->N, bias);
+                else if (j->isa >= CPU_ISA_AVX2)
+                    for (int t = 0; t < nt; t += 2)
+                        g16_avx2(U, xt + t, sxt + t, NT, nt - t < 2 ? nt - t : 2, j->nb, j->G, bpg, o + (size_t)t * j->N, j->N, bias);
+                else g16_scalar(U, xt, sxt, NT, nt, j->nb, j->G, bpg, o, j->N, bias);
+            } else {
+                const int64_t ntl = j->N - 16 * j->ng;
+                const uint8_t *tq = j->g16 + (size_t)j->ng * GB;
+                const float *tsb = (const float *)(tq + (size_t)ntl * j->g->row_bytes);
+                for (int64_t r = 16 * j->ng; r < j->N; r++) {
+                    const int64_t i = r - 16 * j->ng;
+                    for (int t = 0; t < nt; t++)
+                        j->out[(size_t)(t0 + t) * j->N + r] = g16_tail(tq + (size_t)i * j->g->row_bytes, tsb + (size_t)i * 2 * j->G, xt + t, sxt + t, NT,
+                                                                       j->nb, j->G, bpg) + (j->bias ? j->bias[r] : 0.0f);
+                }
+            }
+        }
+    }
+    (void)tid;
+}
+#endif /* KILN_X86 */
+
 static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
     const struct gjob *j = arg;
     const int stride = j->NT ? j->NT : 1;
@@ -552,6 +788,25 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
     struct gjob j = {.g = &p->grp, .out = out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .x = x, .n = n, .K = w->n_in,
                      .N = w->n_out, .nb = w->n_in / 32, .G = p->grp.n_group, .gs = p->gact, .isa = cpu_isa()};
     j.vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
+#if defined(KILN_X86)
+    if (p->g16) {
+        /* groups of 16 rows: every n on one kernel, tokens in tiles of NT
+         * (VNNI 8, AVX2 2; fewer when n is), SX in the tiles' [G][NT] */
+        qm_settle();
+        j.g16 = p->g16, j.ng = j.N / 16;
+        j.NT = j.vnni || j.isa < CPU_ISA_AVX2 ? 8 : 2;
+        if (j.NT > n) j.NT = n;
+        j.ntile = (n + j.NT - 1) / j.NT;
+        cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni ? CPU_USED_VNNI : 0);
+        const size_t sz[2] = {sizeof *j.xa * (size_t)j.ntile * j.NT * j.nb, sizeof(float) * (size_t)j.ntile * j.NT * j.G};
+        void *ptr[2];
+        if (qm_buf_get(be, sz, ptr, 2)) return -1; /* reported by cpu_error */
+        j.xa = ptr[0], j.sx = ptr[1];
+        cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + j.K - 1) / j.K, g_quant, &j);
+        *jp = j;
+        return 2;
+    }
+#endif
     const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
     if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
     const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
@@ -629,6 +884,8 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm < 0) {
         /* reported by cpu_error */
 #if defined(KILN_X86)
+    } else if (gemm == 2) {
+        cpu_parallel_for_split(be, j.ng + (j.N > 16 * j.ng), cpu_split_chunk(be, j.ng + 1, 16 * qm_grp_row_bytes(j.g)), g_g16, &j);
     } else if (gemm) {
         const int R = j.vnni ? 16 : 8;
         if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G)))
@@ -649,19 +906,28 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     if (n >= GGEMM_MIN) return 0;
     for (int i = 0; i < count; i++) {
         const struct qprep *p = ws[i]->be;
-        if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in) return 0;
+        if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in ||
+            (p->g16 != NULL) != (p0->g16 != NULL))
+            return 0;
     }
     const int gemm = gact_setup(be, &g[0], outs[0], x, ws[0], n);
-    if (gemm < 0) return 1; /* skipped; reported by cpu_error */
-    if (gemm) return 0;     /* not reached: the GEMM was ruled out above */
+    if (gemm < 0) return 1;  /* skipped; reported by cpu_error */
+    if (gemm == 1) return 0; /* not reached: the GEMM was ruled out above */
     for (int i = 0; i < count; i++) {
         if (i) {
             g[i] = g[0];
             g[i].g = &((const struct qprep *)ws[i]->be)->grp, g[i].out = outs[i], g[i].N = ws[i]->n_out;
             g[i].bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL;
         }
+#if defined(KILN_X86)
+        if (gemm == 2) {
+            g[i].g16 = ((const struct qprep *)ws[i]->be)->g16, g[i].ng = g[i].N / 16;
+            t[i] = (struct cpu_task){g_g16, &g[i], g[i].ng + (g[i].N > 16 * g[i].ng)};
+            continue;
+        }
+#endif
         t[i] = (struct cpu_task){g_rows, &g[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, qm_grp_row_bytes(g[0].g));
+    cpu_parallel_for_split_tasks(be, t, count, (gemm == 2 ? 16 : 1) * qm_grp_row_bytes(g[0].g));
     return 1;
 }

@@ -1112,43 +1112,22 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
     do {                                                                                             \
         for (int o_ = 0; o_ < Q4X_BB; o_ += 64) KILN_PF((p) + o_);                                   \
     } while (0)
-#define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
-#define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
 VNNI static inline __attribute__((always_inline)) void q4x_vnni_(const uint8_t *G, const struct q8a *xt, int NT, int nb, int T, float *out,
                                                                  size_t ldo, const float *bias) {
-    const __m512i m4 = _mm512_set1_epi8(15);
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)Q4X_BB * b;
         Q4X_PF(p);
-        __m512i lo[4], hi[4];
-        #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(p + 32 + 64 * c));
-            lo[c] = _mm512_and_si512(v, m4), hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         const struct q8a *x = xt + (size_t)b * NT;
+        __m512i s[8];
+        x16_isum_vnni(p + 32, x, T, s);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            /* activation codes and the sum as broadcast loads (from GPRs they cost a move each) */
-            const int8_t *qs = x[t].qs;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                if (T == 1) {
-                    s0 = _mm512_dpbusd_epi32(s0, lo[c], BC4_512(qs + 4 * c));
-                    s1 = _mm512_dpbusd_epi32(s1, hi[c], BC4_512(qs + 16 + 4 * c));
-                } else {
-                    s0 = _mm512_dpbusd_epi32(s0, lo[c], BC4_512(qs + 4 * c));
-                    s0 = _mm512_dpbusd_epi32(s0, hi[c], BC4_512(qs + 16 + 4 * c));
-                }
-            }
-            if (T == 1) s0 = _mm512_add_epi32(s0, s1);
-            s0 = _mm512_sub_epi32(s0, _mm512_slli_epi32(BC4_512(&x[t].sum), 3)); /* - 8 x sum: the lane is sum (q - 8) x */
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
+            const __m512i st = _mm512_sub_epi32(s[t], _mm512_slli_epi32(BC4_512(&x[t].sum), 3)); /* - 8 x sum: sum (q - 8) x */
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
         }
     }
     const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
@@ -1176,7 +1155,6 @@ VNNI void qm_q4x_vnni(const uint8_t *G, const struct q8a *xt, int NT, int nt, in
  * makes them a row's i32, plus -8 x the code sum: the VNNI lane, exactly. */
 AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *G, const struct q8a *xt, int NT, int nb, int T, float *out,
                                                                  size_t ldo, const float *bias) {
-    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -1184,28 +1162,15 @@ AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *
         const uint8_t *p = G + (size_t)Q4X_BB * b;
         Q4X_PF(p);
         const struct q8a *x = xt + (size_t)b * NT;
-        __m256i h[2][2];
-        #pragma GCC unroll 2
-        for (int t = 0; t < T; t++) h[t][0] = h[t][1] = _mm256_setzero_si256();
-        #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            #pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 64 * c + 32 * e));
-                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                #pragma GCC unroll 2
-                for (int t = 0; t < T; t++)
-                    h[t][e] = _mm256_add_epi16(h[t][e], _mm256_add_epi16(_mm256_maddubs_epi16(lo, BC4_256(x[t].qs + 4 * c)),
-                                                                          _mm256_maddubs_epi16(hi, BC4_256(x[t].qs + 16 + 4 * c))));
-            }
-        }
+        __m256i s[2][2];
+        x16_isum_avx2(p + 32, x, T, s);
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++) {
-                const __m256i s = _mm256_sub_epi32(_mm256_madd_epi16(h[t][e], one16), _mm256_slli_epi32(BC4_256(&x[t].sum), 3));
-                acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                const __m256i st = _mm256_sub_epi32(s[t][e], _mm256_slli_epi32(BC4_256(&x[t].sum), 3));
+                acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
             }
         }
     }

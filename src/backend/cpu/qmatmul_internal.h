@@ -36,6 +36,7 @@ struct qprep {
     int int8_act;       /* GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: int8 activation path */
     int gact;           /* GPTQ / AWQ 4-bit with int8 activations: the group size, or 0 */
     uint8_t *q4x;       /* GGUF Q4_0 on x86, the int8 path: the weight in groups of 16 rows (below), or NULL */
+    uint8_t *g16;       /* GPTQ / AWQ 4-bit on x86, the int8 path: likewise (qmatmul_gptq.c), or NULL; grp.q, grp.sb freed */
 };
 
 /* ==== Q4_0 in groups of 16 rows (x86) ====
@@ -145,6 +146,10 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
 /* the group size if GPTQ / AWQ weights repacked into g can take the int8
  * path (qmatmul_gptq.c), else 0 */
 int qm_gact_group(const struct qgrp *g);
+/* x86: g's rows copied into groups of 16 rows (qmatmul_gptq.c's layout;
+ * kiln_walloc'd), g's codes and scales freed; NULL when out of memory (g
+ * untouched) */
+uint8_t *qm_g16_pack(struct qgrp *g);
 
 /* ==== int8 activations (qmatmul_int8.c, qmatmul_gptq.c) ==== */
 
@@ -303,6 +308,58 @@ AVX2 float qm_dot1_q4_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q4_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
 AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
+/* The integer sums of one block of a 16-row group (Q4_0's and GPTQ's
+ * layouts alike: 4 chunks of 64 bytes at c, chunk k = code bytes 4k .. 4k +
+ * 3 of each row) with the T tokens x[0 .. T-1]: s[t] lane r = sum_i q_ri
+ * x_ti, exact. The codes are split into nibbles once for all tokens, and
+ * each token's activation codes enter as 4-byte broadcast loads (from
+ * general registers they cost a move each). VNNI: 8 vpdpbusd per token, as
+ * two chains for a lone token. AVX2: rows 8e .. 8e + 7 (a chunk's halves)
+ * in s[t][e]; 8 maddubs per token and half add in i16 (8 x 2 x 15 x 127 <
+ * 2^15), one madd. */
+#define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
+#define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
+VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, const struct q8a *x, int T, __m512i *s) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i lo[4], hi[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
+        lo[k] = _mm512_and_si512(v, m4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const int8_t *qs = x[t].qs;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            s0 = _mm512_dpbusd_epi32(s0, lo[k], BC4_512(qs + 4 * k));
+            if (T == 1) s1 = _mm512_dpbusd_epi32(s1, hi[k], BC4_512(qs + 16 + 4 * k));
+            else s0 = _mm512_dpbusd_epi32(s0, hi[k], BC4_512(qs + 16 + 4 * k));
+        }
+        s[t] = T == 1 ? _mm512_add_epi32(s0, s1) : s0;
+    }
+}
+AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, const struct q8a *x, int T, __m256i (*s)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256i h[2][2];
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) h[t][0] = h[t][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        #pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            #pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                h[t][e] = _mm256_add_epi16(h[t][e], _mm256_add_epi16(_mm256_maddubs_epi16(lo, BC4_256(x[t].qs + 4 * k)),
+                                                                      _mm256_maddubs_epi16(hi, BC4_256(x[t].qs + 16 + 4 * k))));
+        }
+    }
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) s[t][0] = _mm256_madd_epi16(h[t][0], one16), s[t][1] = _mm256_madd_epi16(h[t][1], one16);
+}
 /* group G (16 rows, nb blocks) against the activation tile xt (block b of
  * token t at xt[b NT + t]) for nt tokens: out[t ldo + r] = row r's sum
  * (+ bias[r] when bias). VNNI: nt <= 8; AVX2: nt <= 2. */
