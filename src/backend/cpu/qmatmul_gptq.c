@@ -634,8 +634,8 @@ static float g16_tail(const uint8_t *q, const float *sb, const struct q8a *x, co
  * activation codes (two chains for one token), the block's sum times dx
  * into the group's T; per group acc = fma(b, SX, fma(T, s, acc)) with the
  * 16 rows' s and b as vectors */
-VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nb, int G,
-                                                                 int bpg, int T, float *out, size_t ldo, const float *bias) {
+VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *U, const uint8_t *P, const struct q8a *xt, const float *sxt, int NT,
+                                                                 int nb, int G, int bpg, int T, float *out, size_t ldo, const float *bias) {
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -647,10 +647,10 @@ VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *
         for (int t = 0; t < T; t++) Tv[t] = _mm512_setzero_ps();
         p += 128;
         for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256) {
-            G16_PF(p);
+            if (!P) G16_PF(p);
             const struct q8a *x = xt + (size_t)b * NT;
             __m512i s[8];
-            x16_isum_vnni(p, x, T, s);
+            x16_isum_vnni(P ? P + 512 * (size_t)b : p, P != NULL, x, NULL, T, s);
             #pragma GCC unroll 8
             for (int t = 0; t < T; t++) Tv[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(x[t].d), Tv[t]);
         }
@@ -662,25 +662,25 @@ VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *
     for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bias_v));
 }
 
-VNNI static void g16_vnni(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg, float *out, size_t ldo,
-                          const float *bias) {
+VNNI static void g16_vnni(const uint8_t *U, const uint8_t *P, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg,
+                          float *out, size_t ldo, const float *bias) {
     switch (nt) {
-    case 1: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias); break;
-    case 2: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias); break;
-    case 3: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 3, out, ldo, bias); break;
-    case 4: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 4, out, ldo, bias); break;
-    case 5: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 5, out, ldo, bias); break;
-    case 6: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 6, out, ldo, bias); break;
-    case 7: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 7, out, ldo, bias); break;
-    default: g16_vnni_(U, xt, sxt, NT, nb, G, bpg, 8, out, ldo, bias); break;
+    case 1: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias); break;
+    case 2: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias); break;
+    case 3: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 3, out, ldo, bias); break;
+    case 4: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 4, out, ldo, bias); break;
+    case 5: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 5, out, ldo, bias); break;
+    case 6: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 6, out, ldo, bias); break;
+    case 7: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 7, out, ldo, bias); break;
+    default: g16_vnni_(U, P, xt, sxt, NT, nb, G, bpg, 8, out, ldo, bias); break;
     }
 }
 
 /* AVX2: two halves of 8 rows (a chunk's 32-byte halves), nt <= 2 tokens;
  * a block's 8 maddubs per token add in i16 (8 x 2 x 15 x 127 < 2^15), one
  * madd makes each row's i32 sum: the VNNI lane, exactly */
-AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nb, int G,
-                                                                 int bpg, int T, float *out, size_t ldo, const float *bias) {
+AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *U, const uint8_t *P, const struct q8a *xt, const float *sxt, int NT,
+                                                                 int nb, int G, int bpg, int T, float *out, size_t ldo, const float *bias) {
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -692,10 +692,10 @@ AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *
         for (int t = 0; t < T; t++) Tv[t][0] = Tv[t][1] = _mm256_setzero_ps();
         p += 128;
         for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++, p += 256) {
-            G16_PF(p);
+            if (!P) G16_PF(p);
             const struct q8a *x = xt + (size_t)b * NT;
             __m256i s[2][2];
-            x16_isum_avx2(p, x, T, s);
+            x16_isum_avx2(P ? P + 512 * (size_t)b : p, P != NULL, x, NULL, T, s);
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++)
                 #pragma GCC unroll 2
@@ -716,10 +716,10 @@ AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *
     }
 }
 
-AVX2 static void g16_avx2(const uint8_t *U, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg, float *out, size_t ldo,
-                          const float *bias) {
-    if (nt == 1) g16_avx2_(U, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias);
-    else g16_avx2_(U, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias);
+AVX2 static void g16_avx2(const uint8_t *U, const uint8_t *P, const struct q8a *xt, const float *sxt, int NT, int nt, int nb, int G, int bpg,
+                          float *out, size_t ldo, const float *bias) {
+    if (nt == 1) g16_avx2_(U, P, xt, sxt, NT, nb, G, bpg, 1, out, ldo, bias);
+    else g16_avx2_(U, P, xt, sxt, NT, nb, G, bpg, 2, out, ldo, bias);
 }
 
 /* items are the 16-row groups, then one for the rows past them; each group
@@ -728,7 +728,13 @@ static void g_g16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct gjob *j = arg;
     const size_t GB = g16_bytes(j->g);
     const int bpg = j->gs / 32, NT = j->NT;
+    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
+        if (P && u < j->ng) {
+            const uint8_t *p = j->g16 + (size_t)u * GB;
+            for (int gi = 0, b = 0; gi < j->G; gi++)
+                for (p += 128; b < j->nb && b < (gi + 1) * bpg; b++, p += 256) x16_unpack(p, P + 512 * (size_t)b);
+        }
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * NT, nt = j->n - t0 < NT ? j->n - t0 : NT;
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * NT;
@@ -737,10 +743,10 @@ static void g_g16(void *arg, int64_t u0, int64_t u1, int tid) {
                 const uint8_t *U = j->g16 + (size_t)u * GB;
                 float *o = j->out + (size_t)t0 * j->N + 16 * u;
                 const float *bias = j->bias ? j->bias + 16 * u : NULL;
-                if (j->vnni) g16_vnni(U, xt, sxt, NT, nt, j->nb, j->G, bpg, o, j->N, bias);
+                if (j->vnni) g16_vnni(U, P, xt, sxt, NT, nt, j->nb, j->G, bpg, o, j->N, bias);
                 else if (j->isa >= CPU_ISA_AVX2)
                     for (int t = 0; t < nt; t += 2)
-                        g16_avx2(U, xt + t, sxt + t, NT, nt - t < 2 ? nt - t : 2, j->nb, j->G, bpg, o + (size_t)t * j->N, j->N, bias);
+                        g16_avx2(U, P, xt + t, sxt + t, NT, nt - t < 2 ? nt - t : 2, j->nb, j->G, bpg, o + (size_t)t * j->N, j->N, bias);
                 else g16_scalar(U, xt, sxt, NT, nt, j->nb, j->G, bpg, o, j->N, bias);
             } else {
                 const int64_t ntl = j->N - 16 * j->ng;
@@ -885,7 +891,14 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
         /* reported by cpu_error */
 #if defined(KILN_X86)
     } else if (gemm == 2) {
-        cpu_parallel_for_split(be, j.ng + (j.N > 16 * j.ng), cpu_split_chunk(be, j.ng + 1, 16 * qm_grp_row_bytes(j.g)), g_g16, &j);
+        /* several tiles of tokens: a panel per thread for the split codes */
+        const int64_t units = j.ng + (j.N > 16 * j.ng);
+        if (!(j.ntile > 1 && j.isa >= CPU_ISA_AVX2) || (j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) {
+            /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time */
+            if (j.ntile > 1) cpu_parallel_for(be, units, 1, g_g16, &j);
+            else cpu_parallel_for_split(be, units, cpu_split_chunk(be, j.ng + 1, 16 * qm_grp_row_bytes(j.g)), g_g16, &j);
+            cpu_scratch_threads_free(be, j.scr);
+        }
     } else if (gemm) {
         const int R = j.vnni ? 16 : 8;
         if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * 32 * R + sizeof(float) * 2 * R * (size_t)j.G)))

@@ -376,6 +376,7 @@ struct ijob {
     const float *xdm[DECM_MAX], *csm[DECM_MAX];
     const uint8_t *q4x; /* Q4_0 in groups of 16 rows (i_q4x), or NULL */
     int64_t ng;         /* ... its groups */
+    int32_t *c8;        /* ... -8 x each activation block's code sum, in xa's order */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -490,17 +491,22 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 static void i_q4x(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
     const size_t grp = (size_t)Q4X_R * j->rb;
+    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
+        const uint8_t *G = j->q4x + (size_t)u * grp;
+        if (P && u < j->ng)
+            for (int b = 0; b < j->nb; b++) x16_unpack(G + (size_t)Q4X_BB * b + 32, P + 512 * (size_t)b);
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
+            const int32_t *c8 = j->c8 + (size_t)tile * j->nb * j->NT;
             if (u < j->ng) {
-                const uint8_t *G = j->q4x + (size_t)u * grp;
                 float *o = j->out + (size_t)t0 * j->N + Q4X_R * u;
                 const float *bias = j->bias ? j->bias + Q4X_R * u : NULL;
-                if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_q4x_vnni(G, xt, j->NT, nt, j->nb, o, j->N, bias);
+                if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_q4x_vnni(G, P, xt, c8, j->NT, nt, j->nb, o, j->N, bias);
                 else if (j->isa >= CPU_ISA_AVX2)
-                    for (int t = 0; t < nt; t += 2) qm_q4x_avx2(G, xt + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, o + (size_t)t * j->N, j->N, bias);
+                    for (int t = 0; t < nt; t += 2)
+                        qm_q4x_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, o + (size_t)t * j->N, j->N, bias);
                 else q4x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
             } else {
                 for (int64_t r = Q4X_R * j->ng; r < j->N; r++)
@@ -509,7 +515,6 @@ static void i_q4x(void *arg, int64_t u0, int64_t u1, int tid) {
             }
         }
     }
-    (void)tid;
 }
 
 #endif
@@ -641,9 +646,12 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (j.NT > n) j.NT = n;
         j.ntile = (n + j.NT - 1) / j.NT;
         cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, vnni ? CPU_USED_VNNI : 0);
-        const size_t sz = sizeof *j.xa * (size_t)j.ntile * j.NT * nb;
-        if (qm_buf_get(be, &sz, (void **)&j.xa, 1)) return -1;
+        const size_t nx = (size_t)j.ntile * j.NT * nb, sz[2] = {sizeof *j.xa * nx, sizeof(int32_t) * nx};
+        void *ptr[2];
+        if (qm_buf_get(be, sz, ptr, 2)) return -1;
+        j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
+        for (size_t i = 0; i < nx; i++) j.c8[i] = -8 * j.xa[i].sum;
         *jp = j;
         return 2;
     }
@@ -775,7 +783,14 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm < 0) return; /* reported by cpu_error */
 #if defined(KILN_X86)
     if (gemm == 2) {
-        cpu_parallel_for_split(be, j.ng + (j.N > Q4X_R * j.ng), cpu_split_chunk(be, j.ng + 1, Q4X_R * j.rb), i_q4x, &j);
+        /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
+        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2;
+        const int64_t units = j.ng + (j.N > Q4X_R * j.ng);
+        if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
+        /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */
+        if (j.ntile > 1) cpu_parallel_for(be, units, 1, i_q4x, &j);
+        else cpu_parallel_for_split(be, units, cpu_split_chunk(be, j.ng + 1, Q4X_R * j.rb), i_q4x, &j);
+        cpu_scratch_threads_free(be, j.scr);
     } else if (gemm) {
         if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * PK_BLOCK(j.mode, j.R)))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
         cpu_scratch_threads_free(be, j.scr);

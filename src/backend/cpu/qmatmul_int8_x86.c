@@ -1112,66 +1112,58 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
     do {                                                                                             \
         for (int o_ = 0; o_ < Q4X_BB; o_ += 64) KILN_PF((p) + o_);                                   \
     } while (0)
-VNNI static inline __attribute__((always_inline)) void q4x_vnni_(const uint8_t *G, const struct q8a *xt, int NT, int nb, int T, float *out,
-                                                                 size_t ldo, const float *bias) {
+VNNI static inline __attribute__((always_inline)) void q4x_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
+                                                                 int nb, int T, float *out, size_t ldo, const float *bias) {
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)Q4X_BB * b;
-        Q4X_PF(p);
+        if (!P) Q4X_PF(p);
         const struct q8a *x = xt + (size_t)b * NT;
         __m512i s[8];
-        x16_isum_vnni(p + 32, x, T, s);
+        x16_isum_vnni(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum (q - 8) x */
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const __m512i st = _mm512_sub_epi32(s[t], _mm512_slli_epi32(BC4_512(&x[t].sum), 3)); /* - 8 x sum: sum (q - 8) x */
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
-        }
+        for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
     }
     const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
 }
 
-VNNI void qm_q4x_vnni(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
+VNNI void qm_q4x_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
+                      const float *bias) {
     switch (nt) {
-    case 1: q4x_vnni_(G, xt, NT, nb, 1, out, ldo, bias); break;
-    case 2: q4x_vnni_(G, xt, NT, nb, 2, out, ldo, bias); break;
-    case 3: q4x_vnni_(G, xt, NT, nb, 3, out, ldo, bias); break;
-    case 4: q4x_vnni_(G, xt, NT, nb, 4, out, ldo, bias); break;
-    case 5: q4x_vnni_(G, xt, NT, nb, 5, out, ldo, bias); break;
-    case 6: q4x_vnni_(G, xt, NT, nb, 6, out, ldo, bias); break;
-    case 7: q4x_vnni_(G, xt, NT, nb, 7, out, ldo, bias); break;
-    default: q4x_vnni_(G, xt, NT, nb, 8, out, ldo, bias); break;
+    case 1: q4x_vnni_(G, P, xt, c8, NT, nb, 1, out, ldo, bias); break;
+    case 2: q4x_vnni_(G, P, xt, c8, NT, nb, 2, out, ldo, bias); break;
+    case 3: q4x_vnni_(G, P, xt, c8, NT, nb, 3, out, ldo, bias); break;
+    case 4: q4x_vnni_(G, P, xt, c8, NT, nb, 4, out, ldo, bias); break;
+    case 5: q4x_vnni_(G, P, xt, c8, NT, nb, 5, out, ldo, bias); break;
+    case 6: q4x_vnni_(G, P, xt, c8, NT, nb, 6, out, ldo, bias); break;
+    case 7: q4x_vnni_(G, P, xt, c8, NT, nb, 7, out, ldo, bias); break;
+    default: q4x_vnni_(G, P, xt, c8, NT, nb, 8, out, ldo, bias); break;
     }
 }
 
 /* AVX2: the same sums, 16 rows as two halves of 8 (a chunk's first and
- * second 32 bytes), nt <= 2 tokens. maddubs of the unsigned codes with the
- * broadcast activation codes gives each row two i16 pair sums; a block's 8
- * (4 chunks x low / high) add in i16 (8 x 2 x 15 x 127 < 2^15), one madd
- * makes them a row's i32, plus -8 x the code sum: the VNNI lane, exactly. */
-AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *G, const struct q8a *xt, int NT, int nb, int T, float *out,
-                                                                 size_t ldo, const float *bias) {
+ * second 32 bytes), nt <= 2 tokens (x16_isum_avx2) */
+AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
+                                                                 int nb, int T, float *out, size_t ldo, const float *bias) {
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *p = G + (size_t)Q4X_BB * b;
-        Q4X_PF(p);
+        if (!P) Q4X_PF(p);
         const struct q8a *x = xt + (size_t)b * NT;
         __m256i s[2][2];
-        x16_isum_avx2(p + 32, x, T, s);
+        x16_isum_avx2(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s);
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
             #pragma GCC unroll 2
-            for (int t = 0; t < T; t++) {
-                const __m256i st = _mm256_sub_epi32(s[t][e], _mm256_slli_epi32(BC4_256(&x[t].sum), 3));
-                acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(st), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
-            }
+            for (int t = 0; t < T; t++) acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][e]), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
         }
     }
     #pragma GCC unroll 2
@@ -1182,9 +1174,10 @@ AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *
     }
 }
 
-AVX2 void qm_q4x_avx2(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
-    if (nt == 1) q4x_avx2_(G, xt, NT, nb, 1, out, ldo, bias);
-    else q4x_avx2_(G, xt, NT, nb, 2, out, ldo, bias);
+AVX2 void qm_q4x_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
+                      const float *bias) {
+    if (nt == 1) q4x_avx2_(G, P, xt, c8, NT, nb, 1, out, ldo, bias);
+    else q4x_avx2_(G, P, xt, c8, NT, nb, 2, out, ldo, bias);
 }
 
 #endif /* KILN_X86 */

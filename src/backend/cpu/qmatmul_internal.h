@@ -310,37 +310,55 @@ AVX2 float qm_dot1_q8_0_avx2(const uint8_t *w, const struct q8a *a, int nb);
 VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
 /* The integer sums of one block of a 16-row group (Q4_0's and GPTQ's
  * layouts alike: 4 chunks of 64 bytes at c, chunk k = code bytes 4k .. 4k +
- * 3 of each row) with the T tokens x[0 .. T-1]: s[t] lane r = sum_i q_ri
- * x_ti, exact. The codes are split into nibbles once for all tokens, and
- * each token's activation codes enter as 4-byte broadcast loads (from
- * general registers they cost a move each). VNNI: 8 vpdpbusd per token, as
- * two chains for a lone token. AVX2: rows 8e .. 8e + 7 (a chunk's halves)
- * in s[t][e]; 8 maddubs per token and half add in i16 (8 x 2 x 15 x 127 <
- * 2^15), one madd. */
+ * 3 of each row) with the T tokens x[0 .. T-1]: s[t] lane r = c0[t] +
+ * sum_i q_ri x_ti, exact (c0 NULL: 0; Q4_0 passes -8 x the token's code
+ * sum). The codes are split into nibbles once for all tokens, or (pre) come
+ * split from a panel x16_unpack wrote: low nibbles of chunk k at c + 64k,
+ * high ones at c + 256 + 64k (a prefill splits each group once per call
+ * instead of once per tile of tokens). Each token's activation codes enter
+ * as 4-byte broadcast loads (from general registers they cost a move
+ * each). VNNI: 8 vpdpbusd per token, as two chains for a lone token. AVX2:
+ * rows 8e .. 8e + 7 (a chunk's halves) in s[t][e]; 8 maddubs per token and
+ * half add in i16 (8 x 2 x 15 x 127 < 2^15), one madd. */
 #define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
 #define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
-VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, const struct q8a *x, int T, __m512i *s) {
+VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
+                                                                     __m512i *s) {
     const __m512i m4 = _mm512_set1_epi8(15);
     __m512i lo[4], hi[4];
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
-        lo[k] = _mm512_and_si512(v, m4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (pre) {
+            lo[k] = _mm512_loadu_si512((const void *)(c + 64 * k)), hi[k] = _mm512_loadu_si512((const void *)(c + 256 + 64 * k));
+        } else {
+            const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
+            lo[k] = _mm512_and_si512(v, m4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
     }
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const int8_t *qs = x[t].qs;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    if (T == 1) {
+        const int8_t *qs = x[0].qs;
+        __m512i s0 = c0 ? BC4_512(c0) : _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             s0 = _mm512_dpbusd_epi32(s0, lo[k], BC4_512(qs + 4 * k));
-            if (T == 1) s1 = _mm512_dpbusd_epi32(s1, hi[k], BC4_512(qs + 16 + 4 * k));
-            else s0 = _mm512_dpbusd_epi32(s0, hi[k], BC4_512(qs + 16 + 4 * k));
+            s1 = _mm512_dpbusd_epi32(s1, hi[k], BC4_512(qs + 16 + 4 * k));
         }
-        s[t] = T == 1 ? _mm512_add_epi32(s0, s1) : s0;
+        s[0] = _mm512_add_epi32(s0, s1);
+        return;
+    }
+    /* several tokens: the tokens' chains interleaved in program order (8 apart, as the int8 GEMM's) */
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) s[t] = c0 ? BC4_512(c0 + t) : _mm512_setzero_si512();
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], lo[k], BC4_512(x[t].qs + 4 * k));
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
     }
 }
-AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, const struct q8a *x, int T, __m256i (*s)[2]) {
+AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
+                                                                     __m256i (*s)[2]) {
     const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
     __m256i h[2][2];
     #pragma GCC unroll 2
@@ -349,8 +367,13 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
     for (int k = 0; k < 4; k++) {
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
-            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i lo, hi;
+            if (pre) {
+                lo = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), hi = _mm256_loadu_si256((const __m256i *)(c + 256 + 64 * k + 32 * e));
+            } else {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
+                lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++)
                 h[t][e] = _mm256_add_epi16(h[t][e], _mm256_add_epi16(_mm256_maddubs_epi16(lo, BC4_256(x[t].qs + 4 * k)),
@@ -358,13 +381,32 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
         }
     }
     #pragma GCC unroll 2
-    for (int t = 0; t < T; t++) s[t][0] = _mm256_madd_epi16(h[t][0], one16), s[t][1] = _mm256_madd_epi16(h[t][1], one16);
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            s[t][e] = _mm256_madd_epi16(h[t][e], one16);
+            if (c0) s[t][e] = _mm256_add_epi32(s[t][e], BC4_256(c0 + t));
+        }
+}
+/* one block's 4 chunks at c split into the panel form x16_isum_* take with
+ * pre (512 bytes at P) */
+AVX2 static inline void x16_unpack(const uint8_t *c, uint8_t *P) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int o = 0; o < 256; o += 32) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(c + o));
+        _mm256_storeu_si256((__m256i *)(P + o), _mm256_and_si256(v, m4));
+        _mm256_storeu_si256((__m256i *)(P + 256 + o), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    }
 }
 /* group G (16 rows, nb blocks) against the activation tile xt (block b of
- * token t at xt[b NT + t]) for nt tokens: out[t ldo + r] = row r's sum
- * (+ bias[r] when bias). VNNI: nt <= 8; AVX2: nt <= 2. */
-VNNI void qm_q4x_vnni(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias);
-AVX2 void qm_q4x_avx2(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias);
+ * token t at xt[b NT + t], c8 likewise -8 x its code sum) for nt tokens:
+ * out[t ldo + r] = row r's sum (+ bias[r] when bias). P: the group's codes
+ * split by x16_unpack (512 bytes per block), or NULL to split them here.
+ * VNNI: nt <= 8; AVX2: nt <= 2. */
+VNNI void qm_q4x_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
+                      const float *bias);
+AVX2 void qm_q4x_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
+                      const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 /* The decode row kernels' loop over a chunk of rows 0 .. n-1: ROW(r) gives
