@@ -424,13 +424,13 @@ static void test_qgemm(void) {
     be->destroy(be);
 }
 
-/* Q4_0 and GPTQ / AWQ 4-bit in groups of 16 rows (x86: qmatmul_internal.h,
- * qmatmul_gptq.c): every ISA gives the scalar kernel's bits, at every n,
+/* Q4_0, Q8_0 and GPTQ / AWQ 4-bit in groups of 16 rows (x86:
+ * qmatmul_internal.h, qmatmul_gptq.c): every ISA gives the scalar kernel's bits, at every n,
  * for rows in groups and rows past them (N = 16 x g + r), with and without
  * bias, GPTQ with groups of 32 / 64 / 128 / per-channel and random zero
  * points; a token's row is the same bits in any batch (decode, a few
  * sequences, prefill tiles); and the result is the stored layout's
- * (KILN_CPU_Q4X=0) up to f32 summation order. */
+ * (KILN_CPU_X16=0) up to f32 summation order. */
 static void test_x16(void) {
 #if defined(KILN_X86)
     char err[512];
@@ -443,20 +443,22 @@ static void test_x16(void) {
         int N, K, group;
     } cs[] = {{"q4_0", 16, 64, 0},         {"q4_0", 37, 320, 0},       {"q4_0", 48, 1056, 0},      {"q4_0", 131, 256, 0},
               {"q4_0", 7, 96, 0},          {"gptq-int4", 40, 384, 128}, {"gptq-int4", 56, 352, 32}, {"gptq-int4", 48, 320, 64},
-              {"gptq-int4", 16, 256, 0},   {"awq", 24, 1024, 128},     {"gptq-int4", 8, 256, 128}, {"awq", 72, 512, 256}};
+              {"gptq-int4", 16, 256, 0},   {"awq", 24, 1024, 128},     {"gptq-int4", 8, 256, 128}, {"awq", 72, 512, 256},
+              {"q8_0", 16, 64, 0},         {"q8_0", 37, 320, 0},       {"q8_0", 48, 1056, 0},      {"q8_0", 7, 96, 0}};
     static const int ns[] = {1, 2, 3, 7, 8, 9, 17, 37};
     const int maxn = 37;
     struct kiln_rng r;
     kiln_rng_seed(&r, 4242);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
-        const int N = cs[c].N, K = cs[c].K, q4 = !strcmp(cs[c].fmt, "q4_0");
+        const int N = cs[c].N, K = cs[c].K, q4 = !strcmp(cs[c].fmt, "q4_0"), q8 = !strcmp(cs[c].fmt, "q8_0");
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K}, w0;
         CHECK(quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
-        if (q4) { /* random codes and scales, so a code or scale read from the wrong row fails */
+        if (q4 || q8) { /* random codes (Q8_0: -128 included) and scales, so a code or scale read from the wrong row fails */
             uint8_t *q = (uint8_t *)w.w.data;
+            const int bs = q8 ? 34 : 18;
             for (int b = 0; b < N * K / 32; b++)
-                for (int i = 0; i < 18; i++) q[18 * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+                for (int i = 0; i < bs; i++) q[bs * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
         } else { /* random zero points */
             for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
         }
@@ -464,11 +466,11 @@ static void test_x16(void) {
         for (int i = 0; i < N; i++) bias[i] = kiln_rng_normal(&r);
         if (c & 1) w.bias = (struct ktensor){KILN_DTYPE_F32, 1, N, bias, NULL};
         w0 = w;
-        setenv("KILN_CPU_Q4X", "0", 1);
+        setenv("KILN_CPU_X16", "0", 1);
         CHECK(be->prepare_linear(be, &w0, err, sizeof err) == 0, "%s", err);
-        unsetenv("KILN_CPU_Q4X");
+        unsetenv("KILN_CPU_X16");
         CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
-        CHECK(w.repacked && w0.repacked == !q4, "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked, w0.repacked);
+        CHECK(w.repacked && w0.repacked == !(q4 || q8), "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked, w0.repacked);
         float *x = kiln_malloc(sizeof(float) * maxn * K), *ref = kiln_malloc(sizeof(float) * maxn * N), *out = kiln_malloc(sizeof(float) * maxn * N);
         float *one = kiln_malloc(sizeof(float) * N);
         for (int i = 0; i < maxn * K; i++) x[i] = kiln_rng_normal(&r) * (i % 53 == 0 ? 6.0f : 1.0f);

@@ -12,7 +12,7 @@
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
  * dense GEMV's prefetch distance in bytes, 0 none) and, on x86, `qm-pfd`,
  * `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
- * for model runs also `env:NAME`, a setting read at load (KILN_CPU_Q4X):
+ * for model runs also `env:NAME`, a setting read at load (KILN_CPU_X16):
  * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
  * median rate and the median and quartiles of the per-round B/A ratios:

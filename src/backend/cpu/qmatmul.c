@@ -34,7 +34,7 @@
  *             Q4_0 on x86: the weight copied once at load into groups of
  *               16 rows (qmatmul_internal.h), one kernel family for every
  *               n (16 rows x up to 8 tokens per pass, VNNI or AVX2; the
- *               scalar one gives the same bits); KILN_CPU_Q4X=0 keeps the
+ *               scalar one gives the same bits); KILN_CPU_X16=0 keeps the
  *               stored blocks and the kernels below.
  *             decode (n = 1): one row at a time, 4+ independent accumulators,
  *               software prefetch, one contiguous run of rows per thread
@@ -70,10 +70,10 @@ static int want_int8(enum kiln_dtype t) {
 
 #if defined(KILN_X86)
 /* Q4_0 and GPTQ / AWQ 4-bit linears of the int8 path go into groups of 16
- * rows at load (qmatmul_internal.h, qmatmul_gptq.c); KILN_CPU_Q4X=0 keeps
+ * rows at load (qmatmul_internal.h, qmatmul_gptq.c); KILN_CPU_X16=0 keeps
  * them as stored / as qgrp rows, for A/B runs */
-static int q4x_on(void) {
-    const char *e = getenv("KILN_CPU_Q4X");
+static int x16_on(void) {
+    const char *e = getenv("KILN_CPU_X16");
     return !(e && !strcmp(e, "0"));
 }
 #endif
@@ -98,7 +98,7 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
         }
         p->gact = qact_f32() ? 0 : qm_gact_group(&p->grp);
 #if defined(KILN_X86)
-        if (p->gact && q4x_on() && !(p->g16 = qm_g16_pack(&p->grp))) {
+        if (p->gact && x16_on() && !(p->g16 = qm_g16_pack(&p->grp))) {
             qgrp_free(&p->grp);
             free(p);
             return kiln_errf(err, errlen, "cpu: out of memory repacking a 4-bit linear (%d x %d)", w->n_out, w->n_in);
@@ -109,10 +109,10 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
     case KILN_WFMT_GGUF:
         p->int8_act = want_int8(w->w.dtype);
 #if defined(KILN_X86)
-        if (p->int8_act && w->w.dtype == KILN_DTYPE_Q4_0 && q4x_on()) {
-            if (!(p->q4x = qm_q4x_pack(w->w.data, w->n_out, w->n_in))) {
+        if (p->int8_act && (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q8_0) && x16_on()) {
+            if (!(p->x16 = qm_x16_pack(w->w.data, w->n_out, w->n_in, w->w.dtype == KILN_DTYPE_Q8_0 ? 34 : 18))) {
                 free(p);
-                return kiln_errf(err, errlen, "cpu: out of memory repacking a Q4_0 linear (%d x %d)", w->n_out, w->n_in);
+                return kiln_errf(err, errlen, "cpu: out of memory repacking a %s linear (%d x %d)", dtype_name(w->w.dtype), w->n_out, w->n_in);
             }
             w->repacked = 1;
         }
@@ -129,7 +129,7 @@ void cpu_qrelease_linear(struct qlinear *w) {
     if (!p) return;
     qgrp_free(&p->grp);
     free(p->fp8_scale);
-    kiln_wfree(p->q4x);
+    kiln_wfree(p->x16);
     kiln_wfree(p->g16);
     free(p);
     w->be = NULL;

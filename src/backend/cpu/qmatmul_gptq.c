@@ -19,7 +19,7 @@
  *   x86 (any ISA): the rows copied once at load into groups of 16 rows
  *     ("GPTQ / AWQ 4-bit in groups of 16 rows" below), one kernel family
  *     for every n, the same bits on every ISA; the kernels that follow
- *     run with KILN_CPU_Q4X=0 (the qgrp rows as packed) and off x86.
+ *     run with KILN_CPU_X16=0 (the qgrp rows as packed) and off x86.
  *   decode (n = 1), AVX-512 VNNI: one row at a time, 4 blocks (64 code
  *     bytes, one load) per step: low nibbles [b0 0..15 | b1 | b2 | b3] and
  *     high nibbles [b0 16..31 | ...] against x laid out the same (act4), two

@@ -89,30 +89,30 @@ static float dot_q4_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
 /* ==== Q4_0 in groups of 16 rows (qmatmul_internal.h): the copy, and the
  * scalar kernels the AVX2 / VNNI ones (qmatmul_int8_x86.c) equal ==== */
 
-uint8_t *qm_q4x_pack(const uint8_t *W, int N, int K) {
-    const int nb = K / 32;
-    const size_t rb = (size_t)nb * 18;
-    const int64_t ng = N / Q4X_R;
+uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs) {
+    const int nb = K / 32, nc = (bs - 2) / 4, BB = 32 + 64 * nc;
+    const size_t rb = (size_t)nb * bs;
+    const int64_t ng = N / X16_R;
     uint8_t *P = kiln_walloc(rb * (size_t)N);
     if (!P) return NULL;
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < ng; g++)
         for (int b = 0; b < nb; b++) {
-            uint8_t *p = P + ((size_t)g * nb + b) * Q4X_BB;
-            for (int r = 0; r < Q4X_R; r++) {
-                const uint8_t *blk = W + (size_t)(Q4X_R * g + r) * rb + (size_t)18 * b;
+            uint8_t *p = P + ((size_t)g * nb + b) * BB;
+            for (int r = 0; r < X16_R; r++) {
+                const uint8_t *blk = W + (size_t)(X16_R * g + r) * rb + (size_t)bs * b;
                 memcpy(p + 2 * r, blk, 2);
-                for (int c = 0; c < 4; c++) memcpy(p + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+                for (int c = 0; c < nc; c++) memcpy(p + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
             }
         }
-    memcpy(P + (size_t)ng * Q4X_R * rb, W + (size_t)ng * Q4X_R * rb, (size_t)(N - ng * Q4X_R) * rb); /* the rows past the groups, as stored */
+    memcpy(P + (size_t)ng * X16_R * rb, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb); /* the rows past the groups, as stored */
     return P;
 }
 
-/* group G against nt tokens of the tile xt (qm_q4x_vnni's contract) */
+/* group G against nt tokens of the tile xt (qm_x16_vnni's contract) */
 static void q4x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
     for (int t = 0; t < nt; t++)
-        for (int r = 0; r < Q4X_R; r++) {
+        for (int r = 0; r < X16_R; r++) {
             float acc = 0;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *p = G + (size_t)Q4X_BB * b;
@@ -137,6 +137,34 @@ static float q4x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
         const struct q8a *xb = &x[(size_t)b * NT];
         int s = -8 * xb->sum;
         for (int j = 0; j < 16; j++) s += (w[2 + j] & 15) * xb->qs[j] + (w[2 + j] >> 4) * xb->qs[16 + j];
+        acc = fmaf((float)s, h2f(w) * xb->d, acc);
+    }
+    return acc;
+}
+/* the same for Q8_0 (544-byte blocks of s8 codes; rows past the groups in
+ * 34-byte blocks) */
+static void q8x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < X16_R; r++) {
+            float acc = 0;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *p = G + (size_t)Q8X_BB * b;
+                const struct q8a *x = &xt[(size_t)b * NT + t];
+                int s = 0;
+                for (int c = 0; c < 8; c++)
+                    for (int i = 0; i < 4; i++) s += (int8_t)p[32 + 64 * c + 4 * r + i] * x->qs[4 * c + i];
+                acc = fmaf((float)s, h2f(p + 2 * r) * x->d, acc);
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+static float q8x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
+    float acc = 0;
+    for (int b = 0; b < nb; b++, w += 34) {
+        const struct q8a *xb = &x[(size_t)b * NT];
+        int s = 0;
+        for (int j = 0; j < 32; j++) s += (int8_t)w[2 + j] * xb->qs[j];
         acc = fmaf((float)s, h2f(w) * xb->d, acc);
     }
     return acc;
@@ -374,9 +402,9 @@ struct ijob {
     int decm;      /* decode of 2-7 rows, Q4_0: 1 (qm_rowm_q4_0), Q8_0: 2 (qm_rowm_q8_0): per row its act2 / xd / cs below */
     const __m256i *x2m[DECM_MAX];
     const float *xdm[DECM_MAX], *csm[DECM_MAX];
-    const uint8_t *q4x; /* Q4_0 in groups of 16 rows (i_q4x), or NULL */
+    const uint8_t *x16; /* Q4_0 / Q8_0 in groups of 16 rows (i_x16), or NULL */
     int64_t ng;         /* ... its groups */
-    int32_t *c8;        /* ... -8 x each activation block's code sum, in xa's order */
+    int32_t *c8;        /* ... -8 (Q8_0: -128) x each activation block's code sum, in xa's order */
 #endif
     /* GEMM */
     int R, NT, mode, ntile;
@@ -488,30 +516,40 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 #if defined(KILN_X86)
 /* Q4_0 in groups of 16 rows: items are the groups, then one for the rows
  * past them; each group meets every tile of tokens in turn (nt <= NT) */
-static void i_q4x(void *arg, int64_t u0, int64_t u1, int tid) {
+static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
-    const size_t grp = (size_t)Q4X_R * j->rb;
-    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split once */
+    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB;
+    const size_t grp = (size_t)X16_R * j->rb;
+    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped) once */
+    const int vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16;
+    if (q8 && !vnni) P = NULL; /* the AVX2 Q8_0 kernel reads the codes as they are */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
-        const uint8_t *G = j->q4x + (size_t)u * grp;
+        const uint8_t *G = j->x16 + (size_t)u * grp;
         if (P && u < j->ng)
-            for (int b = 0; b < j->nb; b++) x16_unpack(G + (size_t)Q4X_BB * b + 32, P + 512 * (size_t)b);
+            for (int b = 0; b < j->nb; b++) {
+                if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
+                else x16_unpack(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
+            }
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
             const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
             const int32_t *c8 = j->c8 + (size_t)tile * j->nb * j->NT;
             if (u < j->ng) {
-                float *o = j->out + (size_t)t0 * j->N + Q4X_R * u;
-                const float *bias = j->bias ? j->bias + Q4X_R * u : NULL;
-                if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_q4x_vnni(G, P, xt, c8, j->NT, nt, j->nb, o, j->N, bias);
+                float *o = j->out + (size_t)t0 * j->N + X16_R * u;
+                const float *bias = j->bias ? j->bias + X16_R * u : NULL;
+                if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
                 else if (j->isa >= CPU_ISA_AVX2)
                     for (int t = 0; t < nt; t += 2)
-                        qm_q4x_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, o + (size_t)t * j->N, j->N, bias);
+                        qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
+                else if (q8) q8x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
                 else q4x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
             } else {
-                for (int64_t r = Q4X_R * j->ng; r < j->N; r++)
-                    for (int t = 0; t < nt; t++)
-                        j->out[(size_t)(t0 + t) * j->N + r] = q4x_tail(j->q4x + (size_t)r * j->rb, xt + t, j->NT, j->nb) + (j->bias ? j->bias[r] : 0.0f);
+                for (int64_t r = X16_R * j->ng; r < j->N; r++)
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *row = j->x16 + (size_t)r * j->rb;
+                        const float v = q8 ? q8x_tail(row, xt + t, j->NT, j->nb) : q4x_tail(row, xt + t, j->NT, j->nb);
+                        j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
+                    }
             }
         }
     }
@@ -637,11 +675,11 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     *jp = j;
     return 0;
 #else
-    if (((const struct qprep *)w->be)->q4x) {
+    if (((const struct qprep *)w->be)->x16) {
         /* Q4_0 in groups of 16 rows: every n on one kernel, tokens in tiles
          * of NT (VNNI 8, AVX2 2; fewer when n is) */
         const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();
-        j.q4x = ((const struct qprep *)w->be)->q4x, j.ng = N / Q4X_R;
+        j.x16 = ((const struct qprep *)w->be)->x16, j.ng = N / X16_R;
         j.R = vnni ? 16 : 0, j.NT = vnni || j.isa < CPU_ISA_AVX2 ? 8 : 2;
         if (j.NT > n) j.NT = n;
         j.ntile = (n + j.NT - 1) / j.NT;
@@ -651,7 +689,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
         j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
-        for (size_t i = 0; i < nx; i++) j.c8[i] = -8 * j.xa[i].sum;
+        const int off = w->w.dtype == KILN_DTYPE_Q8_0 ? 128 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
+        for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
         *jp = j;
         return 2;
     }
@@ -784,12 +823,12 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #if defined(KILN_X86)
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
-        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2;
-        const int64_t units = j.ng + (j.N > Q4X_R * j.ng);
+        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && (j.R == 16 || w->w.dtype == KILN_DTYPE_Q4_0); /* AVX2 Q8_0: none */
+        const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */
-        if (j.ntile > 1) cpu_parallel_for(be, units, 1, i_q4x, &j);
-        else cpu_parallel_for_split(be, units, cpu_split_chunk(be, j.ng + 1, Q4X_R * j.rb), i_q4x, &j);
+        if (j.ntile > 1) cpu_parallel_for(be, units, 1, i_x16, &j);
+        else cpu_parallel_for_split(be, units, cpu_split_chunk(be, j.ng + 1, X16_R * j.rb), i_x16, &j);
         cpu_scratch_threads_free(be, j.scr);
     } else if (gemm) {
         if ((j.scr = cpu_scratch_threads(be, (size_t)j.nb * PK_BLOCK(j.mode, j.R)))) cpu_parallel_for(be, (j.N + j.R - 1) / j.R, 1, i_gemm_panels, &j);
@@ -816,9 +855,9 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     for (int i = 1; i < count; i++)
         if (((const struct qprep *)ws[i]->be)->int8_act != 1) return 0;
 #if defined(KILN_X86)
-    const int x16 = ((const struct qprep *)ws[0]->be)->q4x != NULL;
+    const int x16 = ((const struct qprep *)ws[0]->be)->x16 != NULL;
     for (int i = 1; i < count; i++) /* all in groups of 16 rows, or none */
-        if ((((const struct qprep *)ws[i]->be)->q4x != NULL) != x16) return 0;
+        if ((((const struct qprep *)ws[i]->be)->x16 != NULL) != x16) return 0;
 #endif
     const int gemm = int8_setup(be, &j[0], outs[0], x, ws[0], n);
     if (gemm < 0) return 1; /* skipped; reported by cpu_error */
@@ -831,13 +870,13 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
         }
 #if defined(KILN_X86)
         if (gemm == 2) {
-            j[i].q4x = ((const struct qprep *)ws[i]->be)->q4x, j[i].ng = j[i].N / Q4X_R;
-            t[i] = (struct cpu_task){i_q4x, &j[i], j[i].ng + (j[i].N > Q4X_R * j[i].ng)};
+            j[i].x16 = ((const struct qprep *)ws[i]->be)->x16, j[i].ng = j[i].N / X16_R;
+            t[i] = (struct cpu_task){i_x16, &j[i], j[i].ng + (j[i].N > X16_R * j[i].ng)};
             continue;
         }
 #endif
         t[i] = (struct cpu_task){i_rows, &j[i], ws[i]->n_out};
     }
-    cpu_parallel_for_split_tasks(be, t, count, gemm == 2 ? Q4X_R * j[0].rb : j[0].rb);
+    cpu_parallel_for_split_tasks(be, t, count, gemm == 2 ? X16_R * j[0].rb : j[0].rb);
     return 1;
 }

@@ -1107,22 +1107,25 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
  * decode): 90 Gweights/s against 44 for qm_rowsq_q4_0 on the stored
  * blocks, and 59 against 31 for the AVX2 form below against
  * qm_rowsa_q4_0. */
-/* a block's 288 bytes (5 lines) ahead of the stream, as KILN_PF */
-#define Q4X_PF(p)                                                                                    \
+/* a block's BB bytes ahead of the stream, as KILN_PF */
+#define X16_PF(p, BB)                                                                                \
     do {                                                                                             \
-        for (int o_ = 0; o_ < Q4X_BB; o_ += 64) KILN_PF((p) + o_);                                   \
+        for (int o_ = 0; o_ < (BB); o_ += 64) KILN_PF((p) + o_);                                     \
     } while (0)
-VNNI static inline __attribute__((always_inline)) void q4x_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
-                                                                 int nb, int T, float *out, size_t ldo, const float *bias) {
+VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
+                                                                 int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
+    const int BB = q8 ? Q8X_BB : Q4X_BB;
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *p = G + (size_t)Q4X_BB * b;
-        if (!P) Q4X_PF(p);
+        const uint8_t *p = G + (size_t)BB * b;
+        if (!P) X16_PF(p, BB);
         const struct q8a *x = xt + (size_t)b * NT;
+        const uint8_t *c = P ? P + 512 * (size_t)b : p + 32;
         __m512i s[8];
-        x16_isum_vnni(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum (q - 8) x */
+        if (q8) x16_isum8_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum q x */
+        else x16_isum_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s);     /* sum (q - 8) x */
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
@@ -1132,33 +1135,43 @@ VNNI static inline __attribute__((always_inline)) void q4x_vnni_(const uint8_t *
     for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
 }
 
-VNNI void qm_q4x_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
-                      const float *bias) {
-    switch (nt) {
-    case 1: q4x_vnni_(G, P, xt, c8, NT, nb, 1, out, ldo, bias); break;
-    case 2: q4x_vnni_(G, P, xt, c8, NT, nb, 2, out, ldo, bias); break;
-    case 3: q4x_vnni_(G, P, xt, c8, NT, nb, 3, out, ldo, bias); break;
-    case 4: q4x_vnni_(G, P, xt, c8, NT, nb, 4, out, ldo, bias); break;
-    case 5: q4x_vnni_(G, P, xt, c8, NT, nb, 5, out, ldo, bias); break;
-    case 6: q4x_vnni_(G, P, xt, c8, NT, nb, 6, out, ldo, bias); break;
-    case 7: q4x_vnni_(G, P, xt, c8, NT, nb, 7, out, ldo, bias); break;
-    default: q4x_vnni_(G, P, xt, c8, NT, nb, 8, out, ldo, bias); break;
+/* the kernel with nt (1..8) and the format as constants */
+#define X16_BY_NT(CALL)          \
+    switch (nt) {                \
+    case 1: CALL(1); break;      \
+    case 2: CALL(2); break;      \
+    case 3: CALL(3); break;      \
+    case 4: CALL(4); break;      \
+    case 5: CALL(5); break;      \
+    case 6: CALL(6); break;      \
+    case 7: CALL(7); break;      \
+    default: CALL(8); break;     \
     }
+VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+                      size_t ldo, const float *bias) {
+#define Q4C(T) x16_vnni_(G, P, xt, c8, NT, nb, T, 0, out, ldo, bias)
+#define Q8C(T) x16_vnni_(G, P, xt, c8, NT, nb, T, 1, out, ldo, bias)
+    if (q8) X16_BY_NT(Q8C) else X16_BY_NT(Q4C)
+#undef Q4C
+#undef Q8C
 }
 
 /* AVX2: the same sums, 16 rows as two halves of 8 (a chunk's first and
- * second 32 bytes), nt <= 2 tokens (x16_isum_avx2) */
-AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
-                                                                 int nb, int T, float *out, size_t ldo, const float *bias) {
+ * second 32 bytes), nt <= 2 tokens (x16_isum_avx2, x16_isum8_avx2: Q8_0's
+ * codes as they are, so no offset and no panel) */
+AVX2 static inline __attribute__((always_inline)) void x16_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
+                                                                 int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
+    const int BB = q8 ? Q8X_BB : Q4X_BB;
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *p = G + (size_t)Q4X_BB * b;
-        if (!P) Q4X_PF(p);
+        const uint8_t *p = G + (size_t)BB * b;
+        if (!P) X16_PF(p, BB);
         const struct q8a *x = xt + (size_t)b * NT;
         __m256i s[2][2];
-        x16_isum_avx2(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s);
+        if (q8) x16_isum8_avx2(p + 32, x, T, s);
+        else x16_isum_avx2(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s);
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
@@ -1174,10 +1187,12 @@ AVX2 static inline __attribute__((always_inline)) void q4x_avx2_(const uint8_t *
     }
 }
 
-AVX2 void qm_q4x_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
-                      const float *bias) {
-    if (nt == 1) q4x_avx2_(G, P, xt, c8, NT, nb, 1, out, ldo, bias);
-    else q4x_avx2_(G, P, xt, c8, NT, nb, 2, out, ldo, bias);
+AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+                      size_t ldo, const float *bias) {
+    if (q8 && nt == 1) x16_avx2_(G, NULL, xt, c8, NT, nb, 1, 1, out, ldo, bias);
+    else if (q8) x16_avx2_(G, NULL, xt, c8, NT, nb, 2, 1, out, ldo, bias);
+    else if (nt == 1) x16_avx2_(G, P, xt, c8, NT, nb, 1, 0, out, ldo, bias);
+    else x16_avx2_(G, P, xt, c8, NT, nb, 2, 0, out, ldo, bias);
 }
 
 #endif /* KILN_X86 */

@@ -35,37 +35,39 @@ struct qprep {
     float *fp8_scale;   /* FP8: [ceil(N/bn)][ceil(K/bk)] as f32 */
     int int8_act;       /* GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K: int8 activation path */
     int gact;           /* GPTQ / AWQ 4-bit with int8 activations: the group size, or 0 */
-    uint8_t *q4x;       /* GGUF Q4_0 on x86, the int8 path: the weight in groups of 16 rows (below), or NULL */
+    uint8_t *x16;       /* GGUF Q4_0 on x86, the int8 path: the weight in groups of 16 rows (below), or NULL */
     uint8_t *g16;       /* GPTQ / AWQ 4-bit on x86, the int8 path: likewise (qmatmul_gptq.c), or NULL; grp.q, grp.sb freed */
 };
 
-/* ==== Q4_0 in groups of 16 rows (x86) ====
+/* ==== Q4_0 and Q8_0 in groups of 16 rows (x86) ====
  *
- * cpu_qprepare_linear copies a Q4_0 linear of the int8 path into this
- * layout once, and every x86 kernel (scalar, AVX2, VNNI; decode, a few
- * sequences, prefill) reads it instead of the stored blocks. Rows 16 g ..
- * 16 g + 15 form group g, whose K / 32 blocks follow each other, Q4X_BB
- * bytes each:
+ * cpu_qprepare_linear copies a Q4_0 or Q8_0 linear of the int8 path into
+ * this layout once, and every x86 kernel (scalar, AVX2, VNNI; decode, a
+ * few sequences, prefill) reads it instead of the stored blocks. Rows 16 g
+ * .. 16 g + 15 form group g, whose K / 32 blocks follow each other, Q4X_BB
+ * (Q8X_BB) bytes each:
  *
  *   bytes   0..31    the 16 rows' f16 scales, row order
- *   bytes  32..287   4 chunks of 64 bytes; chunk c holds code bytes 4c ..
- *                    4c + 3 of each row, row r at 4r. A code byte j keeps
- *                    weight j in its low nibble and weight 16 + j in its
- *                    high one (as stored), so chunk c's low nibbles are
- *                    weights 4c .. 4c + 3 and its high ones 16 + 4c ..
+ *   then             4 (Q8_0: 8) chunks of 64 bytes; chunk c holds code
+ *                    bytes 4c .. 4c + 3 of each row, row r at 4r. Q4_0: a
+ *                    code byte j keeps weight j in its low nibble and
+ *                    weight 16 + j in its high one (as stored), so chunk
+ *                    c's low nibbles are weights 4c .. 4c + 3 and its high
+ *                    ones 16 + 4c ..; Q8_0: chunk c is weights 4c .. 4c + 3
+ *                    as stored (s8).
  *
  * One 64-byte load is then 16 rows x 4 weights: a vpdpbusd against one
  * broadcast of 4 activation codes adds 4 products to each row's lane, and
  * a block's 16 scales convert as one vector; no row needs a horizontal
  * sum, and every group is one sequential stream. Rows past the last whole
- * group stay as stored (18-byte blocks) after the groups, so row r >= 16 x
- * groups is at r x row_bytes as before; the copy is the stored size. Every
- * kernel computes a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r
- * xd_b) in block order, so they agree to the bit on every ISA and n. */
-enum { Q4X_R = 16, Q4X_BB = 288 };
-/* the copy of Q4_0 blocks W [N][K / 32] in this layout (kiln_walloc'd; NULL
- * when out of memory) */
-uint8_t *qm_q4x_pack(const uint8_t *W, int N, int K);
+ * group stay as stored after the groups, so row r >= 16 x groups is at r x
+ * row_bytes as before; the copy is the stored size. Every kernel computes
+ * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
+ * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544 };
+/* the copy of Q4_0 (bs 18) or Q8_0 (bs 34) blocks W [N][K / 32] in this
+ * layout (kiln_walloc'd; NULL when out of memory) */
+uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -388,6 +390,58 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
             if (c0) s[t][e] = _mm256_add_epi32(s[t][e], BC4_256(c0 + t));
         }
 }
+/* Q8_0's: 8 chunks of s8 codes. VNNI takes them as u8 (q + 128: the xor
+ * of the sign bit, or pre: from a panel x16_flip wrote), so c0 must hold
+ * -128 x the token's code sum; AVX2 takes them as they are with the sign
+ * trick (maddubs of |q| with x signed by q, one madd per chunk) and needs
+ * no offset (c0 NULL). */
+VNNI static inline __attribute__((always_inline)) void x16_isum8_vnni(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
+                                                                      __m512i *s) {
+    const __m512i f = _mm512_set1_epi8((char)0x80);
+    __m512i w[8];
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        w[k] = _mm512_loadu_si512((const void *)(c + 64 * k));
+        if (!pre) w[k] = _mm512_xor_si512(w[k], f);
+    }
+    if (T == 1) {
+        __m512i s0 = BC4_512(c0), s1 = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {
+            s0 = _mm512_dpbusd_epi32(s0, w[k], BC4_512(x[0].qs + 4 * k));
+            s1 = _mm512_dpbusd_epi32(s1, w[k + 1], BC4_512(x[0].qs + 4 * k + 4));
+        }
+        s[0] = _mm512_add_epi32(s0, s1);
+        return;
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) s[t] = BC4_512(c0 + t);
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], w[k], BC4_512(x[t].qs + 4 * k));
+}
+AVX2 static inline __attribute__((always_inline)) void x16_isum8_avx2(const uint8_t *c, const struct q8a *x, int T, __m256i (*s)[2]) {
+    const __m256i one16 = _mm256_set1_epi16(1);
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        #pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), aw = _mm256_sign_epi8(w, w);
+            #pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                s[t][e] = _mm256_add_epi32(s[t][e], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(BC4_256(x[t].qs + 4 * k), w)), one16));
+        }
+    }
+}
+/* one Q8_0 block's 8 chunks at c as u8 codes (q + 128) into a panel (512
+ * bytes at P), for x16_isum8_vnni with pre */
+AVX2 static inline void x16_flip(const uint8_t *c, uint8_t *P) {
+    const __m256i f = _mm256_set1_epi8((char)0x80);
+    for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + o), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(c + o)), f));
+}
 /* one block's 4 chunks at c split into the panel form x16_isum_* take with
  * pre (512 bytes at P) */
 AVX2 static inline void x16_unpack(const uint8_t *c, uint8_t *P) {
@@ -398,15 +452,16 @@ AVX2 static inline void x16_unpack(const uint8_t *c, uint8_t *P) {
         _mm256_storeu_si256((__m256i *)(P + 256 + o), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
     }
 }
-/* group G (16 rows, nb blocks) against the activation tile xt (block b of
- * token t at xt[b NT + t], c8 likewise -8 x its code sum) for nt tokens:
- * out[t ldo + r] = row r's sum (+ bias[r] when bias). P: the group's codes
- * split by x16_unpack (512 bytes per block), or NULL to split them here.
- * VNNI: nt <= 8; AVX2: nt <= 2. */
-VNNI void qm_q4x_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
-                      const float *bias);
-AVX2 void qm_q4x_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, float *out, size_t ldo,
-                      const float *bias);
+/* group G (16 rows, nb blocks; Q8_0 when q8, else Q4_0) against the
+ * activation tile xt (block b of token t at xt[b NT + t], c8 likewise -8
+ * (Q8_0: -128) x its code sum) for nt tokens: out[t ldo + r] = row r's sum
+ * (+ bias[r] when bias). P: the group's codes split by x16_unpack (Q8_0:
+ * flipped by x16_flip, VNNI only), 512 bytes per block, or NULL to read
+ * them here. VNNI: nt <= 8; AVX2: nt <= 2. */
+VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+                      size_t ldo, const float *bias);
+AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+                      size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 /* The decode row kernels' loop over a chunk of rows 0 .. n-1: ROW(r) gives
