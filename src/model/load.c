@@ -312,9 +312,41 @@ struct errbuf {
     size_t errlen;
 };
 
+/* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 / Q8_0 ones,
+ * at load (cpu_qprepare_linear) and never reads the stored tensors again
+ * (qlinear.repacked): drop their pages right after each linear's repack,
+ * so resident memory is the repacked size, not stored + repacked, at the
+ * end and along the way (a dummy model's anonymous pages cannot be evicted
+ * to make room). From a checkpoint they are the file
+ * mapping's (read-only), and a later read (kiln quantize's reference
+ * dequantization) faults them back in from the file. Dummy weights are the
+ * model's own anonymous memory, one buffer per tensor (owned_alloc), so only
+ * whole pages inside each tensor go and its neighbours keep theirs; they
+ * come back as zeros, which nothing reads (0.6B GPTQ-int4 --dummy: 767 ->
+ * 553 MiB peak RSS in a tg run, Q4_0's 552). A tied lm_head's weight is the
+ * embedding, which the lookup still reads: from a file its pages go too
+ * (the lookup faults back the rows it gathers), a dummy's stay. */
+static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    (void)ctx;
+    if (!w->repacked) return 0;
+    const struct ktensor *ts[] = {&w->w, &w->zeros, &w->scales, &w->g_idx};
+    long pg = sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < 4; i++) {
+        if (!ts[i]->data || (ts[i]->data == m->embed.data && !m->st.n_files)) continue; /* a dummy's tied embedding: still read */
+        const size_t bytes = dtype_size(ts[i]->dtype) ? (size_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)
+                                                      : (size_t)ts[i]->rows * quant_row_bytes(ts[i]->dtype, ts[i]->cols); /* GGUF blocks */
+        uintptr_t a = (uintptr_t)ts[i]->data, e = a + (uintptr_t)bytes;
+        a = (a + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1); /* whole pages inside the tensor only */
+        e &= ~(uintptr_t)(pg - 1);
+        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    }
+    return 0;
+}
+
 static int prep_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
     struct errbuf *e = ctx;
-    return m->be->prepare_linear(m->be, w, e->err, e->errlen);
+    if (m->be->prepare_linear(m->be, w, e->err, e->errlen)) return -1;
+    return drop_repacked(m, w, NULL);
 }
 
 static int prep_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
@@ -423,35 +455,6 @@ void model_describe_formats(const struct kiln_model *m, FILE *f) {
         fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
 }
 
-/* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 ones, at load
- * (cpu_qprepare_linear) and never reads the stored tensors again
- * (qlinear.repacked): drop their pages so resident memory is the repacked
- * size, not stored + repacked. From a checkpoint they are the file
- * mapping's (read-only), and a later read (kiln quantize's reference
- * dequantization) faults them back in from the file. Dummy weights are the
- * model's own anonymous memory, one buffer per tensor (owned_alloc), so only
- * whole pages inside each tensor go and its neighbours keep theirs; they
- * come back as zeros, which nothing reads (0.6B GPTQ-int4 --dummy: 767 ->
- * 553 MiB peak RSS in a tg run, Q4_0's 552). A tied lm_head's weight is the
- * embedding, which the lookup still reads: from a file its pages go too
- * (the lookup faults back the rows it gathers), a dummy's stay. */
-static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
-    (void)ctx;
-    if (!w->repacked) return 0;
-    const struct ktensor *ts[] = {&w->w, &w->zeros, &w->scales, &w->g_idx};
-    long pg = sysconf(_SC_PAGESIZE);
-    for (size_t i = 0; i < 4; i++) {
-        if (!ts[i]->data || (ts[i]->data == m->embed.data && !m->st.n_files)) continue; /* a dummy's tied embedding: still read */
-        const size_t bytes = dtype_size(ts[i]->dtype) ? (size_t)(ts[i]->rows * ts[i]->cols) * dtype_size(ts[i]->dtype)
-                                                      : (size_t)ts[i]->rows * quant_row_bytes(ts[i]->dtype, ts[i]->cols); /* GGUF blocks */
-        uintptr_t a = (uintptr_t)ts[i]->data, e = a + (uintptr_t)bytes;
-        a = (a + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1); /* whole pages inside the tensor only */
-        e &= ~(uintptr_t)(pg - 1);
-        if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
-    }
-    return 0;
-}
-
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
     if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
@@ -460,7 +463,6 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
-    each_linear(m, drop_repacked, NULL);
     return 0;
 }
 
