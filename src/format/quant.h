@@ -13,8 +13,8 @@
  * GPTQ and AWQ are repacked once at load into one row-major "grouped int"
  * layout (struct qgrp, below) so the kernels read each output row
  * contiguously; FP8 and the GGUF blocks are computed on as stored, but for
- * Q4_0 on x86 CPUs, which the CPU backend copies into groups of 16 rows
- * (backend/cpu/qmatmul_internal.h).
+ * Q4_0 and Q8_0 (and those GPTQ / AWQ rows) on x86 CPUs, which the CPU
+ * backend copies into groups of 16 rows (backend/cpu/qmatmul_internal.h).
  */
 #ifndef KILN_QUANT_H
 #define KILN_QUANT_H

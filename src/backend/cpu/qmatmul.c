@@ -6,8 +6,8 @@
  * hold the AVX2 and AVX-512 paths to (test_quant.c, test_qgemm).
  *
  * Two numerics, both reading the weights as stored (or as repacked once at
- * load: GPTQ/AWQ into format/quant.h's struct qgrp, Q4_0 on x86 into groups
- * of 16 rows):
+ * load: GPTQ/AWQ into format/quant.h's struct qgrp, on x86 then with Q4_0
+ * and Q8_0 into groups of 16 rows):
  *
  *   exact   (FP8, GPTQ/AWQ 8-bit or with groups the int8 path cannot take;
  *           GGUF Q5_0/Q5_1; anything with KILN_QACT=f32)
@@ -31,11 +31,11 @@
  *           stored codes with the activation codes, scaled per block. Costs
  *           ~0.5% relative error per dot from rounding x: the tests bound it
  *           separately. KILN_QACT=f32 forces the exact path.
- *             Q4_0 on x86: the weight copied once at load into groups of
- *               16 rows (qmatmul_internal.h), one kernel family for every
- *               n (16 rows x up to 8 tokens per pass, VNNI or AVX2; the
- *               scalar one gives the same bits); KILN_CPU_X16=0 keeps the
- *               stored blocks and the kernels below.
+ *             Q4_0 / Q8_0 on x86: the weight copied once at load into
+ *               groups of 16 rows (qmatmul_internal.h), one kernel family
+ *               for every n (16 rows x up to 8 tokens per pass, VNNI or
+ *               AVX2; the scalar one gives the same bits); KILN_CPU_X16=0
+ *               keeps the stored blocks and the kernels below.
  *             decode (n = 1): one row at a time, 4+ independent accumulators,
  *               software prefetch, one contiguous run of rows per thread
  *               (cpu_parallel_for_split); AVX-512 VNNI kernels for Q8_0 / Q4_0

@@ -3,8 +3,10 @@
  * (qmatmul_int8.c picks them and lays out what they read): AVX2 row dots
  * over up to 4 activation rows for every format, the int8 GEMM of Q8_0 /
  * Q4_0 prefill (AVX2, AVX-512 VNNI), and the Q8_0 / Q4_0 decode kernels
- * (AVX2, VNNI, VNNI + VBMI). Every function carries its own target
- * attribute; the file is empty off x86.
+ * (AVX2, VNNI, VNNI + VBMI) on the stored blocks, which since the groups of
+ * 16 rows (end of file: every n, the default) run only with
+ * KILN_CPU_X16=0, and the Q4_K / Q5_K / Q6_K kernels. Every function
+ * carries its own target attribute; the file is empty off x86.
  */
 #include "backend/cpu/qmatmul_internal.h"
 
@@ -1091,22 +1093,21 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
 #undef ROW
 }
 
-/* ==== Q4_0 in groups of 16 rows (qmatmul_internal.h, "Q4_0 in groups of
- * 16 rows") ====
+/* ==== Q4_0 and Q8_0 in groups of 16 rows (qmatmul_internal.h, "Q4_0 and
+ * Q8_0 in groups of 16 rows") ====
  *
- * VNNI: per block, 4 loads of 64 bytes (16 rows x 4 code bytes), each split
- * into low and high nibbles (and, shift, and), meet each token's activation
- * codes as 4-byte broadcasts: 8 vpdpbusd per token into an i32 lane per
- * row, started at -8 x the block's code sum (so the lane is sum (q - 8) x,
- * exact); then one convert and one FMA with the 16 scales times the token's
- * block scale. The codes are split once for all nt tokens (nt up to 8: the
- * prefill tiles; 1 is decode). One token keeps two integer chains (low and
- * high nibbles) so a block is not 8 dependent vpdpbusd long.
+ * Per block the integer sums of the 16 rows for each of the nt tokens
+ * (x16_isum_* / x16_isum8_*: one 64-byte load is 16 rows x 4 codes, one
+ * vpdpbusd or maddubs per token against a broadcast of its 4 activation
+ * codes, started at -8 (Q8_0 on VNNI: -128) x the block's code sum), then
+ * per token one convert and one FMA with the 16 scales times its block
+ * scale. nt is up to 8 on VNNI (the prefill tiles; 1 is decode), 2 on AVX2.
+ * A prefill call passes the codes pre-split in a per-thread panel (P).
  *
- * Measured before it was wired in (one Zen 4 core, K 1024 x N 2048 in L2,
- * decode): 90 Gweights/s against 44 for qm_rowsq_q4_0 on the stored
- * blocks, and 59 against 31 for the AVX2 form below against
- * qm_rowsa_q4_0. */
+ * Measured (one Zen 4 core, K 1024 x N 2048 in L2, decode): Q4_0 90-104
+ * Gweights/s against 44 for qm_rowsq_q4_0 on the stored blocks (AVX2 59-68
+ * against 31 for qm_rowsa_q4_0); Q8_0 58-79 against 28 (AVX2 34 against
+ * 24). */
 /* a block's BB bytes ahead of the stream, as KILN_PF */
 #define X16_PF(p, BB)                                                                                \
     do {                                                                                             \
