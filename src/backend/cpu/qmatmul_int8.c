@@ -169,6 +169,71 @@ static float q8x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
     }
     return acc;
 }
+
+/* Q4_K: the copy into groups of 16 rows (qmatmul_internal.h), the scalar
+ * kernel over it and a stored row past the groups, with the same steps */
+uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K) {
+    const int nsb = K / 256;
+    const size_t rb = (size_t)nsb * 144;
+    const int64_t ng = N / X16_R;
+    uint8_t *P = kiln_walloc((size_t)ng * nsb * QKX_BB + (size_t)(N - ng * X16_R) * rb);
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++)
+        for (int i = 0; i < nsb; i++) {
+            uint8_t *p = P + ((size_t)g * nsb + i) * QKX_BB;
+            for (int r = 0; r < X16_R; r++) {
+                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)144 * i;
+                memcpy(p + 2 * r, w, 2), memcpy(p + 32 + 2 * r, w + 2, 2);
+                for (int j = 0; j < 8; j++) {
+                    int sc, m;
+                    k4_scale_min(j, w + 4, &sc, &m);
+                    p[64 + 16 * j + r] = (uint8_t)sc, p[192 + 16 * j + r] = (uint8_t)m;
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 16 + 32 * c + 4 * k, 4);
+            }
+        }
+    memcpy(P + (size_t)ng * nsb * QKX_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
+    return P;
+}
+
+static void q4kx_scalar(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < X16_R; r++) {
+            float acc = 0;
+            for (int i = 0; i < nsb; i++) {
+                const uint8_t *p = G + (size_t)QKX_BB * i;
+                const float d = h2f(p + 2 * r), dm = h2f(p + 32 + 2 * r);
+                for (int j = 0; j < 8; j++) {
+                    const size_t b = (size_t)8 * i + j;
+                    const struct q8a *x = &xt[b * NT + t];
+                    int s = 0;
+                    for (int k = 0; k < 8; k++)
+                        for (int l = 0; l < 4; l++) s += ((p[320 + 512 * (j / 2) + 64 * k + 4 * r + l] >> (4 * (j & 1))) & 15) * x->qs[4 * k + l];
+                    acc = fmaf((float)s, d * (float)p[64 + 16 * j + r] * x->d, acc);
+                    acc = fmaf(-(dm * (float)p[192 + 16 * j + r]), xs[b * NT + t], acc);
+                }
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, int NT, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 144) {
+        const float d = h2f(w), dm = h2f(w + 2);
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            int sc, m, s = 0;
+            k4_scale_min(j, w + 4, &sc, &m);
+            for (int l = 0; l < 32; l++) s += ((w[16 + 32 * (j / 2) + l] >> (4 * (j & 1))) & 15) * x[b * NT].qs[l];
+            acc = fmaf((float)s, d * (float)sc * x[b * NT].d, acc);
+            acc = fmaf(-(dm * (float)m), xs[b * NT], acc);
+        }
+    }
+    return acc;
+}
 #endif
 
 static float dot_q4_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
@@ -518,8 +583,34 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
  * past them; each group meets every tile of tokens in turn (nt <= NT) */
 static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
-    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB;
+    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, qk = j->w->w.dtype == KILN_DTYPE_Q4_K, BB = q8 ? Q8X_BB : Q4X_BB;
     const size_t grp = (size_t)X16_R * j->rb;
+    if (qk) { /* Q4_K: superblocks, no panel */
+        const int nsb = j->nb / 8;
+        CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
+            const uint8_t *G = j->x16 + (size_t)u * nsb * QKX_BB;
+            for (int tile = 0; tile < j->ntile; tile++) {
+                const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
+                const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
+                const float *xs = j->xs + (size_t)tile * j->nb * j->NT;
+                if (u < j->ng) {
+                    float *o = j->out + (size_t)t0 * j->N + X16_R * u;
+                    const float *bias = j->bias ? j->bias + X16_R * u : NULL;
+                    if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_x16k_vnni(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+                    else if (j->isa >= CPU_ISA_AVX2)
+                        for (int t = 0; t < nt; t += 2) qm_x16k_avx2(G, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
+                    else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+                } else {
+                    const uint8_t *tail = j->x16 + (size_t)j->ng * nsb * QKX_BB;
+                    for (int64_t r = X16_R * j->ng; r < j->N; r++)
+                        for (int t = 0; t < nt; t++)
+                            j->out[(size_t)(t0 + t) * j->N + r] = q4kx_tail(tail + (size_t)(r - X16_R * j->ng) * j->rb, xt + t, xs + t, j->NT, nsb) +
+                                                                  (j->bias ? j->bias[r] : 0.0f);
+                }
+            }
+        }
+        return;
+    }
     uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped) once */
     const int vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16;
     if (q8 && !vnni) P = NULL; /* the AVX2 Q8_0 kernel reads the codes as they are */
@@ -689,8 +780,13 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
         j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
-        const int off = w->w.dtype == KILN_DTYPE_Q8_0 ? 128 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
-        for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
+        if (w->w.dtype == KILN_DTYPE_Q4_K) { /* the mins' term: xd x code sum per block, in c8's space */
+            j.xs = (float *)j.c8, j.c8 = NULL;
+            for (size_t i = 0; i < nx; i++) j.xs[i] = j.xa[i].d * (float)j.xa[i].sum;
+        } else {
+            const int off = w->w.dtype == KILN_DTYPE_Q8_0 ? 128 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
+            for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
+        }
         *jp = j;
         return 2;
     }
@@ -823,7 +919,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #if defined(KILN_X86)
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
-        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && (j.R == 16 || w->w.dtype == KILN_DTYPE_Q4_0); /* AVX2 Q8_0: none */
+        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && w->w.dtype != KILN_DTYPE_Q4_K &&
+                          (j.R == 16 || w->w.dtype == KILN_DTYPE_Q4_0); /* AVX2 Q8_0, Q4_K: none */
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */

@@ -1196,4 +1196,104 @@ AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
     else x16_avx2_(G, P, xt, c8, NT, nb, 2, 0, out, ldo, bias);
 }
 
+/* Q4_K in groups of 16 rows (qmatmul_internal.h): per superblock and
+ * sub-block j (pair c = j / 2, nibble h = j % 2), the pair's 8 chunks give
+ * the sub-block's codes (low or high nibbles), 8 vpdpbusd (maddubs) per
+ * token against its activation block; the 16 rows' d sc_j and dmin m_j
+ * convert once for all tokens. The f32 steps of q4kx_scalar, so the same
+ * bits. */
+VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nsb, int T,
+                                                                  float *out, size_t ldo, const float *bias) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 acc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)QKX_BB * i;
+        X16_PF(p, QKX_BB);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            const struct q8a *x = xt + b * NT;
+            __m512i q[8];
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(p + 320 + 512 * (j / 2) + 64 * k));
+                q[k] = j & 1 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+            }
+            const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j)))));
+            const __m512 dmm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 192 + 16 * j)))));
+            #pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+                #pragma GCC unroll 4
+                for (int k = 0; k < 8; k += 2) {
+                    a0 = _mm512_dpbusd_epi32(a0, q[k], BC4_512(x[t].qs + 4 * k));
+                    a1 = _mm512_dpbusd_epi32(a1, q[k + 1], BC4_512(x[t].qs + 4 * k + 4));
+                }
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), _mm512_mul_ps(dsc, _mm512_set1_ps(x[t].d)), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(dmm, _mm512_set1_ps(xs[b * NT + t]), acc[t]);
+            }
+        }
+    }
+    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+}
+
+VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
+#define KC(T) x16k_vnni_(G, xt, xs, NT, nsb, T, out, ldo, bias)
+    X16_BY_NT(KC)
+#undef KC
+}
+
+/* AVX2: 16 rows as two halves of 8, nt <= 2; a sub-block's 8 maddubs per
+ * token add in i16 (8 x 2 x 15 x 127 < 2^15), one madd */
+AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nsb, int T,
+                                                                  float *out, size_t ldo, const float *bias) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    __m256 acc[2][2];
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)QKX_BB * i;
+        X16_PF(p, QKX_BB);
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            const struct q8a *x = xt + b * NT;
+            #pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                __m256i hs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + 64 * k + 32 * e));
+                    const __m256i q = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    #pragma GCC unroll 2
+                    for (int t = 0; t < T; t++) hs[t] = _mm256_add_epi16(hs[t], _mm256_maddubs_epi16(q, BC4_256(x[t].qs + 4 * k)));
+                }
+                const __m256 dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e))),
+                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * j + 8 * e)))));
+                const __m256 dmm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * e))),
+                                                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192 + 16 * j + 8 * e)))));
+                #pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hs[t], one16)), _mm256_mul_ps(dsc, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                    acc[t][e] = _mm256_fnmadd_ps(dmm, _mm256_set1_ps(xs[b * NT + t]), acc[t][e]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
+    }
+}
+
+AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
+    if (nt == 1) x16k_avx2_(G, xt, xs, NT, nsb, 1, out, ldo, bias);
+    else x16k_avx2_(G, xt, xs, NT, nsb, 2, out, ldo, bias);
+}
+
 #endif /* KILN_X86 */

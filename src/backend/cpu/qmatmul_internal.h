@@ -64,10 +64,23 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368 };
+/* Q4_K the same way, a 256-weight superblock per step (QKX_BB bytes):
+ *
+ *   bytes    0..31     the 16 rows' d (f16), then 32..63 their dmin
+ *   bytes   64..191    sub-block j's 6-bit scale of row r at 64 + 16 j + r
+ *   bytes  192..319    ... its min at 192 + 16 j + r
+ *   bytes  320..2367   4 sub-block pairs c of 512 bytes: 8 chunks of 64,
+ *                      chunk k = code bytes 32 c + 4k .. + 3 of each row (low
+ *                      nibbles: sub-block 2c, weights 4k ..; high: 2c + 1)
+ *
+ * (the stored 144 bytes per row and superblock plus 4 for the unpacked
+ * scales); a row is sum over sub-blocks j of fma((float)(sum q x), (d sc_j)
+ * xd_j, acc) then fma(-(dmin m_j), xd_j sum_j, acc), in order. */
 /* the copy of Q4_0 (bs 18) or Q8_0 (bs 34) blocks W [N][K / 32] in this
- * layout (kiln_walloc'd; NULL when out of memory) */
+ * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K */
 uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs);
+uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -460,6 +473,10 @@ AVX2 static inline void x16_unpack(const uint8_t *c, uint8_t *P) {
  * them here. VNNI: nt <= 8; AVX2: nt <= 2. */
 VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
                       size_t ldo, const float *bias);
+/* Q4_K: group G of nsb superblocks, xs[b NT + t] = xd x code sum of token
+ * t's block b */
+VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
+AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
 AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
                       size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
