@@ -31,8 +31,8 @@
  *           stored codes with the activation codes, scaled per block. Costs
  *           ~0.5% relative error per dot from rounding x: the tests bound it
  *           separately. KILN_QACT=f32 forces the exact path.
- *             Q4_0 / Q8_0 on x86: the weight copied once at load into
- *               groups of 16 rows (qmatmul_internal.h), one kernel family
+ *             Q4_0 / Q8_0 on x86 (Q4_K with VNNI): the weight copied once
+ *               at load into groups of 16 rows (qmatmul_internal.h), one kernel family
  *               for every n (16 rows x up to 8 tokens per pass, VNNI or
  *               AVX2; the scalar one gives the same bits); KILN_CPU_X16=0
  *               keeps the stored blocks and the kernels below.
