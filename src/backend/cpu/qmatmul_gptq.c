@@ -80,13 +80,6 @@ struct gjob {
     void **scr; /* per-thread panels (cpu_scratch_threads) */
 };
 
-/* integer dot of one 32-block of 4-bit codes with one activation block */
-static int gdot_blk(const uint8_t *c, const int8_t *xq) {
-    int s = 0;
-    for (int i = 0; i < 16; i++) s += (c[i] & 15) * xq[i] + (c[i] >> 4) * xq[16 + i];
-    return s;
-}
-
 /* reference: row r against token row a (nb blocks), sx = that token's SX_g */
 static float gdot_scalar(const struct qgrp *g, int r, const struct q8a *a, const float *sx, int gs) {
     const uint8_t *q = g->q + (size_t)r * g->row_bytes;
@@ -95,7 +88,7 @@ static float gdot_scalar(const struct qgrp *g, int r, const struct q8a *a, const
     float acc = 0;
     for (int gi = 0; gi < g->n_group; gi++) {
         float t = 0;
-        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) t += a[b].d * (float)gdot_blk(q + 16 * (size_t)b, a[b].qs);
+        for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) t += a[b].d * (float)qm_isum_q4(q + 16 * (size_t)b, a[b].qs);
         acc += sb[2 * gi] * t + sb[2 * gi + 1] * sx[gi];
     }
     return acc;
@@ -614,7 +607,7 @@ static float g16_tail(const uint8_t *q, const float *sb, const struct q8a *x, co
         float T = 0;
         for (int b = gi * bpg; b < nb && b < (gi + 1) * bpg; b++) {
             const struct q8a *xb = &x[(size_t)b * NT];
-            T = fmaf((float)gdot_blk(q + 16 * (size_t)b, xb->qs), xb->d, T);
+            T = fmaf((float)qm_isum_q4(q + 16 * (size_t)b, xb->qs), xb->d, T);
         }
         acc = fmaf(sb[2 * gi + 1], sx[(size_t)gi * NT], fmaf(T, sb[2 * gi], acc));
     }

@@ -68,9 +68,7 @@ static inline float h2f(const uint8_t *p) { return kiln_f16_to_f32((uint16_t)(p[
 static float dot_q8_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     float acc = 0;
     for (int i = 0; i < nb; i++, w += 34) {
-        int s = 0;
-        for (int j = 0; j < 32; j++) s += (int8_t)w[2 + j] * a[i].qs[j];
-        acc += h2f(w) * a[i].d * (float)s;
+        acc += h2f(w) * a[i].d * (float)qm_isum_q8(w + 2, a[i].qs);
     }
     return acc;
 }
@@ -78,9 +76,7 @@ static float dot_q8_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
 static float dot_q4_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     float acc = 0;
     for (int i = 0; i < nb; i++, w += 18) {
-        int s = 0;
-        for (int j = 0; j < 16; j++) s += (w[2 + j] & 15) * a[i].qs[j] + (w[2 + j] >> 4) * a[i].qs[j + 16];
-        acc += h2f(w) * a[i].d * (float)(s - 8 * a[i].sum);
+        acc += h2f(w) * a[i].d * (float)(qm_isum_q4(w + 2, a[i].qs) - 8 * a[i].sum);
     }
     return acc;
 }
@@ -109,20 +105,20 @@ uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs) {
     return P;
 }
 
-/* group G against nt tokens of the tile xt (qm_x16_vnni's contract) */
-static void q4x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
+/* group G (Q8_0 when q8, else Q4_0) against nt tokens of the tile xt
+ * (qm_x16_vnni's contract): each row's block gathered from its chunks into
+ * the stored code order, then the reference block sums */
+static void x16_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, int q8, float *out, size_t ldo, const float *bias) {
+    const int BB = q8 ? Q8X_BB : Q4X_BB, nc = q8 ? 8 : 4;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < X16_R; r++) {
             float acc = 0;
             for (int b = 0; b < nb; b++) {
-                const uint8_t *p = G + (size_t)Q4X_BB * b;
+                const uint8_t *p = G + (size_t)BB * b;
                 const struct q8a *x = &xt[(size_t)b * NT + t];
-                int s = -8 * x->sum;
-                for (int c = 0; c < 4; c++)
-                    for (int i = 0; i < 4; i++) {
-                        const int q = p[32 + 64 * c + 4 * r + i];
-                        s += (q & 15) * x->qs[4 * c + i] + (q >> 4) * x->qs[16 + 4 * c + i];
-                    }
+                uint8_t c[32];
+                for (int k = 0; k < nc; k++) memcpy(c + 4 * k, p + 32 + 64 * k + 4 * r, 4);
+                const int s = q8 ? qm_isum_q8(c, x->qs) : qm_isum_q4(c, x->qs) - 8 * x->sum;
                 acc = fmaf((float)s, h2f(p + 2 * r) * x->d, acc);
             }
             out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
@@ -131,40 +127,11 @@ static void q4x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, i
 
 /* a row past the groups (stored blocks) against token x of a tile (its
  * blocks NT apart), with the groups' arithmetic */
-static float q4x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
+static float x16_tail(const uint8_t *w, const struct q8a *x, int NT, int nb, int q8) {
     float acc = 0;
-    for (int b = 0; b < nb; b++, w += 18) {
+    for (int b = 0; b < nb; b++, w += q8 ? 34 : 18) {
         const struct q8a *xb = &x[(size_t)b * NT];
-        int s = -8 * xb->sum;
-        for (int j = 0; j < 16; j++) s += (w[2 + j] & 15) * xb->qs[j] + (w[2 + j] >> 4) * xb->qs[16 + j];
-        acc = fmaf((float)s, h2f(w) * xb->d, acc);
-    }
-    return acc;
-}
-/* the same for Q8_0 (544-byte blocks of s8 codes; rows past the groups in
- * 34-byte blocks) */
-static void q8x_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, float *out, size_t ldo, const float *bias) {
-    for (int t = 0; t < nt; t++)
-        for (int r = 0; r < X16_R; r++) {
-            float acc = 0;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *p = G + (size_t)Q8X_BB * b;
-                const struct q8a *x = &xt[(size_t)b * NT + t];
-                int s = 0;
-                for (int c = 0; c < 8; c++)
-                    for (int i = 0; i < 4; i++) s += (int8_t)p[32 + 64 * c + 4 * r + i] * x->qs[4 * c + i];
-                acc = fmaf((float)s, h2f(p + 2 * r) * x->d, acc);
-            }
-            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
-        }
-}
-
-static float q8x_tail(const uint8_t *w, const struct q8a *x, int NT, int nb) {
-    float acc = 0;
-    for (int b = 0; b < nb; b++, w += 34) {
-        const struct q8a *xb = &x[(size_t)b * NT];
-        int s = 0;
-        for (int j = 0; j < 32; j++) s += (int8_t)w[2 + j] * xb->qs[j];
+        const int s = q8 ? qm_isum_q8(w + 2, xb->qs) : qm_isum_q4(w + 2, xb->qs) - 8 * xb->sum;
         acc = fmaf((float)s, h2f(w) * xb->d, acc);
     }
     return acc;
@@ -579,43 +546,32 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 }
 
 #if defined(KILN_X86)
-/* Q4_0 in groups of 16 rows: items are the groups, then one for the rows
- * past them; each group meets every tile of tokens in turn (nt <= NT) */
+/* Q4_0, Q8_0, Q4_K in groups of 16 rows: items are the groups, then one
+ * for the rows past them; each group meets every tile of tokens in turn
+ * (nt <= NT). A tile's per-block vectors: c8 (Q4_0, Q8_0) or xs (Q4_K). */
+static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, const float *xs, int nt,
+                      float *o, const float *bias) {
+    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, qk = j->w->w.dtype == KILN_DTYPE_Q4_K, vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16;
+    if (vnni && qk) qm_x16k_vnni(G, xt, xs, j->NT, nt, j->nb / 8, o, j->N, bias);
+    else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
+    else if (j->isa >= CPU_ISA_AVX2)
+        for (int t = 0; t < nt; t += 2) {
+            const int n2 = nt - t < 2 ? nt - t : 2;
+            if (qk) qm_x16k_avx2(G, xt + t, xs + t, j->NT, n2, j->nb / 8, o + (size_t)t * j->N, j->N, bias);
+            else qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, n2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
+        }
+    else if (qk) q4kx_scalar(G, xt, xs, j->NT, nt, j->nb / 8, o, j->N, bias);
+    else x16_scalar(G, xt, j->NT, nt, j->nb, q8, o, j->N, bias);
+}
+
 static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
     const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, qk = j->w->w.dtype == KILN_DTYPE_Q4_K, BB = q8 ? Q8X_BB : Q4X_BB;
-    const size_t grp = (size_t)X16_R * j->rb;
-    if (qk) { /* Q4_K: superblocks, no panel */
-        const int nsb = j->nb / 8;
-        CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
-            const uint8_t *G = j->x16 + (size_t)u * nsb * QKX_BB;
-            for (int tile = 0; tile < j->ntile; tile++) {
-                const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
-                const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
-                const float *xs = j->xs + (size_t)tile * j->nb * j->NT;
-                if (u < j->ng) {
-                    float *o = j->out + (size_t)t0 * j->N + X16_R * u;
-                    const float *bias = j->bias ? j->bias + X16_R * u : NULL;
-                    if (j->isa >= CPU_ISA_AVX512 && j->R == 16) qm_x16k_vnni(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
-                    else if (j->isa >= CPU_ISA_AVX2)
-                        for (int t = 0; t < nt; t += 2) qm_x16k_avx2(G, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
-                    else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
-                } else {
-                    const uint8_t *tail = j->x16 + (size_t)j->ng * nsb * QKX_BB;
-                    for (int64_t r = X16_R * j->ng; r < j->N; r++)
-                        for (int t = 0; t < nt; t++)
-                            j->out[(size_t)(t0 + t) * j->N + r] = q4kx_tail(tail + (size_t)(r - X16_R * j->ng) * j->rb, xt + t, xs + t, j->NT, nsb) +
-                                                                  (j->bias ? j->bias[r] : 0.0f);
-                }
-            }
-        }
-        return;
-    }
+    const size_t GB = qk ? (size_t)(j->nb / 8) * QKX_BB : (size_t)j->nb * BB; /* a group's bytes */
+    const uint8_t *tail = j->x16 + (size_t)j->ng * GB;                        /* the rows past the groups, as stored */
     uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped) once */
-    const int vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16;
-    if (q8 && !vnni) P = NULL; /* the AVX2 Q8_0 kernel reads the codes as they are */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
-        const uint8_t *G = j->x16 + (size_t)u * grp;
+        const uint8_t *G = j->x16 + (size_t)u * GB;
         if (P && u < j->ng)
             for (int b = 0; b < j->nb; b++) {
                 if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
@@ -623,24 +579,20 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
             }
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
-            const struct q8a *xt = j->xa + (size_t)tile * j->nb * j->NT;
-            const int32_t *c8 = j->c8 + (size_t)tile * j->nb * j->NT;
+            const size_t ti = (size_t)tile * j->nb * j->NT;
+            const struct q8a *xt = j->xa + ti;
+            const int32_t *c8 = j->c8 ? j->c8 + ti : NULL;
+            const float *xs = qk ? j->xs + ti : NULL;
             if (u < j->ng) {
-                float *o = j->out + (size_t)t0 * j->N + X16_R * u;
-                const float *bias = j->bias ? j->bias + X16_R * u : NULL;
-                if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
-                else if (j->isa >= CPU_ISA_AVX2)
-                    for (int t = 0; t < nt; t += 2)
-                        qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
-                else if (q8) q8x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
-                else q4x_scalar(G, xt, j->NT, nt, j->nb, o, j->N, bias);
-            } else {
-                for (int64_t r = X16_R * j->ng; r < j->N; r++)
-                    for (int t = 0; t < nt; t++) {
-                        const uint8_t *row = j->x16 + (size_t)r * j->rb;
-                        const float v = q8 ? q8x_tail(row, xt + t, j->NT, j->nb) : q4x_tail(row, xt + t, j->NT, j->nb);
-                        j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
-                    }
+                x16_group(j, G, P, xt, c8, xs, nt, j->out + (size_t)t0 * j->N + X16_R * u, j->bias ? j->bias + X16_R * u : NULL);
+                continue;
+            }
+            for (int64_t r = X16_R * j->ng; r < j->N; r++) {
+                const uint8_t *row = tail + (size_t)(r - X16_R * j->ng) * j->rb;
+                for (int t = 0; t < nt; t++) {
+                    const float v = qk ? q4kx_tail(row, xt + t, xs + t, j->NT, j->nb / 8) : x16_tail(row, xt + t, j->NT, j->nb, q8);
+                    j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
+                }
             }
         }
     }

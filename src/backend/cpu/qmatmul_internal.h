@@ -175,6 +175,21 @@ struct q8a {
     int8_t qs[32];
 };
 
+/* The reference integer sums of one 32-weight block against one activation
+ * block's codes xq: 16 bytes of nibbles (byte i: weight i low, 16 + i
+ * high; Q4_0's codes, qgrp's 4-bit rows), or 32 s8 codes (Q8_0). The
+ * scalar kernels of every layout use them. */
+static inline int qm_isum_q4(const uint8_t *c, const int8_t *xq) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += (c[i] & 15) * xq[i] + (c[i] >> 4) * xq[16 + i];
+    return s;
+}
+static inline int qm_isum_q8(const uint8_t *c, const int8_t *xq) {
+    int s = 0;
+    for (int i = 0; i < 32; i++) s += (int8_t)c[i] * xq[i];
+    return s;
+}
+
 /* x[K] (K a multiple of 32) quantized into the K / 32 blocks b[]: d = amax
  * / 127, codes x / d rounded to nearest even, their sum. The AVX2 one gives
  * the same blocks and puts block i at b[i * stride] (stride 1: row-major;
