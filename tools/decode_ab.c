@@ -11,7 +11,7 @@
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
  * dense GEMV's prefetch distance in bytes, 0 none) and, on x86, `qm-pfd`,
- * `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
+ * `qm-pf2` (the groups' L2 prefetch distance), `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
  * for model runs also `env:NAME`, a setting read at load (KILN_CPU_X16):
  * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
@@ -45,6 +45,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "gemv-pfd")) return cpu_set_gemv_pfd(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
+    if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-streams")) return cpu_set_qm_two(v == 2) == (v == 2) ? 0 : -1;
     if (!strcmp(sw, "vnni-dec")) return cpu_set_vnni_dec(v) == v ? 0 : -1;
 #endif
@@ -161,7 +162,7 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, qm-pfd, qm-streams, vnni-dec,\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (model runs: an engine per arm, opened with NAME=A / NAME=B)\n");
         return 2;
     }

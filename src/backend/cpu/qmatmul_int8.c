@@ -201,6 +201,83 @@ static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, i
     }
     return acc;
 }
+
+/* Q6_K: the copy into groups of 16 rows (qmatmul_internal.h), the scalar
+ * kernel over it and a stored row past the groups, with the same steps */
+uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K) {
+    const int nsb = K / 256;
+    const size_t rb = (size_t)nsb * 210;
+    const int64_t ng = N / X16_R;
+    uint8_t *P = kiln_walloc((size_t)ng * nsb * Q6X_BB + (size_t)(N - ng * X16_R) * rb);
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++)
+        for (int i = 0; i < nsb; i++) {
+            uint8_t *p = P + ((size_t)g * nsb + i) * Q6X_BB;
+            memset(p + 32, 0, 32);
+            for (int r = 0; r < X16_R; r++) {
+                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)210 * i;
+                memcpy(p + 2 * r, w + 208, 2);
+                for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[192 + k];
+                for (int c = 0; c < 4; c++)
+                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 32 * c + 4 * k, 4);
+                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < 8; k++) memcpy(p + 2368 + 512 * h + 64 * k + 4 * r, w + 128 + 32 * h + 4 * k, 4);
+            }
+        }
+    memcpy(P + (size_t)ng * nsb * Q6X_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
+    return P;
+}
+
+/* sub-block j's integer of one row from its 32 codes q (0..63), the
+ * activation block x, its halves' offsets h (-32 x code sum) and the two
+ * scales */
+static int q6x_isum(const uint8_t *q, const struct q8a *x, const int32_t *h, int sc0, int sc1) {
+    int s0 = h[0], s1 = h[1];
+    for (int l = 0; l < 16; l++) s0 += q[l] * x->qs[l], s1 += q[16 + l] * x->qs[16 + l];
+    return sc0 * s0 + sc1 * s1;
+}
+
+static void q6x_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
+                       const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < X16_R; r++) {
+            float acc = 0;
+            for (int i = 0; i < nsb; i++) {
+                const uint8_t *p = G + (size_t)Q6X_BB * i;
+                const float d = h2f(p + 2 * r);
+                for (int j = 0; j < 8; j++) {
+                    const size_t b = (size_t)8 * i + j;
+                    const int h = j / 4, s = j % 4;
+                    uint8_t q[32];
+                    for (int k = 0; k < 8; k++)
+                        for (int l = 0; l < 4; l++) {
+                            const int lo = (p[320 + 512 * (2 * h + (s & 1)) + 64 * k + 4 * r + l] >> (4 * (s >> 1))) & 15;
+                            q[4 * k + l] = (uint8_t)(lo | ((p[2368 + 512 * h + 64 * k + 4 * r + l] >> (2 * s)) & 3) << 4);
+                        }
+                    const int I = q6x_isum(q, &xt[b * NT + t], h6 + 2 * (b * NT + t), (int8_t)p[64 + 32 * j + r], (int8_t)p[80 + 32 * j + r]);
+                    acc = fmaf((float)I, d * xt[b * NT + t].d, acc);
+                }
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+static float q6x_tail(const uint8_t *w, const struct q8a *x, const int32_t *h6, int NT, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 210) {
+        const float d = h2f(w + 208);
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            const int h = j / 4, s = j % 4;
+            uint8_t q[32];
+            for (int l = 0; l < 32; l++) q[l] = (uint8_t)(((w[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15) | ((w[128 + 32 * h + l] >> (2 * s)) & 3) << 4);
+            const int I = q6x_isum(q, &x[b * NT], h6 + 2 * b * NT, (int8_t)w[192 + 2 * j], (int8_t)w[192 + 2 * j + 1]);
+            acc = fmaf((float)I, d * x[b * NT].d, acc);
+        }
+    }
+    return acc;
+}
 #endif
 
 static float dot_q4_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
@@ -546,30 +623,46 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 }
 
 #if defined(KILN_X86)
-/* Q4_0, Q8_0, Q4_K in groups of 16 rows: items are the groups, then one
- * for the rows past them; each group meets every tile of tokens in turn
- * (nt <= NT). A tile's per-block vectors: c8 (Q4_0, Q8_0) or xs (Q4_K). */
-static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, const float *xs, int nt,
-                      float *o, const float *bias) {
-    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, qk = j->w->w.dtype == KILN_DTYPE_Q4_K, vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16;
-    if (vnni && qk) qm_x16k_vnni(G, xt, xs, j->NT, nt, j->nb / 8, o, j->N, bias);
-    else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
+/* Q4_0, Q8_0, Q4_K, Q6_K in groups of 16 rows: items are the groups, then
+ * one for the rows past them; each group meets every tile of tokens in turn
+ * (nt <= NT). A tile's per-block vectors: c8 (Q4_0, Q8_0), xs (Q4_K) or h6
+ * (Q6_K, two per block), all in j->c8's space. */
+static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int nt, float *o,
+                      const float *bias) {
+    const enum kiln_dtype dt = j->w->w.dtype;
+    const int q8 = dt == KILN_DTYPE_Q8_0, vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16, nsb = j->nb / 8;
+    const float *xs = (const float *)c8;
+    if (dt == KILN_DTYPE_Q4_K) {
+        if (vnni) qm_x16k_vnni(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+        else if (j->isa >= CPU_ISA_AVX2)
+            for (int t = 0; t < nt; t += 2) qm_x16k_avx2(G, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
+        else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+    } else if (dt == KILN_DTYPE_Q6_K) {
+        if (vnni) qm_x16q6_vnni(G, xt, c8, j->NT, nt, nsb, o, j->N, bias);
+        else if (j->isa >= CPU_ISA_AVX2)
+            for (int t = 0; t < nt; t += 2)
+                qm_x16q6_avx2(G, xt + t, c8 + 2 * t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
+        else q6x_scalar(G, xt, c8, j->NT, nt, nsb, o, j->N, bias);
+    } else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
     else if (j->isa >= CPU_ISA_AVX2)
-        for (int t = 0; t < nt; t += 2) {
-            const int n2 = nt - t < 2 ? nt - t : 2;
-            if (qk) qm_x16k_avx2(G, xt + t, xs + t, j->NT, n2, j->nb / 8, o + (size_t)t * j->N, j->N, bias);
-            else qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, n2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
-        }
-    else if (qk) q4kx_scalar(G, xt, xs, j->NT, nt, j->nb / 8, o, j->N, bias);
+        for (int t = 0; t < nt; t += 2)
+            qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
     else x16_scalar(G, xt, j->NT, nt, j->nb, q8, o, j->N, bias);
+}
+
+/* the bytes of one group of 16 rows of dtype t, nb blocks of 32 */
+static size_t x16_group_bytes(enum kiln_dtype t, int nb) {
+    return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB
+           : (size_t)nb * (t == KILN_DTYPE_Q8_0 ? Q8X_BB : Q4X_BB);
 }
 
 static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
-    const int q8 = j->w->w.dtype == KILN_DTYPE_Q8_0, qk = j->w->w.dtype == KILN_DTYPE_Q4_K, BB = q8 ? Q8X_BB : Q4X_BB;
-    const size_t GB = qk ? (size_t)(j->nb / 8) * QKX_BB : (size_t)j->nb * BB; /* a group's bytes */
-    const uint8_t *tail = j->x16 + (size_t)j->ng * GB;                        /* the rows past the groups, as stored */
-    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped) once */
+    const enum kiln_dtype dt = j->w->w.dtype;
+    const int q8 = dt == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB, pv = dt == KILN_DTYPE_Q6_K ? 2 : 1; /* per-block values in c8 */
+    const size_t GB = x16_group_bytes(dt, j->nb);
+    const uint8_t *tail = j->x16 + (size_t)j->ng * GB; /* the rows past the groups, as stored */
+    uint8_t *P = j->scr ? j->scr[tid] : NULL;          /* several tiles: each group's codes split (Q8_0: flipped) once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
         if (P && u < j->ng)
@@ -581,16 +674,17 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
             const size_t ti = (size_t)tile * j->nb * j->NT;
             const struct q8a *xt = j->xa + ti;
-            const int32_t *c8 = j->c8 ? j->c8 + ti : NULL;
-            const float *xs = qk ? j->xs + ti : NULL;
+            const int32_t *c8 = j->c8 + pv * ti;
             if (u < j->ng) {
-                x16_group(j, G, P, xt, c8, xs, nt, j->out + (size_t)t0 * j->N + X16_R * u, j->bias ? j->bias + X16_R * u : NULL);
+                x16_group(j, G, P, xt, c8, nt, j->out + (size_t)t0 * j->N + X16_R * u, j->bias ? j->bias + X16_R * u : NULL);
                 continue;
             }
             for (int64_t r = X16_R * j->ng; r < j->N; r++) {
                 const uint8_t *row = tail + (size_t)(r - X16_R * j->ng) * j->rb;
                 for (int t = 0; t < nt; t++) {
-                    const float v = qk ? q4kx_tail(row, xt + t, xs + t, j->NT, j->nb / 8) : x16_tail(row, xt + t, j->NT, j->nb, q8);
+                    const float v = dt == KILN_DTYPE_Q4_K ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8)
+                                    : dt == KILN_DTYPE_Q6_K ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8)
+                                                            : x16_tail(row, xt + t, j->NT, j->nb, q8);
                     j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
                 }
             }
@@ -727,14 +821,21 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (j.NT > n) j.NT = n;
         j.ntile = (n + j.NT - 1) / j.NT;
         cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, vnni ? CPU_USED_VNNI : 0);
-        const size_t nx = (size_t)j.ntile * j.NT * nb, sz[2] = {sizeof *j.xa * nx, sizeof(int32_t) * nx};
+        const int q6 = w->w.dtype == KILN_DTYPE_Q6_K;
+        const size_t nx = (size_t)j.ntile * j.NT * nb, sz[2] = {sizeof *j.xa * nx, sizeof(int32_t) * nx * (q6 ? 2 : 1)};
         void *ptr[2];
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
         j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
-        if (w->w.dtype == KILN_DTYPE_Q4_K) { /* the mins' term: xd x code sum per block, in c8's space */
-            j.xs = (float *)j.c8, j.c8 = NULL;
-            for (size_t i = 0; i < nx; i++) j.xs[i] = j.xa[i].d * (float)j.xa[i].sum;
+        if (w->w.dtype == KILN_DTYPE_Q4_K) { /* the mins' term: xd x code sum per block, as f32 in c8's space */
+            float *xs = (float *)j.c8;
+            for (size_t i = 0; i < nx; i++) xs[i] = j.xa[i].d * (float)j.xa[i].sum;
+        } else if (q6) { /* the offset of the codes: -32 x the code sum of each half block */
+            for (size_t i = 0; i < nx; i++) {
+                int s0 = 0;
+                for (int l = 0; l < 16; l++) s0 += j.xa[i].qs[l];
+                j.c8[2 * i] = -32 * s0, j.c8[2 * i + 1] = -32 * (j.xa[i].sum - s0);
+            }
         } else {
             const int off = w->w.dtype == KILN_DTYPE_Q8_0 ? 128 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
             for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
@@ -871,8 +972,7 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #if defined(KILN_X86)
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
-        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && w->w.dtype != KILN_DTYPE_Q4_K &&
-                          (j.R == 16 || w->w.dtype == KILN_DTYPE_Q4_0); /* AVX2 Q8_0, Q4_K: none */
+        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q4_0 || (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */

@@ -429,20 +429,31 @@ AVX2 void qm_gemm_q8_0_avx2(const uint8_t *P, const struct q8a *xt, int nb, floa
 #ifndef QPFD
 #define QPFD 4096
 #endif
+/* QPF2: the VNNI K-format groups' second prefetch, each line again 32 KiB
+ * ahead into L2. The hardware prefetchers barely help these streams (Zen
+ * 4: the Q6_K group kernel on a 255 MB lm_head from DRAM ran at 16-20
+ * Gweights/s with no software prefetch, 34-48 with QPFD alone, 55-65 with
+ * both); Q4_K_M decode +7.5-8.1% (decode-ab qm-pf2 0 32768, 12 rounds,
+ * 0.6B and 1.7B). Not for the AVX2 kernels (held to AVX2: 0.94) nor Q4_0
+ * (0.93-0.97): there the one prefetch keeps up */
+#ifndef QPF2
+#define QPF2 32768
+#endif
 /* The int8 decode kernels' settings (qmatmul_internal.h), settled once by
  * qm_settle: QPFD ahead, two streams, the VNNI kernels where the CPU has
  * them; but one stream on AMD CPUs with AVX-512 (Zen 4 and later; there
  * Q8_0 decoded 6-10% faster as one, Q4_0 tied: docs/cpu.md, "Zen 4").
  * KILN_CPU_QM_PFD=N, KILN_CPU_QM_STREAMS=1|2 and KILN_CPU_VNNI_DEC=0|1
  * override. */
-int qm_pfd_cur = QPFD, qm_two_cur = 1;
+int qm_pfd_cur = QPFD, qm_two_cur = 1, qm_pf2_cur = QPF2;
 static int qm_vnni_cur = 1, qm_settled;
 
 void qm_settle(void) {
     if (qm_settled) return;
     if (cpu_amd_avx512()) qm_two_cur = 0;
-    const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS"), *v = getenv("KILN_CPU_VNNI_DEC");
+    const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS"), *v = getenv("KILN_CPU_VNNI_DEC"), *f = getenv("KILN_CPU_QM_PF2");
     if (e && *e) qm_pfd_cur = atoi(e) < 0 ? 0 : atoi(e) / 64 * 64;
+    if (f && *f) qm_pf2_cur = atoi(f) < 0 ? 0 : atoi(f) / 64 * 64;
     if (t && (!strcmp(t, "1") || !strcmp(t, "2"))) qm_two_cur = *t == '2';
     if (v && *v) qm_vnni_cur = atoi(v) != 0;
     qm_settled = 1;
@@ -452,6 +463,8 @@ int cpu_qm_pfd(void) { return qm_settle(), qm_pfd_cur; }
 int cpu_qm_two(void) { return qm_settle(), qm_two_cur; }
 int cpu_vnni_dec(void) { return qm_settle(), qm_vnni_cur; }
 int cpu_set_qm_pfd(int d) { return qm_settle(), qm_pfd_cur = d < 0 ? 0 : d / 64 * 64; }
+int cpu_qm_pf2(void) { return qm_settle(), qm_pf2_cur; }
+int cpu_set_qm_pf2(int d) { return qm_settle(), qm_pf2_cur = d < 0 ? 0 : d / 64 * 64; }
 int cpu_set_qm_two(int two) { return qm_settle(), qm_two_cur = two != 0; }
 int cpu_set_vnni_dec(int on) { return qm_settle(), qm_vnni_cur = on != 0; }
 
@@ -1113,6 +1126,16 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
     do {                                                                                             \
         for (int o_ = 0; o_ < (BB); o_ += 64) KILN_PF((p) + o_);                                     \
     } while (0)
+#define X16_PFK(p, BB)                                                                               \
+    do {                                                                                             \
+        for (int o_ = 0; o_ < (BB); o_ += 64) X16_PF1((p) + o_);                                     \
+    } while (0)
+/* one line of a group: into L1 qm_pfd_cur ahead, and into L2 qm_pf2_cur ahead */
+#define X16_PF1(q)                                                                                   \
+    do {                                                                                             \
+        KILN_PF(q);                                                                                  \
+        if (qm_pf2_cur) _mm_prefetch((const char *)(q) + qm_pf2_cur, _MM_HINT_T1);                   \
+    } while (0)
 VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
                                                                  int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
     const int BB = q8 ? Q8X_BB : Q4X_BB;
@@ -1210,7 +1233,7 @@ VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t 
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const uint8_t *p = G + (size_t)QKX_BB * i;
-        X16_PF(p, QKX_BB);
+        X16_PFK(p, QKX_BB);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
@@ -1294,6 +1317,127 @@ AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t 
 AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
     if (nt == 1) x16k_avx2_(G, xt, xs, NT, nsb, 1, out, ldo, bias);
     else x16k_avx2_(G, xt, xs, NT, nsb, 2, out, ldo, bias);
+}
+
+/* Q6_K in groups of 16 rows (qmatmul_internal.h; one Zen 4 core, K 1024
+ * x N 2048: 21 -> 48 Gweights/s VNNI, 21 -> 32 AVX2): per superblock and
+ * sub-block j = 4h + s, its 8 chunks of codes assembled once for all
+ * tokens (low 4 bits: region 2h + (s & 1) masked or shifted down by 4; top
+ * 2: region h's bits 2s, 2s + 1 moved to bits 4, 5), then per token two
+ * chains of 4 vpdpbusd (maddubs) started at the halves' offsets, each
+ * times its half's 16 scales (vpmulld), one convert and one FMA with the
+ * rows' d times the block's scale. q6x_scalar's integers and f32 steps, so
+ * the same bits. */
+VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nsb,
+                                                                   int T, float *out, size_t ldo, const float *bias) {
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)Q6X_BB * i;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const int h = j / 4, s = j % 4;
+            const size_t b = (size_t)8 * i + j;
+            const struct q8a *x = xt + b * NT;
+            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
+            __m512i q[8];
+            #pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k));
+                const __m512i u = _mm512_loadu_si512((const void *)(p + 2368 + 512 * h + 64 * k));
+                const __m512i lo = _mm512_and_si512(s >> 1 ? _mm512_srli_epi16(l, 4) : l, m4);
+                const __m512i hi = s == 0 ? _mm512_slli_epi16(u, 4) : s == 1 ? _mm512_slli_epi16(u, 2) : s == 2 ? u : _mm512_srli_epi16(u, 2);
+                q[k] = _mm512_ternarylogic_epi32(lo, hi, m30, 0xF8); /* lo | (hi & 0x30) */
+            }
+            const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
+            const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
+            #pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const int32_t *o = h6 + 2 * (b * NT + t);
+                __m512i a0 = _mm512_set1_epi32(o[0]), a1 = _mm512_set1_epi32(o[1]);
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    a0 = _mm512_dpbusd_epi32(a0, q[k], BC4_512(x[t].qs + 4 * k));
+                    a1 = _mm512_dpbusd_epi32(a1, q[k + 4], BC4_512(x[t].qs + 16 + 4 * k));
+                }
+                const __m512i I = _mm512_add_epi32(_mm512_mullo_epi32(a0, sc0), _mm512_mullo_epi32(a1, sc1));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
+            }
+        }
+    }
+    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+}
+
+VNNI void qm_x16q6_vnni(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias) {
+#define KC(T) x16q6_vnni_(G, xt, h6, NT, nsb, T, out, ldo, bias)
+    X16_BY_NT(KC)
+#undef KC
+}
+
+/* AVX2: rows 8e .. 8e + 7 from each chunk's e-th 32 bytes, nt <= 2; two
+ * maddubs of codes 0..63 add in i16 (2 x 2 x 63 x 128 < 2^15), then madd */
+AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nsb,
+                                                                   int T, float *out, size_t ldo, const float *bias) {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), one16 = _mm256_set1_epi16(1);
+    __m256 acc[2][2];
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)Q6X_BB * i;
+        for (int j = 0; j < 8; j++) {
+            const int h = j / 4, s = j % 4;
+            const size_t b = (size_t)8 * i + j;
+            const struct q8a *x = xt + b * NT;
+            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) KILN_PF(p + o);
+            #pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                __m256i q[8];
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k + 32 * e));
+                    const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + 64 * k + 32 * e));
+                    const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, m4);
+                    const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
+                    q[k] = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
+                }
+                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)));
+                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)));
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
+                #pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    const int32_t *o = h6 + 2 * (b * NT + t);
+                    __m256i a[2];
+                    #pragma GCC unroll 2
+                    for (int v = 0; v < 2; v++) {
+                        const int8_t *xq = x[t].qs + 16 * v;
+                        const __m256i h01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[4 * v], BC4_256(xq)), _mm256_maddubs_epi16(q[4 * v + 1], BC4_256(xq + 4)));
+                        const __m256i h23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[4 * v + 2], BC4_256(xq + 8)), _mm256_maddubs_epi16(q[4 * v + 3], BC4_256(xq + 12)));
+                        a[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(h01, one16), _mm256_madd_epi16(h23, one16)), _mm256_set1_epi32(o[v]));
+                    }
+                    const __m256i I = _mm256_add_epi32(_mm256_mullo_epi32(a[0], sc0), _mm256_mullo_epi32(a[1], sc1));
+                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
+    }
+}
+
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias) {
+    if (nt == 1) x16q6_avx2_(G, xt, h6, NT, nsb, 1, out, ldo, bias);
+    else x16q6_avx2_(G, xt, h6, NT, nsb, 2, out, ldo, bias);
 }
 
 #endif /* KILN_X86 */

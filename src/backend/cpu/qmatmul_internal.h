@@ -64,7 +64,7 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q6X_BB = 3392 };
 /* Q4_K the same way, a 256-weight superblock per step (QKX_BB bytes):
  *
  *   bytes    0..31     the 16 rows' d (f16), then 32..63 their dmin
@@ -77,10 +77,35 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368 };
  * (the stored 144 bytes per row and superblock plus 4 for the unpacked
  * scales); a row is sum over sub-blocks j of fma((float)(sum q x), (d sc_j)
  * xd_j, acc) then fma(-(dmin m_j), xd_j sum_j, acc), in order. */
+/* Q6_K likewise (Q6X_BB bytes per superblock: the stored 210 x 16 and 32
+ * bytes that keep every chunk on a 64-byte line; split loads from DRAM
+ * held the VNNI decode to 35 Gweights/s against 55-61 for AVX2's 32-byte
+ * ones on a 255 MB lm_head, 2 threads):
+ *
+ *   bytes     0..31     the 16 rows' d (f16); 32..63 zero
+ *   bytes    64..319    the int8 scale of weights 16 k .. 16 k + 15 of row r
+ *                       at 64 + 16 k + r (k = 0..15)
+ *   bytes   320..2367   4 regions c of 512 bytes: chunk k (64 bytes) holds
+ *                       ql bytes 32 c + 4k .. + 3 of each row, row r at 4r
+ *   bytes  2368..3391   2 regions h of 512 bytes, chunk k: qh bytes 32 h +
+ *                       4k .. + 3 of each row
+ *
+ * Sub-block j = 4h + s (weights 32 j .. 32 j + 31, activation block 8i + j)
+ * takes its low 4 bits from region 2h + (s & 1) (low nibbles for s < 2,
+ * high ones for s >= 2) and its top 2 from bits 2s, 2s + 1 of region h: the
+ * stored bits, only regrouped, so chunk k is weights 4k .. 4k + 3 of the
+ * sub-block, chunks 0-3 its first scale's 16 and 4-7 its second's. Codes
+ * q (0..63) enter the dots unsigned; the offset rides in the sums' start,
+ * -32 x the half's activation code sum (h6 below), so a sub-block of a row
+ * is the exact integer I = sc_2j (S_0 - 32 X_0) + sc_2j+1 (S_1 - 32 X_1)
+ * and a row is sum over sub-blocks of fma((float) I, d xd_j, acc), in
+ * order. */
 /* the copy of Q4_0 (bs 18) or Q8_0 (bs 34) blocks W [N][K / 32] in this
- * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K */
+ * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K,
+ * qm_x16q6_pack: Q6_K */
 uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs);
 uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K);
+uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -492,6 +517,12 @@ VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
  * t's block b */
 VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
 AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
+/* Q6_K: group G of nsb superblocks, h6[2 (b NT + t)] and [.. + 1] = -32 x
+ * the code sums of the halves of token t's block b */
+VNNI void qm_x16q6_vnni(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias);
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias);
 AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
                       size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
