@@ -638,10 +638,10 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
             for (int t = 0; t < nt; t += 2) qm_x16k_avx2(G, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
         else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
     } else if (dt == KILN_DTYPE_Q6_K) {
-        if (vnni) qm_x16q6_vnni(G, xt, c8, j->NT, nt, nsb, o, j->N, bias);
+        if (vnni) qm_x16q6_vnni(G, P, xt, c8, j->NT, nt, nsb, o, j->N, bias);
         else if (j->isa >= CPU_ISA_AVX2)
             for (int t = 0; t < nt; t += 2)
-                qm_x16q6_avx2(G, xt + t, c8 + 2 * t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
+                qm_x16q6_avx2(G, P, xt + t, c8 + 2 * t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
         else q6x_scalar(G, xt, c8, j->NT, nt, nsb, o, j->N, bias);
     } else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
     else if (j->isa >= CPU_ISA_AVX2)
@@ -662,10 +662,12 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const int q8 = dt == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB, pv = dt == KILN_DTYPE_Q6_K ? 2 : 1; /* per-block values in c8 */
     const size_t GB = x16_group_bytes(dt, j->nb);
     const uint8_t *tail = j->x16 + (size_t)j->ng * GB; /* the rows past the groups, as stored */
-    uint8_t *P = j->scr ? j->scr[tid] : NULL;          /* several tiles: each group's codes split (Q8_0: flipped) once */
+    uint8_t *P = j->scr ? j->scr[tid] : NULL;          /* several tiles: each group's codes split (Q8_0: flipped, Q6_K: assembled) once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
-        if (P && u < j->ng)
+        if (P && u < j->ng && pv == 2) /* Q6_K: 8 blocks per superblock, 512 bytes each as below */
+            for (int i = 0; i < j->nb / 8; i++) qm_x16q6_unpack(G + (size_t)Q6X_BB * i, P + 4096 * (size_t)i);
+        else if (P && u < j->ng)
             for (int b = 0; b < j->nb; b++) {
                 if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
                 else x16_unpack(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
@@ -972,7 +974,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #if defined(KILN_X86)
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
-        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 && (w->w.dtype == KILN_DTYPE_Q4_0 || (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
+        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
+                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q6_K || (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */

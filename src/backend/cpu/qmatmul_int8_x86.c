@@ -1328,8 +1328,8 @@ AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, 
  * times its half's 16 scales (vpmulld), one convert and one FMA with the
  * rows' d times the block's scale. q6x_scalar's integers and f32 steps, so
  * the same bits. */
-VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nsb,
-                                                                   int T, float *out, size_t ldo, const float *bias) {
+VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
+                                                                   int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
     const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[8];
     #pragma GCC unroll 8
@@ -1342,8 +1342,12 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
             const int h = j / 4, s = j % 4;
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
-            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
             __m512i q[8];
+            if (P) {
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) q[k] = _mm512_loadu_si512((const void *)(P + 4096 * (size_t)i + 512 * j + 64 * k));
+            } else {
+            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
             #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
                 const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k));
@@ -1351,6 +1355,7 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
                 const __m512i lo = _mm512_and_si512(s >> 1 ? _mm512_srli_epi16(l, 4) : l, m4);
                 const __m512i hi = s == 0 ? _mm512_slli_epi16(u, 4) : s == 1 ? _mm512_slli_epi16(u, 2) : s == 2 ? u : _mm512_srli_epi16(u, 2);
                 q[k] = _mm512_ternarylogic_epi32(lo, hi, m30, 0xF8); /* lo | (hi & 0x30) */
+            }
             }
             const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
             const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
@@ -1373,17 +1378,17 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
     for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
 }
 
-VNNI void qm_x16q6_vnni(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
-                        const float *bias) {
-#define KC(T) x16q6_vnni_(G, xt, h6, NT, nsb, T, out, ldo, bias)
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias) {
+#define KC(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, out, ldo, bias)
     X16_BY_NT(KC)
 #undef KC
 }
 
 /* AVX2: rows 8e .. 8e + 7 from each chunk's e-th 32 bytes, nt <= 2; two
  * maddubs of codes 0..63 add in i16 (2 x 2 x 63 x 128 < 2^15), then madd */
-AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nsb,
-                                                                   int T, float *out, size_t ldo, const float *bias) {
+AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
+                                                                   int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), one16 = _mm256_set1_epi16(1);
     __m256 acc[2][2];
     #pragma GCC unroll 2
@@ -1394,12 +1399,17 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
             const int h = j / 4, s = j % 4;
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
-            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) KILN_PF(p + o);
+            if (!P)
+                for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) KILN_PF(p + o);
             #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
                 __m256i q[8];
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
+                    if (P) {
+                        q[k] = _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e));
+                        continue;
+                    }
                     const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k + 32 * e));
                     const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + 64 * k + 32 * e));
                     const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, m4);
@@ -1434,10 +1444,28 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
     }
 }
 
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
-                        const float *bias) {
-    if (nt == 1) x16q6_avx2_(G, xt, h6, NT, nsb, 1, out, ldo, bias);
-    else x16q6_avx2_(G, xt, h6, NT, nsb, 2, out, ldo, bias);
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias) {
+    if (nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, out, ldo, bias);
+    else x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, out, ldo, bias);
+}
+
+/* one Q6_K group superblock's codes assembled (as the kernels above do)
+ * into a panel, 512 bytes per sub-block j at P + 512 j, chunk k at + 64 k:
+ * the kernels' P, so a prefill assembles each group once per call, not
+ * once per tile of tokens */
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P) {
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    for (int j = 0; j < 8; j++) {
+        const int h = j / 4, s = j % 4;
+        for (int o = 0; o < 512; o += 32) {
+            const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + o));
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + o));
+            const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, m4);
+            const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
+            _mm256_storeu_si256((__m256i *)(P + 512 * j + o), _mm256_or_si256(lo, _mm256_and_si256(hi, m30)));
+        }
+    }
 }
 
 #endif /* KILN_X86 */

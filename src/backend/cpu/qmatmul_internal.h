@@ -519,10 +519,13 @@ VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, 
 AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
 /* Q6_K: group G of nsb superblocks, h6[2 (b NT + t)] and [.. + 1] = -32 x
  * the code sums of the halves of token t's block b */
-VNNI void qm_x16q6_vnni(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
-                        const float *bias);
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out, size_t ldo,
-                        const float *bias);
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias);
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias);
+/* ... P: the group's codes assembled by qm_x16q6_unpack (4,096 bytes per
+ * superblock, 512 per sub-block), or NULL to assemble them per call */
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P);
 AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
                       size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
