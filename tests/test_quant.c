@@ -234,7 +234,7 @@ static void test_kq_extremes(void) {
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     CHECK(be != NULL, "%s", err);
     if (!be) return;
-    const int saved = cpu_isa(), N = 11, K = 512, maxn = 20;
+    const int saved = cpu_isa(), N = 27, K = 512, maxn = 20; /* one group of 16 rows (x86) and 11 rows past it */
     static const char *fmts[] = {"q4_k", "q5_k", "q6_k", "q6_k"};
     for (int f = 0; f < 4; f++) {
         void **owned = kiln_calloc(1, sizeof(void *));
@@ -424,7 +424,7 @@ static void test_qgemm(void) {
     be->destroy(be);
 }
 
-/* Q4_0, Q8_0, Q4_K, Q6_K and GPTQ / AWQ 4-bit in groups of 16 rows (x86:
+/* Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and GPTQ / AWQ 4-bit in groups of 16 rows (x86:
  * qmatmul_internal.h, qmatmul_gptq.c): every ISA gives the scalar kernel's bits, at every n,
  * for rows in groups and rows past them (N = 16 x g + r), with and without
  * bias, GPTQ with groups of 32 / 64 / 128 / per-channel and random zero
@@ -446,14 +446,15 @@ static void test_x16(void) {
               {"gptq-int4", 16, 256, 0},   {"awq", 24, 1024, 128},     {"gptq-int4", 8, 256, 128}, {"awq", 72, 512, 256},
               {"q8_0", 16, 64, 0},         {"q8_0", 37, 320, 0},       {"q8_0", 48, 1056, 0},      {"q8_0", 7, 96, 0},
               {"q4_k", 16, 256, 0},        {"q4_k", 37, 512, 0},       {"q4_k", 48, 1024, 0},      {"q4_k", 9, 256, 0},
-              {"q6_k", 16, 256, 0},        {"q6_k", 37, 512, 0},       {"q6_k", 48, 1024, 0},      {"q6_k", 9, 256, 0}};
+              {"q6_k", 16, 256, 0},        {"q6_k", 37, 512, 0},       {"q6_k", 48, 1024, 0},      {"q6_k", 9, 256, 0},
+              {"q5_k", 16, 256, 0},        {"q5_k", 37, 512, 0},       {"q5_k", 48, 1024, 0},      {"q5_k", 9, 256, 0}};
     static const int ns[] = {1, 2, 3, 7, 8, 9, 17, 37};
     const int maxn = 37;
     struct kiln_rng r;
     kiln_rng_seed(&r, 4242);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         const int N = cs[c].N, K = cs[c].K, q4 = !strcmp(cs[c].fmt, "q4_0"), q8 = !strcmp(cs[c].fmt, "q8_0"), qk = !strcmp(cs[c].fmt, "q4_k"),
-                  q6 = !strcmp(cs[c].fmt, "q6_k");
+                  q6 = !strcmp(cs[c].fmt, "q6_k"), q5 = !strcmp(cs[c].fmt, "q5_k");
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K}, w0;
         CHECK(quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
@@ -462,10 +463,11 @@ static void test_x16(void) {
             const int bs = q8 ? 34 : 18;
             for (int b = 0; b < N * K / 32; b++)
                 for (int i = 0; i < bs; i++) q[bs * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (qk) { /* every byte random but d and dmin (kept small): scales, mins and codes of every row differ */
+        } else if (qk || q5) { /* every byte random but d and dmin (kept small): scales, mins, codes (and Q5_K's fifth bits) of every row differ */
             uint8_t *q = (uint8_t *)w.w.data;
+            const int sb = q5 ? 176 : 144;
             for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < 144; i++) q[144 * b + i] = i == 1 || i == 3 ? (uint8_t)(0x20 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+                for (int i = 0; i < sb; i++) q[sb * b + i] = i == 1 || i == 3 ? (uint8_t)(0x20 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
         } else if (q6) { /* every byte random but d (kept small): codes, their top bits and the signed scales of every row differ */
             uint8_t *q = (uint8_t *)w.w.data;
             for (int b = 0; b < N * K / 256; b++)
@@ -481,11 +483,11 @@ static void test_x16(void) {
         CHECK(be->prepare_linear(be, &w0, err, sizeof err) == 0, "%s", err);
         unsetenv("KILN_CPU_X16");
         CHECK(be->prepare_linear(be, &w, err, sizeof err) == 0, "%s", err);
-        /* Q4_K goes into groups only where the CPU has VNNI (qmatmul.c) */
+        /* Q4_K and Q5_K go into groups only where the CPU has VNNI (qmatmul.c) */
         __builtin_cpu_init();
-        const int grouped = !qk || (cpu_isa() >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+        const int grouped = !(qk || q5) || (cpu_isa() >= CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                                     __builtin_cpu_supports("avx512bw"));
-        CHECK(w.repacked == grouped && w0.repacked == !(q4 || q8 || qk || q6), "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked,
+        CHECK(w.repacked == grouped && w0.repacked == !(q4 || q8 || qk || q6 || q5), "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked,
               w0.repacked);
         if (!grouped) {
             be->release_linear(be, &w), be->release_linear(be, &w0);

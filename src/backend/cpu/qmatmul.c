@@ -109,14 +109,15 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
     case KILN_WFMT_GGUF:
         p->int8_act = want_int8(w->w.dtype);
 #if defined(KILN_X86)
-        /* Q4_K only where the CPU has VNNI: on AVX2 the grouped kernel decoded
+        /* Q4_K (and Q5_K, its kernel) only where the CPU has VNNI: on AVX2 the grouped kernel decoded
          * 2% slower and prefilled 25% slower than the per-row kernels and
          * their 8 x 4 GEMM (0.6B, Zen 4 held to AVX2; docs/cpu.md). Q6_K on
          * AVX2 too: decode 4-9% faster there, prefill even to 15% slower */
         if (p->int8_act && x16_on() &&
             (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q6_K ||
-             (w->w.dtype == KILN_DTYPE_Q4_K && cpu_isa() >= CPU_ISA_AVX512 && qm_have_vnni()))) {
-            p->x16 = w->w.dtype == KILN_DTYPE_Q4_K   ? qm_x16k_pack(w->w.data, w->n_out, w->n_in)
+             ((w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && cpu_isa() >= CPU_ISA_AVX512 && qm_have_vnni()))) {
+            p->x16 = w->w.dtype == KILN_DTYPE_Q4_K   ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 0)
+                     : w->w.dtype == KILN_DTYPE_Q5_K ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 1)
                      : w->w.dtype == KILN_DTYPE_Q6_K ? qm_x16q6_pack(w->w.data, w->n_out, w->n_in)
                                                      : qm_x16_pack(w->w.data, w->n_out, w->n_in, w->w.dtype == KILN_DTYPE_Q8_0 ? 34 : 18);
             if (!p->x16) {

@@ -137,20 +137,21 @@ static float x16_tail(const uint8_t *w, const struct q8a *x, int NT, int nb, int
     return acc;
 }
 
-/* Q4_K: the copy into groups of 16 rows (qmatmul_internal.h), the scalar
- * kernel over it and a stored row past the groups, with the same steps */
-uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K) {
-    const int nsb = K / 256;
-    const size_t rb = (size_t)nsb * 144;
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1): the copy into groups of 16 rows
+ * (qmatmul_internal.h), the scalar kernel over it and a stored row past the
+ * groups, with the same steps */
+uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5) {
+    const int nsb = K / 256, sb = q5 ? 176 : 144, BB = q5 ? Q5X_BB : QKX_BB;
+    const size_t rb = (size_t)nsb * sb;
     const int64_t ng = N / X16_R;
-    uint8_t *P = kiln_walloc((size_t)ng * nsb * QKX_BB + (size_t)(N - ng * X16_R) * rb);
+    uint8_t *P = kiln_walloc((size_t)ng * nsb * BB + (size_t)(N - ng * X16_R) * rb);
     if (!P) return NULL;
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < ng; g++)
         for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * QKX_BB;
+            uint8_t *p = P + ((size_t)g * nsb + i) * BB;
             for (int r = 0; r < X16_R; r++) {
-                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)144 * i;
+                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)sb * i;
                 memcpy(p + 2 * r, w, 2), memcpy(p + 32 + 2 * r, w + 2, 2);
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
@@ -158,26 +159,34 @@ uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K) {
                     p[64 + 16 * j + r] = (uint8_t)sc, p[192 + 16 * j + r] = (uint8_t)m;
                 }
                 for (int c = 0; c < 4; c++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 16 + 32 * c + 4 * k, 4);
+                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + (q5 ? 48 : 16) + 32 * c + 4 * k, 4);
+                if (q5)
+                    for (int k = 0; k < 8; k++) memcpy(p + 2368 + 64 * k + 4 * r, w + 16 + 4 * k, 4);
             }
         }
-    memcpy(P + (size_t)ng * nsb * QKX_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
+    memcpy(P + (size_t)ng * nsb * BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
     return P;
 }
 
-static void q4kx_scalar(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
+static void q4kx_scalar(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out, size_t ldo,
+                        const float *bias) {
+    const int BB = q5 ? Q5X_BB : QKX_BB;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < X16_R; r++) {
             float acc = 0;
             for (int i = 0; i < nsb; i++) {
-                const uint8_t *p = G + (size_t)QKX_BB * i;
+                const uint8_t *p = G + (size_t)BB * i;
                 const float d = h2f(p + 2 * r), dm = h2f(p + 32 + 2 * r);
                 for (int j = 0; j < 8; j++) {
                     const size_t b = (size_t)8 * i + j;
                     const struct q8a *x = &xt[b * NT + t];
                     int s = 0;
                     for (int k = 0; k < 8; k++)
-                        for (int l = 0; l < 4; l++) s += ((p[320 + 512 * (j / 2) + 64 * k + 4 * r + l] >> (4 * (j & 1))) & 15) * x->qs[4 * k + l];
+                        for (int l = 0; l < 4; l++) {
+                            int q = (p[320 + 512 * (j / 2) + 64 * k + 4 * r + l] >> (4 * (j & 1))) & 15;
+                            if (q5) q |= ((p[2368 + 64 * k + 4 * r + l] >> j) & 1) << 4;
+                            s += q * x->qs[4 * k + l];
+                        }
                     acc = fmaf((float)s, d * (float)p[64 + 16 * j + r] * x->d, acc);
                     acc = fmaf(-(dm * (float)p[192 + 16 * j + r]), xs[b * NT + t], acc);
                 }
@@ -186,15 +195,19 @@ static void q4kx_scalar(const uint8_t *G, const struct q8a *xt, const float *xs,
         }
 }
 
-static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, int NT, int nsb) {
+static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, int NT, int nsb, int q5) {
     float acc = 0;
-    for (int i = 0; i < nsb; i++, w += 144) {
+    for (int i = 0; i < nsb; i++, w += q5 ? 176 : 144) {
         const float d = h2f(w), dm = h2f(w + 2);
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
             int sc, m, s = 0;
             k4_scale_min(j, w + 4, &sc, &m);
-            for (int l = 0; l < 32; l++) s += ((w[16 + 32 * (j / 2) + l] >> (4 * (j & 1))) & 15) * x[b * NT].qs[l];
+            for (int l = 0; l < 32; l++) {
+                int q = (w[(q5 ? 48 : 16) + 32 * (j / 2) + l] >> (4 * (j & 1))) & 15;
+                if (q5) q |= ((w[16 + l] >> j) & 1) << 4;
+                s += q * x[b * NT].qs[l];
+            }
             acc = fmaf((float)s, d * (float)sc * x[b * NT].d, acc);
             acc = fmaf(-(dm * (float)m), xs[b * NT], acc);
         }
@@ -632,11 +645,13 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
     const enum kiln_dtype dt = j->w->w.dtype;
     const int q8 = dt == KILN_DTYPE_Q8_0, vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16, nsb = j->nb / 8;
     const float *xs = (const float *)c8;
-    if (dt == KILN_DTYPE_Q4_K) {
-        if (vnni) qm_x16k_vnni(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+    if (dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K) {
+        const int q5 = dt == KILN_DTYPE_Q5_K;
+        if (vnni) qm_x16k_vnni(G, P, xt, xs, j->NT, nt, nsb, q5, o, j->N, bias);
         else if (j->isa >= CPU_ISA_AVX2)
-            for (int t = 0; t < nt; t += 2) qm_x16k_avx2(G, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
-        else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, o, j->N, bias);
+            for (int t = 0; t < nt; t += 2)
+                qm_x16k_avx2(G, P, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, q5, o + (size_t)t * j->N, j->N, bias);
+        else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, q5, o, j->N, bias);
     } else if (dt == KILN_DTYPE_Q6_K) {
         if (vnni) qm_x16q6_vnni(G, P, xt, c8, j->NT, nt, nsb, o, j->N, bias);
         else if (j->isa >= CPU_ISA_AVX2)
@@ -652,7 +667,8 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
 
 /* the bytes of one group of 16 rows of dtype t, nb blocks of 32 */
 static size_t x16_group_bytes(enum kiln_dtype t, int nb) {
-    return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB
+    return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q5_K ? (size_t)(nb / 8) * Q5X_BB
+           : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB
            : (size_t)nb * (t == KILN_DTYPE_Q8_0 ? Q8X_BB : Q4X_BB);
 }
 
@@ -667,6 +683,8 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
         if (P && u < j->ng && pv == 2) /* Q6_K: 8 blocks per superblock, 512 bytes each as below */
             for (int i = 0; i < j->nb / 8; i++) qm_x16q6_unpack(G + (size_t)Q6X_BB * i, P + 4096 * (size_t)i);
+        else if (P && u < j->ng && dt == KILN_DTYPE_Q5_K)
+            for (int i = 0; i < j->nb / 8; i++) qm_x16q5_unpack(G + (size_t)Q5X_BB * i, P + 4096 * (size_t)i);
         else if (P && u < j->ng)
             for (int b = 0; b < j->nb; b++) {
                 if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
@@ -684,7 +702,8 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
             for (int64_t r = X16_R * j->ng; r < j->N; r++) {
                 const uint8_t *row = tail + (size_t)(r - X16_R * j->ng) * j->rb;
                 for (int t = 0; t < nt; t++) {
-                    const float v = dt == KILN_DTYPE_Q4_K ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8)
+                    const float v = dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K
+                                        ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q5_K)
                                     : dt == KILN_DTYPE_Q6_K ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8)
                                                             : x16_tail(row, xt + t, j->NT, j->nb, q8);
                     j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
@@ -829,7 +848,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
         j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
-        if (w->w.dtype == KILN_DTYPE_Q4_K) { /* the mins' term: xd x code sum per block, as f32 in c8's space */
+        if (w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) { /* the mins' term: xd x code sum per block, as f32 in c8's space */
             float *xs = (float *)j.c8;
             for (size_t i = 0; i < nx; i++) xs[i] = j.xa[i].d * (float)j.xa[i].sum;
         } else if (q6) { /* the offset of the codes: -32 x the code sum of each half block */
@@ -975,7 +994,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
         const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
-                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q6_K || (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
+                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
+                           (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */

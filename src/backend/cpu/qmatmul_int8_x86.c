@@ -1219,30 +1219,43 @@ AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
     else x16_avx2_(G, P, xt, c8, NT, nb, 2, 0, out, ldo, bias);
 }
 
-/* Q4_K in groups of 16 rows (qmatmul_internal.h): per superblock and
+/* Q4_K (and Q5_K: q5, its fifth bits merged from the qh chunks) in groups
+ * of 16 rows (qmatmul_internal.h): per superblock and
  * sub-block j (pair c = j / 2, nibble h = j % 2), the pair's 8 chunks give
  * the sub-block's codes (low or high nibbles), 8 vpdpbusd (maddubs) per
  * token against its activation block; the 16 rows' d sc_j and dmin m_j
  * convert once for all tokens. The f32 steps of q4kx_scalar, so the same
  * bits. */
-VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nsb, int T,
-                                                                  float *out, size_t ldo, const float *bias) {
-    const __m512i m4 = _mm512_set1_epi8(15);
+VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT,
+                                                                  int nsb, int T, int q5, float *out, size_t ldo, const float *bias) {
+    const __m512i m4 = _mm512_set1_epi8(15), m10 = _mm512_set1_epi8(0x10);
+    const int BB = q5 ? Q5X_BB : QKX_BB;
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *p = G + (size_t)QKX_BB * i;
-        X16_PFK(p, QKX_BB);
+        const uint8_t *p = G + (size_t)BB * i;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
             __m512i q[8];
+            if (!P)
+                for (int o = 384 * j; o < 384 * j + 384 && o < BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
             #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
+                if (P) {
+                    q[k] = _mm512_loadu_si512((const void *)(P + 4096 * (size_t)i + 512 * j + 64 * k));
+                    continue;
+                }
                 const __m512i v = _mm512_loadu_si512((const void *)(p + 320 + 512 * (j / 2) + 64 * k));
                 q[k] = j & 1 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+                if (q5) { /* Q5_K: bit j of the qh chunk to bit 4 */
+                    const __m512i u = _mm512_loadu_si512((const void *)(p + 2368 + 64 * k));
+                    const __m512i hb = j < 4 ? _mm512_slli_epi16(u, 4 - j) : j == 4 ? u : _mm512_srli_epi16(u, j - 4);
+                    q[k] = _mm512_ternarylogic_epi32(q[k], hb, m10, 0xF8); /* q | (hb & 0x10) */
+                }
             }
             const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j)))));
             const __m512 dmm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 192 + 16 * j)))));
@@ -1264,35 +1277,48 @@ VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t 
     for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
 }
 
-VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
-#define KC(T) x16k_vnni_(G, xt, xs, NT, nsb, T, out, ldo, bias)
-    X16_BY_NT(KC)
+VNNI void qm_x16k_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
+                       size_t ldo, const float *bias) {
+#define KC(T) x16k_vnni_(G, P, xt, xs, NT, nsb, T, 0, out, ldo, bias)
+#define K5(T) x16k_vnni_(G, P, xt, xs, NT, nsb, T, 1, out, ldo, bias)
+    if (q5) X16_BY_NT(K5) else X16_BY_NT(KC)
 #undef KC
+#undef K5
 }
 
 /* AVX2: 16 rows as two halves of 8, nt <= 2; a sub-block's 8 maddubs per
  * token add in i16 (8 x 2 x 15 x 127 < 2^15), one madd */
-AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nsb, int T,
-                                                                  float *out, size_t ldo, const float *bias) {
-    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT,
+                                                                  int nsb, int T, int q5, float *out, size_t ldo, const float *bias) {
+    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10), one16 = _mm256_set1_epi16(1);
+    const int BB = q5 ? Q5X_BB : QKX_BB;
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *p = G + (size_t)QKX_BB * i;
-        X16_PF(p, QKX_BB);
+        const uint8_t *p = G + (size_t)BB * i;
+        if (!P) X16_PF(p, BB);
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
             #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
-                __m256i hs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                __m256i hs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, h5[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + 64 * k + 32 * e));
-                    const __m256i q = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    __m256i q = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+                    if (P) q = _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e));
+                    else if (q5) { /* Q5_K: bit j of the qh chunk to bit 4; codes to 31, so i16 sums of 4 chunks (4 x 2 x 31 x 128 < 2^15) */
+                        const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 64 * k + 32 * e));
+                        const __m256i hb = j < 4 ? _mm256_slli_epi16(u, 4 - j) : j == 4 ? u : _mm256_srli_epi16(u, j - 4);
+                        q = _mm256_or_si256(q, _mm256_and_si256(hb, m10));
+                    }
                     #pragma GCC unroll 2
-                    for (int t = 0; t < T; t++) hs[t] = _mm256_add_epi16(hs[t], _mm256_maddubs_epi16(q, BC4_256(x[t].qs + 4 * k)));
+                    for (int t = 0; t < T; t++) {
+                        if (q5 && k >= 4) h5[t] = _mm256_add_epi16(h5[t], _mm256_maddubs_epi16(q, BC4_256(x[t].qs + 4 * k)));
+                        else hs[t] = _mm256_add_epi16(hs[t], _mm256_maddubs_epi16(q, BC4_256(x[t].qs + 4 * k)));
+                    }
                 }
                 const __m256 dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e))),
                                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * j + 8 * e)))));
@@ -1300,7 +1326,9 @@ AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t 
                                                  _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192 + 16 * j + 8 * e)))));
                 #pragma GCC unroll 2
                 for (int t = 0; t < T; t++) {
-                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hs[t], one16)), _mm256_mul_ps(dsc, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                    __m256i si = _mm256_madd_epi16(hs[t], one16);
+                    if (q5) si = _mm256_add_epi32(si, _mm256_madd_epi16(h5[t], one16));
+                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dsc, _mm256_set1_ps(x[t].d)), acc[t][e]);
                     acc[t][e] = _mm256_fnmadd_ps(dmm, _mm256_set1_ps(xs[b * NT + t]), acc[t][e]);
                 }
             }
@@ -1314,9 +1342,26 @@ AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t 
     }
 }
 
-AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
-    if (nt == 1) x16k_avx2_(G, xt, xs, NT, nsb, 1, out, ldo, bias);
-    else x16k_avx2_(G, xt, xs, NT, nsb, 2, out, ldo, bias);
+AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
+                       size_t ldo, const float *bias) {
+    if (q5 && nt == 1) x16k_avx2_(G, P, xt, xs, NT, nsb, 1, 1, out, ldo, bias);
+    else if (q5) x16k_avx2_(G, P, xt, xs, NT, nsb, 2, 1, out, ldo, bias);
+    else if (nt == 1) x16k_avx2_(G, P, xt, xs, NT, nsb, 1, 0, out, ldo, bias);
+    else x16k_avx2_(G, P, xt, xs, NT, nsb, 2, 0, out, ldo, bias);
+}
+
+/* one Q5_K group superblock's codes (0..31) assembled into a panel, 512
+ * bytes per sub-block j at P + 512 j (the kernels' P), as qm_x16q6_unpack */
+AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P) {
+    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10);
+    for (int j = 0; j < 8; j++)
+        for (int o = 0; o < 512; o += 32) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + o));
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + o));
+            const __m256i lo = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+            const __m256i hb = j < 4 ? _mm256_slli_epi16(u, 4 - j) : j == 4 ? u : _mm256_srli_epi16(u, j - 4);
+            _mm256_storeu_si256((__m256i *)(P + 512 * j + o), _mm256_or_si256(lo, _mm256_and_si256(hb, m10)));
+        }
 }
 
 /* Q6_K in groups of 16 rows (qmatmul_internal.h; one Zen 4 core, K 1024

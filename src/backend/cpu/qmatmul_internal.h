@@ -64,7 +64,7 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q6X_BB = 3392 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392 };
 /* Q4_K the same way, a 256-weight superblock per step (QKX_BB bytes):
  *
  *   bytes    0..31     the 16 rows' d (f16), then 32..63 their dmin
@@ -76,7 +76,10 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q6X_BB = 3392 };
  *
  * (the stored 144 bytes per row and superblock plus 4 for the unpacked
  * scales); a row is sum over sub-blocks j of fma((float)(sum q x), (d sc_j)
- * xd_j, acc) then fma(-(dmin m_j), xd_j sum_j, acc), in order. */
+ * xd_j, acc) then fma(-(dmin m_j), xd_j sum_j, acc), in order. Q5_K: the
+ * same (Q5X_BB bytes) plus, at 2368..2879, 8 chunks of 64 bytes of its qh,
+ * chunk k = qh bytes 4k .. 4k + 3 of each row: bit j is sub-block j's fifth
+ * code bit (the stored 176 bytes plus 4). */
 /* Q6_K likewise (Q6X_BB bytes per superblock: the stored 210 x 16 and 32
  * bytes that keep every chunk on a 64-byte line; split loads from DRAM
  * held the VNNI decode to 35 Gweights/s against 55-61 for AVX2's 32-byte
@@ -101,10 +104,10 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q6X_BB = 3392 };
  * and a row is sum over sub-blocks of fma((float) I, d xd_j, acc), in
  * order. */
 /* the copy of Q4_0 (bs 18) or Q8_0 (bs 34) blocks W [N][K / 32] in this
- * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K,
+ * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K / Q5_K,
  * qm_x16q6_pack: Q6_K */
 uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs);
-uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K);
+uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5);
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
@@ -515,8 +518,13 @@ VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
                       size_t ldo, const float *bias);
 /* Q4_K: group G of nsb superblocks, xs[b NT + t] = xd x code sum of token
  * t's block b */
-VNNI void qm_x16k_vnni(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
-AVX2 void qm_x16k_avx2(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias);
+VNNI void qm_x16k_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
+                       size_t ldo, const float *bias);
+AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
+                       size_t ldo, const float *bias);
+/* Q5_K (q5 = 1): P, when not NULL, holds the group's codes assembled by
+ * qm_x16q5_unpack (4,096 bytes per superblock; Q4_K passes NULL) */
+AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P);
 /* Q6_K: group G of nsb superblocks, h6[2 (b NT + t)] and [.. + 1] = -32 x
  * the code sums of the halves of token t's block b */
 VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
