@@ -169,9 +169,8 @@ int cpu_set_gemv_pfd(int bytes);
 int cpu_qm_pfd(void);
 int cpu_qm_two(void);
 int cpu_set_qm_pfd(int bytes);
-/* ... and the groups of 16 rows' second prefetch, into L2, that many bytes
- * ahead (0 none; KILN_CPU_QM_PF2) */
-int cpu_qm_pf2(void);
+/* ... and the VNNI K-format groups' second prefetch, into L2, that many
+ * bytes ahead (0 none; KILN_CPU_QM_PF2); the setter for decode-ab */
 int cpu_set_qm_pf2(int bytes);
 int cpu_set_qm_two(int two);
 int cpu_vnni_dec(void);

@@ -678,14 +678,16 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const int q8 = dt == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB, pv = dt == KILN_DTYPE_Q6_K ? 2 : 1; /* per-block values in c8 */
     const size_t GB = x16_group_bytes(dt, j->nb);
     const uint8_t *tail = j->x16 + (size_t)j->ng * GB; /* the rows past the groups, as stored */
-    uint8_t *P = j->scr ? j->scr[tid] : NULL;          /* several tiles: each group's codes split (Q8_0: flipped, Q6_K: assembled) once */
+    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped, Q5_K / Q6_K: assembled) once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
-        if (P && u < j->ng && pv == 2) /* Q6_K: 8 blocks per superblock, 512 bytes each as below */
-            for (int i = 0; i < j->nb / 8; i++) qm_x16q6_unpack(G + (size_t)Q6X_BB * i, P + 4096 * (size_t)i);
-        else if (P && u < j->ng && dt == KILN_DTYPE_Q5_K)
-            for (int i = 0; i < j->nb / 8; i++) qm_x16q5_unpack(G + (size_t)Q5X_BB * i, P + 4096 * (size_t)i);
-        else if (P && u < j->ng)
+        if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K)) { /* 512 bytes per 32-weight block, as below */
+            const size_t SB = GB / (size_t)(j->nb / 8); /* a superblock's bytes */
+            for (int i = 0; i < j->nb / 8; i++) {
+                if (dt == KILN_DTYPE_Q6_K) qm_x16q6_unpack(G + SB * i, P + 4096 * (size_t)i);
+                else qm_x16q5_unpack(G + SB * i, P + 4096 * (size_t)i);
+            }
+        } else if (P && u < j->ng)
             for (int b = 0; b < j->nb; b++) {
                 if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
                 else x16_unpack(G + (size_t)BB * b + 32, P + 512 * (size_t)b);

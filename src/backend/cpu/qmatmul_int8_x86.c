@@ -463,7 +463,6 @@ int cpu_qm_pfd(void) { return qm_settle(), qm_pfd_cur; }
 int cpu_qm_two(void) { return qm_settle(), qm_two_cur; }
 int cpu_vnni_dec(void) { return qm_settle(), qm_vnni_cur; }
 int cpu_set_qm_pfd(int d) { return qm_settle(), qm_pfd_cur = d < 0 ? 0 : d / 64 * 64; }
-int cpu_qm_pf2(void) { return qm_settle(), qm_pf2_cur; }
 int cpu_set_qm_pf2(int d) { return qm_settle(), qm_pf2_cur = d < 0 ? 0 : d / 64 * 64; }
 int cpu_set_qm_two(int two) { return qm_settle(), qm_two_cur = two != 0; }
 int cpu_set_vnni_dec(int on) { return qm_settle(), qm_vnni_cur = on != 0; }
@@ -1286,11 +1285,24 @@ VNNI void qm_x16k_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt,
 #undef K5
 }
 
+/* Q4_K / Q5_K sub-block j's code bytes o .. o + 31 of group superblock p
+ * (o < 512: chunk o / 64, its rows 8 (o % 64 / 32) ..): the pair's low or
+ * high nibbles, and for Q5_K bit j of the qh chunk as bit 4 (0..31). The
+ * AVX2 kernel and qm_x16q5_unpack both take their codes from here. */
+AVX2 static inline __attribute__((always_inline)) __m256i x16k_code(const uint8_t *p, int j, int o, int q5) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + o));
+    const __m256i lo = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+    if (!q5) return lo;
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + o));
+    const __m256i hb = j < 4 ? _mm256_slli_epi16(u, 4 - j) : j == 4 ? u : _mm256_srli_epi16(u, j - 4);
+    return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+}
+
 /* AVX2: 16 rows as two halves of 8, nt <= 2; a sub-block's 8 maddubs per
  * token add in i16 (8 x 2 x 15 x 127 < 2^15), one madd */
 AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT,
                                                                   int nsb, int T, int q5, float *out, size_t ldo, const float *bias) {
-    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10), one16 = _mm256_set1_epi16(1);
+    const __m256i one16 = _mm256_set1_epi16(1);
     const int BB = q5 ? Q5X_BB : QKX_BB;
     __m256 acc[2][2];
     #pragma GCC unroll 2
@@ -1306,14 +1318,9 @@ AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t 
                 __m256i hs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, h5[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + 64 * k + 32 * e));
-                    __m256i q = j & 1 ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
-                    if (P) q = _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e));
-                    else if (q5) { /* Q5_K: bit j of the qh chunk to bit 4; codes to 31, so i16 sums of 4 chunks (4 x 2 x 31 x 128 < 2^15) */
-                        const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 64 * k + 32 * e));
-                        const __m256i hb = j < 4 ? _mm256_slli_epi16(u, 4 - j) : j == 4 ? u : _mm256_srli_epi16(u, j - 4);
-                        q = _mm256_or_si256(q, _mm256_and_si256(hb, m10));
-                    }
+                    const __m256i q = P ? _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e))
+                                        : x16k_code(p, j, 64 * k + 32 * e, q5);
+                    /* Q5_K's codes reach 31: i16 sums of 4 chunks (4 x 2 x 31 x 128 < 2^15) */
                     #pragma GCC unroll 2
                     for (int t = 0; t < T; t++) {
                         if (q5 && k >= 4) h5[t] = _mm256_add_epi16(h5[t], _mm256_maddubs_epi16(q, BC4_256(x[t].qs + 4 * k)));
@@ -1353,15 +1360,8 @@ AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt,
 /* one Q5_K group superblock's codes (0..31) assembled into a panel, 512
  * bytes per sub-block j at P + 512 j (the kernels' P), as qm_x16q6_unpack */
 AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P) {
-    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10);
     for (int j = 0; j < 8; j++)
-        for (int o = 0; o < 512; o += 32) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 2) + o));
-            const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + o));
-            const __m256i lo = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
-            const __m256i hb = j < 4 ? _mm256_slli_epi16(u, 4 - j) : j == 4 ? u : _mm256_srli_epi16(u, j - 4);
-            _mm256_storeu_si256((__m256i *)(P + 512 * j + o), _mm256_or_si256(lo, _mm256_and_si256(hb, m10)));
-        }
+        for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + 512 * j + o), x16k_code(p, j, o, 1));
 }
 
 /* Q6_K in groups of 16 rows (qmatmul_internal.h; one Zen 4 core, K 1024
@@ -1373,9 +1373,29 @@ AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P) {
  * times its half's 16 scales (vpmulld), one convert and one FMA with the
  * rows' d times the block's scale. q6x_scalar's integers and f32 steps, so
  * the same bits. */
+/* Q6_K sub-block j = 4h + s's code bytes o .. o + 31 (AVX2) or o .. o + 63
+ * (VNNI) of group superblock p, 0..63: the low 4 bits from region 2h + (s &
+ * 1) (low nibbles for s < 2), the top 2 from bits 2s, 2s + 1 of region h
+ * moved to bits 4, 5. The AVX2 kernel and qm_x16q6_unpack share the first. */
+AVX2 static inline __attribute__((always_inline)) __m256i x16q6_code(const uint8_t *p, int j, int o) {
+    const int h = j / 4, s = j % 4;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + o));
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + o));
+    const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(15));
+    const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+VNNI static inline __attribute__((always_inline)) __m512i x16q6_code512(const uint8_t *p, int j, int o) {
+    const int h = j / 4, s = j % 4;
+    const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (2 * h + (s & 1)) + o));
+    const __m512i u = _mm512_loadu_si512((const void *)(p + 2368 + 512 * h + o));
+    const __m512i lo = _mm512_and_si512(s >> 1 ? _mm512_srli_epi16(l, 4) : l, _mm512_set1_epi8(15));
+    const __m512i hi = s == 0 ? _mm512_slli_epi16(u, 4) : s == 1 ? _mm512_slli_epi16(u, 2) : s == 2 ? u : _mm512_srli_epi16(u, 2);
+    return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x30), 0xF8); /* lo | (hi & 0x30) */
+}
+
 VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
                                                                    int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
-    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -1384,7 +1404,6 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            const int h = j / 4, s = j % 4;
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
             __m512i q[8];
@@ -1392,15 +1411,9 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) q[k] = _mm512_loadu_si512((const void *)(P + 4096 * (size_t)i + 512 * j + 64 * k));
             } else {
-            for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
-            #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k));
-                const __m512i u = _mm512_loadu_si512((const void *)(p + 2368 + 512 * h + 64 * k));
-                const __m512i lo = _mm512_and_si512(s >> 1 ? _mm512_srli_epi16(l, 4) : l, m4);
-                const __m512i hi = s == 0 ? _mm512_slli_epi16(u, 4) : s == 1 ? _mm512_slli_epi16(u, 2) : s == 2 ? u : _mm512_srli_epi16(u, 2);
-                q[k] = _mm512_ternarylogic_epi32(lo, hi, m30, 0xF8); /* lo | (hi & 0x30) */
-            }
+                for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
+                #pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) q[k] = x16q6_code512(p, j, 64 * k);
             }
             const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
             const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
@@ -1434,14 +1447,13 @@ VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt
  * maddubs of codes 0..63 add in i16 (2 x 2 x 63 x 128 < 2^15), then madd */
 AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
                                                                    int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), one16 = _mm256_set1_epi16(1);
+    const __m256i one16 = _mm256_set1_epi16(1);
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const uint8_t *p = G + (size_t)Q6X_BB * i;
         for (int j = 0; j < 8; j++) {
-            const int h = j / 4, s = j % 4;
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
             if (!P)
@@ -1450,17 +1462,8 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
             for (int e = 0; e < 2; e++) {
                 __m256i q[8];
                 #pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    if (P) {
-                        q[k] = _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e));
-                        continue;
-                    }
-                    const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + 64 * k + 32 * e));
-                    const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + 64 * k + 32 * e));
-                    const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, m4);
-                    const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
-                    q[k] = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
-                }
+                for (int k = 0; k < 8; k++)
+                    q[k] = P ? _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e)) : x16q6_code(p, j, 64 * k + 32 * e);
                 const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)));
                 const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)));
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
@@ -1500,17 +1503,8 @@ AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt
  * the kernels' P, so a prefill assembles each group once per call, not
  * once per tile of tokens */
 AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P) {
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-    for (int j = 0; j < 8; j++) {
-        const int h = j / 4, s = j % 4;
-        for (int o = 0; o < 512; o += 32) {
-            const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (2 * h + (s & 1)) + o));
-            const __m256i u = _mm256_loadu_si256((const __m256i *)(p + 2368 + 512 * h + o));
-            const __m256i lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(l, 4) : l, m4);
-            const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
-            _mm256_storeu_si256((__m256i *)(P + 512 * j + o), _mm256_or_si256(lo, _mm256_and_si256(hi, m30)));
-        }
-    }
+    for (int j = 0; j < 8; j++)
+        for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + 512 * j + o), x16q6_code(p, j, o));
 }
 
 #endif /* KILN_X86 */
