@@ -60,19 +60,21 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         be->matmul(be, y, x, &q, n);
         float e = max_rel(y, ref, (size_t)n * n_out);
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
-        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), and its prefetch move no bit */
-            const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd();
+        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), its prefetch and its rows per pass
+                        * (one, or four for rows over 0, 1 or 512 bytes: every shape here takes both) move no bit */
+            const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), rk = cpu_gemv_rows();
             float *y2 = kiln_malloc(sizeof(float) * (size_t)n * n_out);
             for (int s2 = 1; s2 <= 2; s2++)
-                for (int d = 0; d <= 1024; d += 1024) {
-                    CHECK(cpu_set_gemv_streams(s2) == s2 && cpu_set_gemv_pfd(d) == d);
-                    memset(y2, 0xff, sizeof(float) * (size_t)n * n_out);
-                    be->matmul(be, y2, x, &q, n);
-                    CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out),
-                          "%s matmul %s %dx%d n=%d: %d streams, prefetch %d and the default (%d, %d) give other bits", isa, dtype_name(t),
-                          n_out, n_in, n, s2, d, st, pf);
-                }
-            cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf);
+                for (int d = 0; d <= 1024; d += 1024)
+                    for (int k = 0; k <= 512; k += k ? 511 : 1) {
+                        CHECK(cpu_set_gemv_streams(s2) == s2 && cpu_set_gemv_pfd(d) == d && cpu_set_gemv_rows(k) == k);
+                        memset(y2, 0xff, sizeof(float) * (size_t)n * n_out);
+                        be->matmul(be, y2, x, &q, n);
+                        CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out),
+                              "%s matmul %s %dx%d n=%d: %d streams, prefetch %d, rows past %d bytes and the default (%d, %d, %d) give other bits",
+                              isa, dtype_name(t), n_out, n_in, n, s2, d, k, st, pf, rk);
+                    }
+            cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_rows(rk);
             free(y2);
         }
         if (n > 1 && n < 8) { /* decode of n sequences: each row's bits as decoded alone */
@@ -454,8 +456,9 @@ void test_cpukernels(void) {
         struct kiln_rng r;
         kiln_rng_seed(&r, 7 + isa);
         enum kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F16};
-        /* (n_out, n_in); 700 x 96: the decode GEMV in runs per thread with stealing */
-        static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}, {700, 96}};
+        /* (n_out, n_in); 700 x 96: the decode GEMV in runs per thread with stealing; 45 x 2053: rows of 4 KiB
+         * and more (two rows per pass at 3-4 activation rows) */
+        static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}, {700, 96}, {45, 2053}};
         for (int ti = 0; ti < 3; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 check_matmul(be, &r, name, types[ti], shapes[si][0], shapes[si][1], (int)(si & 1));

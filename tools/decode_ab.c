@@ -5,12 +5,14 @@
  *
  *   make decode-ab
  *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]
- *   ./build/decode-ab gemv K N SWITCH A B [rounds]
+ *   ./build/decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]
  *
  * SWITCH is a setting the CPU backend can change between calls; today
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
- * dense GEMV's prefetch distance in bytes, 0 none) and, on x86, `qm-pfd`,
+ * dense GEMV's prefetch distance in bytes, 0 none), `gemv-rows` (the
+ * L1D bytes a row must overflow for its batch-1 loop to read four rows at
+ * a time, 0 never) and, on x86, `qm-pfd`,
  * `qm-pf2` (the groups' L2 prefetch distance), `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
  * for model runs also `env:NAME`, a setting read at load (KILN_CPU_X16):
  * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
@@ -22,8 +24,9 @@
  *   MODEL when it holds a '/' (F16 KV cache, 2 threads), one
  *   untimed token, then per arm `steps` decode steps (default 32) with the
  *   last logits read, the sequence cut back to one token before each arm.
- * gemv: distinct BF16 K x N matrices filling ~256 MB (walloc'd, as the
- *   model's), each arm one sweep of the decode GEMV over all of them.
+ * gemv: distinct BF16 (or F16) K x N matrices filling ~256 MB (walloc'd, as the
+ *   model's), each arm one sweep of the decode GEMV over all of them, for
+ *   n activation rows (1..7, default 1: a decode batch of n).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "gemv-streams")) return cpu_set_gemv_streams(v) == v ? 0 : -1;
     if (!strcmp(sw, "isa")) return cpu_set_isa(v) == v ? 0 : -1;
     if (!strcmp(sw, "gemv-pfd")) return cpu_set_gemv_pfd(v) == v ? 0 : -1;
+    if (!strcmp(sw, "gemv-rows")) return cpu_set_gemv_rows(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
@@ -122,7 +126,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     return 0;
 }
 
-static int run_gemv(int K, int N, const char *sw, int A, int B, int rounds) {
+static int run_gemv(int K, int N, int n, int f16, const char *sw, int A, int B, int rounds) {
     char err[256];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
@@ -134,24 +138,27 @@ static int run_gemv(int K, int N, const char *sw, int A, int B, int rounds) {
     for (int i = 0; i < cnt; i++) {
         uint16_t *d = kiln_walloc(bytes);
         if (!d) return fprintf(stderr, "decode-ab: out of memory\n"), 1;
-        for (size_t k = 0; k < bytes / 2; k++) d[k] = kiln_f32_to_bf16(0.05f * kiln_rng_normal(&rng));
+        for (size_t k = 0; k < bytes / 2; k++) {
+            const float v = 0.05f * kiln_rng_normal(&rng);
+            d[k] = f16 ? kiln_f32_to_f16(v) : kiln_f32_to_bf16(v);
+        }
         ws[i] = (struct qlinear){.n_out = N, .n_in = K, .fmt = KILN_WFMT_DENSE};
-        ws[i].w = (struct ktensor){.dtype = KILN_DTYPE_BF16, .rows = N, .cols = K, .data = d};
+        ws[i].w = (struct ktensor){.dtype = f16 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, .rows = N, .cols = K, .data = d};
         if (be->prepare_linear(be, &ws[i], err, sizeof err)) return fprintf(stderr, "decode-ab: %s\n", err), 1;
     }
-    float *x = kiln_malloc(sizeof(float) * (size_t)K), *y = kiln_malloc(sizeof(float) * (size_t)N);
-    for (int i = 0; i < K; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.1f;
+    float *x = kiln_malloc(sizeof(float) * (size_t)K * n), *y = kiln_malloc(sizeof(float) * (size_t)N * n);
+    for (int i = 0; i < K * n; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.1f;
     double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
     for (int r = -1; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
             const int arm = r & 1 ? 1 - k : k;
             if (set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
             const double t0 = kiln_now();
-            for (int i = 0; i < cnt; i++) be->matmul(be, y, x, &ws[i], 1);
+            for (int i = 0; i < cnt; i++) be->matmul(be, y, x, &ws[i], n);
             if (r >= 0) rate[arm][r] = (double)cnt * (double)bytes / (kiln_now() - t0) / 1e9;
         }
     char what[256];
-    snprintf(what, sizeof what, "BF16 GEMV K %d x N %d (%.1f MB x %d), %s", K, N, bytes / 1e6, cnt, sw);
+    snprintf(what, sizeof what, "%s GEMV K %d x N %d (%.1f MB x %d), n %d, %s", f16 ? "F16" : "BF16", K, N, bytes / 1e6, cnt, n, sw);
     report(what, "GB/s", A, B, rate, rounds);
     return 0; /* the matrices live until exit */
 }
@@ -161,8 +168,8 @@ int main(int argc, char **argv) {
     const int base = gemv ? 5 : 4; /* index of A */
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
-                        "       decode-ab gemv K N SWITCH A B [rounds]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
+                        "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (model runs: an engine per arm, opened with NAME=A / NAME=B)\n");
         return 2;
     }
@@ -172,7 +179,10 @@ int main(int argc, char **argv) {
     if (gemv) {
         const int K = atoi(argv[2]), N = atoi(argv[3]);
         if (K < 32 || N < 1) return fprintf(stderr, "decode-ab: K >= 32, N >= 1\n"), 2;
-        return run_gemv(K, N, argv[4], A, B, rounds);
+        const int n = argc > base + 3 ? atoi(argv[base + 3]) : 1;
+        if (n < 1 || n > 7) return fprintf(stderr, "decode-ab: gemv n is 1..7 (the decode GEMV's batch)\n"), 2;
+        const int f16 = argc > base + 4 && !strcmp(argv[base + 4], "f16");
+        return run_gemv(K, N, n, f16, argv[4], A, B, rounds);
     }
     const int steps = argc > base + 3 ? atoi(argv[base + 3]) : 32;
     return run_model(argv[2], argv[3], A, B, rounds, steps < 1 ? 1 : steps);

@@ -162,6 +162,17 @@ int cpu_set_gemv_streams(int s);
  * (matmul.c; KILN_CPU_GEMV_PFD); the setter for tests and decode-ab */
 int cpu_gemv_pfd(void);
 int cpu_set_gemv_pfd(int bytes);
+/* The batch-1 dense GEMV reads long rows four at a time, each activation
+ * load serving four rows' lines (each row keeps its accumulators and order
+ * of sums: the same bits). Long: a row's f32 activations and weights
+ * ((4 + weight size) x K bytes) overflow the L1 data cache, cpu_gemv_rows()
+ * bytes (its size): streamed one row at a time, each row evicts the
+ * activations before the next reads them, and the L2 refills slowed the
+ * stream (Zen 4, BF16 from DRAM: K 6,144 and 12,288 1.27x; docs/cpu.md,
+ * "Long rows four at a time"). KILN_CPU_GEMV_ROWS=BYTES forces the size, 0
+ * never; the setter for tests and decode-ab. */
+int cpu_gemv_rows(void);
+int cpu_set_gemv_rows(int bytes);
 /* x86: the int8 decode kernels' prefetch distance and row order (two
  * streams or one), and whether batch-1 Q8_0 / Q4_0 decode takes the VNNI
  * kernels (qmatmul_int8_x86.c, qmatmul.c); getters and setters for tests

@@ -12,7 +12,10 @@
  *   each row is streamed once per pass and dotted with up to 2 (AVX2, NEON)
  *   or 4 (AVX-512) activation rows, each with the accumulators and order of
  *   sums of one row alone (a batch of 2-7 sequences decodes to the bits each
- *   would get alone).
+ *   would get alone). On x86 a pass may take R weight rows, one activation
+ *   load serving them all (GEMV_ROWS_*, GEMV1): 4 at batch 1 over rows whose
+ *   activations overflow L1 (cpu_gemv_rows), 2 at 3-4 activation rows over
+ *   rows of 4 KiB and more; the same bits.
  *
  *   GEMM (prefill): compute bound. The activations are packed once per call
  *   into panels of MR rows laid out [k][MR]; each thread then takes short
@@ -34,6 +37,7 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/simd.h"
@@ -291,6 +295,8 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 #ifndef GEMV_PFD
 #define GEMV_PFD 1024
 #endif
+/* rows per pass of the batch-1 GEMV over long rows (cpu_gemv_rows) */
+enum { GEMV_R = 4 };
 /* rows [r0, r1) of out[t][r] = W[r] . x[t] + bias[r] for nx activation rows
  * (t < nx, x rows n_in apart, out rows n_out apart): each weight row is
  * read once for all nx. nx is at most GEMVM_MAX of the ISA (2 on AVX2 and
@@ -341,6 +347,29 @@ int cpu_gemv_pfd(void) {
 
 int cpu_set_gemv_pfd(int d) { return gemv_pfd = d < 0 ? 0 : d / 64 * 64; }
 
+/* The batch-1 GEMV reads GEMV_R rows at a time, one activation load
+ * serving GEMV_R rows (cpu.h), where a row's activations and weights
+ * ((4 + weight size) x K bytes) overflow the L1 data cache: cpu_gemv_rows()
+ * is that size in bytes (sysconf, else 32 KiB), 0 for never.
+ * KILN_CPU_GEMV_ROWS=BYTES forces it; chosen once, before any pool job. */
+static int gemv_rows_b = -1;
+
+static inline int gemv_rows_for(int n_in, int wsize, int lim) { return lim && (int64_t)(4 + wsize) * n_in > lim; }
+
+int cpu_gemv_rows(void) {
+    if (gemv_rows_b >= 0) return gemv_rows_b;
+    long l1 = 0;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+    l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    int b = l1 >= 8192 && l1 <= (1L << 22) ? (int)l1 : 32768;
+    const char *e = getenv("KILN_CPU_GEMV_ROWS");
+    if (e && *e) b = atoi(e);
+    return gemv_rows_b = b < 0 ? 0 : b;
+}
+
+int cpu_set_gemv_rows(int bytes) { return gemv_rows_b = bytes < 0 ? 0 : bytes; }
+
 /* the first pfd bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS), or
  * the first 2 x pfd of the one stream */
 static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1, int two, int pfd) {
@@ -354,98 +383,142 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 }
 
 #if defined(KILN_X86)
-#define GEMV1_AVX512(NAME, WT, LOAD, LOADM)                                                                       \
-    AVX512 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
-                                                                     int n_in, int64_t r0, int64_t r1, const float *bias, \
-                                                                     float *out, int n_out) {                             \
+/* Rows [r, r + R) of out[t][.] = W . x[t] + bias for nx activation rows
+ * (R, nx compile-time: the accumulators stay in registers), one 64-byte
+ * line of each row per step: each activation load serves the R rows, and
+ * each row keeps the accumulators, steps, tail and reduction it has with
+ * R = 1, so every R gives the same bits (test_cpu_kernels). */
+#define GEMV_ROWS_AVX512(NAME, WT, LOAD, LOADM)                                                                   \
+    AVX512 static inline __attribute__((always_inline)) void NAME(const uint8_t *W, size_t rb, const float *x, int nx, \
+                                                                  int R, int n_in, int64_t r, const float *bias,   \
+                                                                  float *out, int n_out, int pfd) {                \
         enum { V = 64 / (16 * (int)sizeof(WT)) }; /* vectors of 16 weights per cache line: 2 (16-bit), 1 (f32) */ \
-        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd();                                                   \
-        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
-        CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
-            const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            __m512 a[4][2];                                                                                       \
-            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = _mm512_setzero_ps();                                 \
-            int i = 0;                                                                                            \
-            for (; i + 16 * V <= n_in; i += 16 * V) {                                                             \
-                if (pfd_) _mm_prefetch((const char *)(w + i) + pfd_, _MM_HINT_T0);                               \
-                const __m512 w0 = LOAD(w + i), w1 = V > 1 ? LOAD(w + i + 16) : w0;                                \
-                for (int j = 0; j < nx; j++) {                                                                   \
-                    const float *xj = x + (size_t)j * n_in + i;                                                   \
-                    a[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), a[j][0]);                                  \
-                    if (V > 1) a[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), a[j][1]);                  \
+        const WT *w[GEMV_R];                                                                                      \
+        __m512 a[GEMV_R][4][2];                                                                                   \
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                     \
+            w[q] = (const WT *)(W + (size_t)(r + q) * rb);                                                        \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = _mm512_setzero_ps();   \
+        }                                                                                                         \
+        int i = 0;                                                                                                \
+        for (; i + 16 * V <= n_in; i += 16 * V) {                                                                 \
+            __m512 x0[4], x1[4];                                                                                  \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {                                                \
+                x0[j] = _mm512_loadu_ps(x + (size_t)j * n_in + i);                                                \
+                x1[j] = V > 1 ? _mm512_loadu_ps(x + (size_t)j * n_in + i + 16) : x0[j];                           \
+            }                                                                                                     \
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                 \
+                if (pfd) _mm_prefetch((const char *)(w[q] + i) + pfd, _MM_HINT_T0);                              \
+                const __m512 w0 = LOAD(w[q] + i), w1 = V > 1 ? LOAD(w[q] + i + 16) : w0;                          \
+                _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {                                            \
+                    a[q][j][0] = _mm512_fmadd_ps(w0, x0[j], a[q][j][0]);                                          \
+                    if (V > 1) a[q][j][1] = _mm512_fmadd_ps(w1, x1[j], a[q][j][1]);                               \
                 }                                                                                                 \
             }                                                                                                     \
-            for (; i < n_in; i += 16) {                                                                           \
-                int rem = n_in - i;                                                                               \
-                __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);                        \
-                const __m512 w0 = LOADM(w + i, m);                                                                \
-                for (int j = 0; j < nx; j++)                                                                      \
-                    a[j][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + (size_t)j * n_in + i), a[j][0]);   \
+        }                                                                                                         \
+        for (; i < n_in; i += 16) {                                                                               \
+            int rem = n_in - i;                                                                                   \
+            __mmask16 m = rem >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rem) - 1);                            \
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                 \
+                const __m512 w0 = LOADM(w[q] + i, m);                                                             \
+                _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++)                                              \
+                    a[q][j][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + (size_t)j * n_in + i), a[q][j][0]); \
             }                                                                                                     \
-            for (int j = 0; j < nx; j++)                                                                          \
-                out[(size_t)j * n_out + r] = _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1])) + (bias ? bias[r] : 0.0f); \
         }                                                                                                         \
-    }                                                                                                             \
-    AVX512 static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,        \
-                            const float *bias, float *out, int n_out) {                                           \
-        switch (nx) {                                                                                             \
-        case 1: NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out); break;                                      \
-        case 2: NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out); break;                                      \
-        case 3: NAME##_(W, rb, x, 3, n_in, r0, r1, bias, out, n_out); break;                                      \
-        default: NAME##_(W, rb, x, 4, n_in, r0, r1, bias, out, n_out); break;                                     \
-        }                                                                                                         \
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++)                                                       \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++)                                                  \
+                out[(size_t)j * n_out + r + q] = _mm512_reduce_add_ps(_mm512_add_ps(a[q][j][0], a[q][j][1])) +     \
+                                                 (bias ? bias[r + q] : 0.0f);                                     \
     }
 
-GEMV1_AVX512(gemv1_f32_avx512, float, load16_f32, load16m_f32)
-GEMV1_AVX512(gemv1_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
-GEMV1_AVX512(gemv1_f16_avx512, uint16_t, load16_f16, load16m_f16)
-
-/* The same for AVX2: 32 weights per step into 4 accumulators; the tail
- * (n_in % 32) through the scalar dot. */
-#define GEMV1_AVX2(NAME, WT, LOAD, SCALAR)                                                                        \
-    AVX2 static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx,  \
-                                                                   int n_in, int64_t r0, int64_t r1, const float *bias, \
-                                                                   float *out, int n_out) {                             \
-        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd();                                                   \
-        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
+/* The same for AVX2: 32 weights per step into 4 accumulators per row and
+ * activation row; the tail (n_in % 32) through the scalar dot. R x nx is at
+ * most 4 (16 accumulators: with R = 4 the compiler keeps some in memory,
+ * still 1.3-1.4x R = 1 at K >= 6,144 on a Zen 4, docs/cpu.md). */
+#define GEMV_ROWS_AVX2(NAME, WT, LOAD, SCALAR)                                                                    \
+    AVX2 static inline __attribute__((always_inline)) void NAME(const uint8_t *W, size_t rb, const float *x, int nx,   \
+                                                                int R, int n_in, int64_t r, const float *bias,     \
+                                                                float *out, int n_out, int pfd) {                  \
+        const WT *w[GEMV_R];                                                                                      \
+        __m256 a[GEMV_R][2][4];                                                                                   \
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                     \
+            w[q] = (const WT *)(W + (size_t)(r + q) * rb);                                                        \
+            _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = a[q][j][2] = a[q][j][3] = _mm256_setzero_ps(); \
+        }                                                                                                         \
         const int n32 = n_in & ~31;                                                                               \
-        CPU_FOR_ROWS(r, r0, r1, two_) {                                                                          \
-            const WT *w = (const WT *)(W + (size_t)r * rb);                                                       \
-            __m256 a[2][4];                                                                                       \
-            for (int j = 0; j < nx; j++) a[j][0] = a[j][1] = a[j][2] = a[j][3] = _mm256_setzero_ps();             \
-            for (int i = 0; i < n32; i += 32) {                                                                   \
-                for (int c = 0; pfd_ && c < 32 * (int)sizeof(WT); c += 64)                                        \
-                    _mm_prefetch((const char *)(w + i) + c + pfd_, _MM_HINT_T0);                                  \
-                const __m256 w0 = LOAD(w + i), w1 = LOAD(w + i + 8), w2 = LOAD(w + i + 16), w3 = LOAD(w + i + 24);   \
-                for (int j = 0; j < nx; j++) {                                                                    \
+        for (int i = 0; i < n32; i += 32) {                                                                       \
+            _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                 \
+                for (int c = 0; pfd && c < 32 * (int)sizeof(WT); c += 64)                                         \
+                    _mm_prefetch((const char *)(w[q] + i) + c + pfd, _MM_HINT_T0);                               \
+                const __m256 w0 = LOAD(w[q] + i), w1 = LOAD(w[q] + i + 8), w2 = LOAD(w[q] + i + 16), w3 = LOAD(w[q] + i + 24); \
+                _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {                                            \
                     const float *xj = x + (size_t)j * n_in + i;                                                   \
-                    a[j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xj), a[j][0]);                                  \
-                    a[j][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), a[j][1]);                              \
-                    a[j][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), a[j][2]);                             \
-                    a[j][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), a[j][3]);                             \
+                    a[q][j][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xj), a[q][j][0]);                            \
+                    a[q][j][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xj + 8), a[q][j][1]);                        \
+                    a[q][j][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xj + 16), a[q][j][2]);                       \
+                    a[q][j][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xj + 24), a[q][j][3]);                       \
                 }                                                                                                 \
             }                                                                                                     \
-            for (int j = 0; j < nx; j++) {                                                                        \
+        }                                                                                                         \
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++)                                                       \
+            _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {                                                \
                 float t = 0;                                                                                      \
                 if (n32 < n_in) {                                                                                 \
                     const float *xt = x + (size_t)j * n_in + n32;                                                 \
-                    SCALAR((const void *)(w + n32), &xt, 1, n_in - n32, &t);                                      \
+                    SCALAR((const void *)(w[q] + n32), &xt, 1, n_in - n32, &t);                                   \
                 }                                                                                                 \
-                out[(size_t)j * n_out + r] =                                                                      \
-                    kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[j][0], a[j][1]), _mm256_add_ps(a[j][2], a[j][3]))) + t + \
-                    (bias ? bias[r] : 0.0f);                                                                      \
+                out[(size_t)j * n_out + r + q] =                                                                  \
+                    kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[q][j][0], a[q][j][1]), _mm256_add_ps(a[q][j][2], a[q][j][3]))) + t + \
+                    (bias ? bias[r + q] : 0.0f);                                                                  \
             }                                                                                                     \
-        }                                                                                                         \
-    }                                                                                                             \
-    AVX2 static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,          \
-                          const float *bias, float *out, int n_out) {                                             \
-        if (nx == 1) NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out);                                        \
-        else NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out);                                               \
     }
 
-GEMV1_AVX2(gemv1_f32_avx2, float, load8_f32, dot_f32_scalar)
-GEMV1_AVX2(gemv1_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
-GEMV1_AVX2(gemv1_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
+/* rows [r0, r1) for nx activation rows: R rows per pass while R fit, then
+ * one; each thread's rows as CPU_FOR_ROWS orders them */
+#define GEMV_PASSES(ROWS, RR)                                                                                     \
+    do {                                                                                                          \
+        const int64_t nu_ = (r1 - r0) / (RR);                                                                     \
+        CPU_FOR_ROWS(u_, 0, nu_, two_) ROWS(W, rb, x, nx, RR, n_in, r0 + (RR) * u_, bias, out, n_out, pfd_);      \
+        r0 += (RR) * nu_;                                                                                         \
+    } while (0)
+
+/* How many rows a pass takes: GEMV_R at batch 1 over rows that overflow
+ * the L1 data cache (cpu_gemv_rows), 2 for 3 or 4 activation rows over rows
+ * of 4 KiB and more (AVX-512: 16 accumulators; the one-row loop there
+ * issues 1.25 loads per FMA and was held by them: BF16 K 2,048 and 3,072,
+ * 1.29-1.40x; over 2 KiB rows two rows per pass lost, 0.62-0.82x), else 1.
+ * The multi-row passes follow the gemv-rows switch (0: never). */
+#define GEMV1(NAME, ISA, ROWS, WT, MAXNX)                                                                         \
+    ISA static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx, \
+                                                                  int n_in, int64_t r0, int64_t r1, const float *bias, \
+                                                                  float *out, int n_out) {                         \
+        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd(), rk_ = cpu_gemv_rows();                            \
+        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
+        if (nx == 1 && gemv_rows_for(n_in, (int)sizeof(WT), rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
+        if (nx >= 3 && rk_ && rb >= 4096) GEMV_PASSES(ROWS, 2);                                                   \
+        GEMV_PASSES(ROWS, 1);                                                                                     \
+    }                                                                                                             \
+    ISA static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,   \
+                         const float *bias, float *out, int n_out) {                                              \
+        switch (nx < MAXNX ? nx : MAXNX) {                                                                        \
+        case 1: NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out); break;                                      \
+        case 2: NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out); break;                                      \
+        case 3: NAME##_(W, rb, x, MAXNX < 3 ? MAXNX : 3, n_in, r0, r1, bias, out, n_out); break;                  \
+        default: NAME##_(W, rb, x, MAXNX, n_in, r0, r1, bias, out, n_out); break;                                 \
+        }                                                                                                         \
+    }
+
+GEMV_ROWS_AVX512(rows_f32_avx512, float, load16_f32, load16m_f32)
+GEMV_ROWS_AVX512(rows_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
+GEMV_ROWS_AVX512(rows_f16_avx512, uint16_t, load16_f16, load16m_f16)
+GEMV1(gemv1_f32_avx512, AVX512, rows_f32_avx512, float, 4)
+GEMV1(gemv1_bf16_avx512, AVX512, rows_bf16_avx512, uint16_t, 4)
+GEMV1(gemv1_f16_avx512, AVX512, rows_f16_avx512, uint16_t, 4)
+GEMV_ROWS_AVX2(rows_f32_avx2, float, load8_f32, dot_f32_scalar)
+GEMV_ROWS_AVX2(rows_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
+GEMV_ROWS_AVX2(rows_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
+GEMV1(gemv1_f32_avx2, AVX2, rows_f32_avx2, float, 2)
+GEMV1(gemv1_bf16_avx2, AVX2, rows_bf16_avx2, uint16_t, 2)
+GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, uint16_t, 2)
 
 #endif /* KILN_X86 */
 
