@@ -62,19 +62,20 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
         if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), its prefetch and its rows per pass
                         * (one, or four for rows over 0, 1 or 512 bytes: every shape here takes both) move no bit */
-            const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), rk = cpu_gemv_rows();
+            const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), pb = cpu_gemv_pfd_batch(), rk = cpu_gemv_rows();
             float *y2 = kiln_malloc(sizeof(float) * (size_t)n * n_out);
             for (int s2 = 1; s2 <= 2; s2++)
                 for (int d = 0; d <= 1024; d += 1024)
                     for (int k = 0; k <= 512; k += k ? 511 : 1) {
-                        CHECK(cpu_set_gemv_streams(s2) == s2 && cpu_set_gemv_pfd(d) == d && cpu_set_gemv_rows(k) == k);
+                        CHECK(cpu_set_gemv_streams(s2) == s2 && cpu_set_gemv_pfd(d) == d && cpu_set_gemv_pfd_batch(1024 - d) == 1024 - d &&
+                              cpu_set_gemv_rows(k) == k);
                         memset(y2, 0xff, sizeof(float) * (size_t)n * n_out);
                         be->matmul(be, y2, x, &q, n);
                         CHECK(!memcmp(y, y2, sizeof(float) * (size_t)n * n_out),
                               "%s matmul %s %dx%d n=%d: %d streams, prefetch %d, rows past %d bytes and the default (%d, %d, %d) give other bits",
                               isa, dtype_name(t), n_out, n_in, n, s2, d, k, st, pf, rk);
                     }
-            cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_rows(rk);
+            cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_pfd_batch(pb), cpu_set_gemv_rows(rk);
             free(y2);
         }
         if (n > 1 && n < 8) { /* decode of n sequences: each row's bits as decoded alone */

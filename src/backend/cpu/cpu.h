@@ -162,6 +162,11 @@ int cpu_set_gemv_streams(int s);
  * (matmul.c; KILN_CPU_GEMV_PFD); the setter for tests and decode-ab */
 int cpu_gemv_pfd(void);
 int cpu_set_gemv_pfd(int bytes);
+/* the same for passes of 2+ activation rows (batched decode; matmul.c,
+ * KILN_CPU_GEMV_PFD_BATCH): 2 KiB on AMD CPUs with AVX-512, else
+ * cpu_gemv_pfd() */
+int cpu_gemv_pfd_batch(void);
+int cpu_set_gemv_pfd_batch(int bytes);
 /* The batch-1 dense GEMV reads long rows four at a time, each activation
  * load serving four rows' lines (each row keeps its accumulators and order
  * of sums: the same bits). Long: a row's f32 activations and weights

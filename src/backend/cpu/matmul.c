@@ -347,6 +347,26 @@ int cpu_gemv_pfd(void) {
 
 int cpu_set_gemv_pfd(int d) { return gemv_pfd = d < 0 ? 0 : d / 64 * 64; }
 
+/* The same for passes of 2+ activation rows (batched decode): the FMAs per
+ * line are 2-4x batch 1's, the stream waits on them, and a prefetch 2 KiB
+ * ahead lets the lines arrive meanwhile. AMD CPUs with AVX-512: 2048 (Zen
+ * 4, BF16 GEMV sweeps, `decode-ab gemv K N gemv-pfd 0 2048 8 n`: K 1,024
+ * 1.14 / 1.15 / 1.28 at n = 2 / 3 / 4, K 3,072 1.15 / 1.20 / 1.24, K 2,048
+ * 1.10 at n = 2, while batch 1 lost, 0.81-0.90); elsewhere cpu_gemv_pfd().
+ * KILN_CPU_GEMV_PFD_BATCH=N forces N bytes; chosen once, before any pool
+ * job. */
+static int gemv_pfd_batch = -1;
+
+int cpu_gemv_pfd_batch(void) {
+    if (gemv_pfd_batch >= 0) return gemv_pfd_batch;
+    int d = cpu_amd_avx512() ? 2048 : cpu_gemv_pfd();
+    const char *e = getenv("KILN_CPU_GEMV_PFD_BATCH");
+    if (e && *e) d = atoi(e);
+    return gemv_pfd_batch = d < 0 ? 0 : d / 64 * 64;
+}
+
+int cpu_set_gemv_pfd_batch(int d) { return gemv_pfd_batch = d < 0 ? 0 : d / 64 * 64; }
+
 /* The batch-1 GEMV reads GEMV_R rows at a time, one activation load
  * serving GEMV_R rows (cpu.h), where a row's activations and weights
  * ((4 + weight size) x K bytes) overflow the L1 data cache: cpu_gemv_rows()
@@ -483,18 +503,19 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 
 /* How many rows a pass takes: GEMV_R at batch 1 over rows that overflow
  * the L1 data cache (cpu_gemv_rows), 2 for 3 or 4 activation rows over rows
- * of 4 KiB and more (AVX-512: 16 accumulators; the one-row loop there
- * issues 1.25 loads per FMA and was held by them: BF16 K 2,048 and 3,072,
- * 1.29-1.40x; over 2 KiB rows two rows per pass lost, 0.62-0.82x), else 1.
+ * of more than 4 KiB (AVX-512: 16 accumulators; the one-row loop there
+ * issues 1.25 loads per FMA: BF16 K 3,072, 1.29-1.31x without software
+ * prefetch, 1.13-1.23x with cpu_gemv_pfd_batch's; over 4 KiB rows 1.34-1.40x
+ * without and 0.85-0.97x with it, over 2 KiB rows 0.62-0.82x), else 1.
  * The multi-row passes follow the gemv-rows switch (0: never). */
 #define GEMV1(NAME, ISA, ROWS, WT, MAXNX)                                                                         \
     ISA static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx, \
                                                                   int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                   float *out, int n_out) {                         \
-        const int two_ = gemv_two(rb), pfd_ = cpu_gemv_pfd(), rk_ = cpu_gemv_rows();                            \
+        const int two_ = gemv_two(rb), pfd_ = nx > 1 ? cpu_gemv_pfd_batch() : cpu_gemv_pfd(), rk_ = cpu_gemv_rows(); \
         gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         if (nx == 1 && gemv_rows_for(n_in, (int)sizeof(WT), rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
-        if (nx >= 3 && rk_ && rb >= 4096) GEMV_PASSES(ROWS, 2);                                                   \
+        if (nx >= 3 && rk_ && rb > 4096) GEMV_PASSES(ROWS, 2);                                                    \
         GEMV_PASSES(ROWS, 1);                                                                                     \
     }                                                                                                             \
     ISA static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,   \
@@ -985,7 +1006,7 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     struct mm_job j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     int64_t rows = 0;
-    cpu_gemv_streams(), cpu_gemv_pfd(); /* chosen here, on the calling thread, before the kernels read them */
+    cpu_gemv_streams(), cpu_gemv_pfd(), cpu_gemv_pfd_batch(), cpu_gemv_rows(); /* chosen here, on the calling thread, before the kernels read them */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
         j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
