@@ -283,11 +283,13 @@ static void test_qgemm(void) {
     const int saved = cpu_isa();
     struct {
         const char *fmt;
-        int N, K, f32act, group, asym; /* asym: 1 random zero points, 2 and act-order (a random g_idx) */
+        int N, K, f32act, group, asym; /* asym: 1 random zero points, 2 and act-order (a random g_idx); FP8: 3 random codes, 4 random subnormal codes */
     } cs[] = {{"q8_0", 37, 320, 0, 64, 0},      {"q4_0", 37, 320, 0, 64, 0},      {"q8_0", 53, 96, 0, 64, 0},  {"q4_0", 16, 64, 0, 64, 0},
               {"q4_k", 21, 512, 0, 64, 0},      {"q5_k", 21, 512, 0, 64, 0},      {"q6_k", 21, 512, 0, 64, 0},
               {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
+              /* FP8 with every code (subnormals, both signs) and K 300: each step width's tail in the last block */
+              {"fp8", 29, 300, 0, 64, 3}, {"fp8", 21, 256, 0, 64, 4},
               {"gptq-int4", 40, 384, 0, 128, 0}, {"awq", 24, 512, 0, 256, 0},     {"q4_0", 45, 1056, 0, 64, 0},
               /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */
               {"q8_0", 1000, 256, 0, 64, 0},    {"q4_0", 1900, 256, 0, 64, 0},    {"gptq-int4", 600, 256, 0, 128, 0},
@@ -322,7 +324,12 @@ static void test_qgemm(void) {
                 for (int j = 0; j < (q6 ? 16 : 12); j++)
                     q[(size_t)sb * sbb + (q6 ? 192 : 4) + j] = q6 ? (uint8_t)(int8_t)((int)(kiln_rng_next(&r) % 121) - 60) : (uint8_t)kiln_rng_next(&r);
         }
-        if (rc == 0 && cs[c].asym) /* random 4-bit zero points */
+        if (rc == 0 && cs[c].asym >= 3) /* FP8: every code but the two NaNs at random (4: only zeros and subnormals) */
+            for (int64_t i = 0; i < (int64_t)N * K; i++) {
+                const uint8_t v = (uint8_t)(kiln_rng_next(&r) % 254);
+                ((uint8_t *)w.w.data)[i] = cs[c].asym == 4 ? (v & 0x87) : v >= 0x7f ? v + 1 : v;
+            }
+        else if (rc == 0 && cs[c].asym) /* random 4-bit zero points */
             for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
         if (rc == 0 && cs[c].asym == 2) {
             /* act-order: input channel order shuffled, each group keeps its size */
@@ -373,7 +380,7 @@ static void test_qgemm(void) {
                             double d = w.bias.data ? bias[o] : 0, bound = 0, a = 0;
                             for (int b0 = 0; b0 < K; b0 += 32) {
                                 double amax = 0, sw = 0;
-                                for (int i = b0; i < b0 + 32; i++) {
+                                for (int i = b0; i < b0 + 32 && i < K; i++) {
                                     const int k = ord[i];
                                     amax = fmax(amax, fabs(x[(size_t)t * K + k])), sw += fabs(W[(size_t)o * K + k]);
                                 }
@@ -381,7 +388,7 @@ static void test_qgemm(void) {
                             }
                             for (int k = 0; k < K; k++)
                                 d += (double)W[(size_t)o * K + k] * x[(size_t)t * K + k], a += fabs(W[(size_t)o * K + k] * x[(size_t)t * K + k]);
-                            const double tol = (cs[c].f32act ? 0 : bound) + 1e-5 * a + 1e-6 * scale;
+                            const double tol = (cs[c].f32act || !strcmp(cs[c].fmt, "fp8") ? 0 : bound) + 1e-5 * a + 1e-6 * scale; /* FP8: exact */
                             worst = fmax(worst, fabs(d - ref[(size_t)t * N + o]) / tol);
                         }
                     free(ord);
