@@ -290,6 +290,8 @@ static void test_qgemm(void) {
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
               /* FP8 with every code (subnormals, both signs) and K 300: each step width's tail in the last block */
               {"fp8", 29, 300, 0, 64, 3}, {"fp8", 21, 256, 0, 64, 4},
+              /* 8-bit GPTQ: per-channel K 300 and groups of 96 (each step width of the AVX-512 kernel, and its tail) */
+              {"gptq-int8", 24, 300, 0, 0, 0}, {"gptq-int8", 16, 384, 0, 96, 0},
               {"gptq-int4", 40, 384, 0, 128, 0}, {"awq", 24, 512, 0, 256, 0},     {"q4_0", 45, 1056, 0, 64, 0},
               /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */
               {"q8_0", 1000, 256, 0, 64, 0},    {"q4_0", 1900, 256, 0, 64, 0},    {"gptq-int4", 600, 256, 0, 128, 0},

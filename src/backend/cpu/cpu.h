@@ -179,9 +179,11 @@ int cpu_set_gemv_pfd_batch(int bytes);
 int cpu_gemv_rows(void);
 int cpu_set_gemv_rows(int bytes);
 /* x86: the int8 decode kernels' prefetch distance and row order (two
- * streams or one), and whether batch-1 Q8_0 / Q4_0 decode takes the VNNI
- * kernels (qmatmul_int8_x86.c, qmatmul.c); getters and setters for tests
- * and decode-ab */
+ * streams or one; since the thirty-first session also the exact path's
+ * fused FP8 / GPTQ decode: one stream on a Zen 4 1.047-1.062x, and the
+ * prefetch for its AVX-512 FP8 and 8-bit kernels), and whether batch-1
+ * Q8_0 / Q4_0 decode takes the VNNI kernels (qmatmul_int8_x86.c,
+ * qmatmul.c); getters and setters for tests and decode-ab */
 int cpu_qm_pfd(void);
 int cpu_qm_two(void);
 int cpu_set_qm_pfd(int bytes);

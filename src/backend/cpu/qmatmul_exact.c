@@ -220,6 +220,58 @@ AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, 
     }
 }
 
+/* GPTQ / AWQ 8-bit decode on AVX-512: 16 codes per vector (vpmovzxbd, one
+ * convert, w = s * q + b by the FMA fused_grp_avx2_ uses, so the same
+ * weights), a 64-byte line per step into 4 accumulators per activation
+ * row; fused_grp_avx2_ takes 8 codes per vector. */
+AVX512 static inline __attribute__((always_inline)) void fused_grp8_512_(const struct qgrp *g, int r, const float *const *x, int nx,
+                                                                         float *out, int pfd) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = _mm512_setzero_ps();
+    float tail[4] = {0, 0, 0, 0};
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int k = g->gstart[gi];
+        const int e = g->gstart[gi + 1];
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+#define W16(o) _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + k + (o))))), vs, vb)
+        for (; k + 64 <= e; k += 64) {
+            if (pfd) _mm_prefetch((const char *)(q + k) + pfd, _MM_HINT_T0);
+            const __m512 w0 = W16(0), w1 = W16(16), w2 = W16(32), w3 = W16(48);
+#pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) {
+                acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + k), acc[j][0]);
+                acc[j][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + k + 16), acc[j][1]);
+                acc[j][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x[j] + k + 32), acc[j][2]);
+                acc[j][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x[j] + k + 48), acc[j][3]);
+            }
+        }
+        for (; k + 16 <= e; k += 16) {
+            const __m512 w0 = W16(0);
+#pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) acc[j][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + k), acc[j][0]);
+        }
+#undef W16
+        for (; k < e; k++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) tail[j] += (s * q[k] + b) * x[j][k];
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nx; j++)
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3]))) + tail[j];
+}
+AVX512 static void fused_grp8_512(const struct qgrp *g, int r, const float *const *x, int nx, float *out, int pfd) {
+    switch (nx) {
+    case 1: fused_grp8_512_(g, r, x, 1, out, pfd); break;
+    case 2: fused_grp8_512_(g, r, x, 2, out, pfd); break;
+    case 3: fused_grp8_512_(g, r, x, 3, out, pfd); break;
+    default: fused_grp8_512_(g, r, x, 4, out, pfd); break;
+    }
+}
+
 /* FP8 decode on AVX-512: one 64-byte line of codes per step, sign-extended
  * to 16 bits and shifted into f16 (bit 15 the sign, bits 7-13 the
  * exponent and mantissa, bit 14 clear: the value / 256, subnormals
@@ -230,7 +282,7 @@ AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, 
  * row, against 8 conversion chains and one accumulator in
  * fused_fp8_avx2, which held 0.6B FP8 decode at ~39% of the probe. */
 AVX512 static inline __attribute__((always_inline)) void fused_fp8_512_(const struct qlinear *w, const struct qprep *p, int r,
-                                                                        const float *const *x, int nx, float *out) {
+                                                                        const float *const *x, int nx, float *out, int pfd) {
     const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
     const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
     const __m512i keep = _mm512_set1_epi16((short)0xBF80);
@@ -243,6 +295,7 @@ AVX512 static inline __attribute__((always_inline)) void fused_fp8_512_(const st
         const __m512 sc = _mm512_set1_ps(s[b] * 256.0f);
         int k = k0;
         for (; k + 64 <= k1; k += 64) {
+            if (pfd) _mm_prefetch((const char *)(q + k) + pfd, _MM_HINT_T0);
             const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + k))), 7), keep);
             const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q + k + 32))), 7), keep);
             const __m512 w0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h0)), sc);
@@ -272,12 +325,13 @@ AVX512 static inline __attribute__((always_inline)) void fused_fp8_512_(const st
     for (int j = 0; j < nx; j++)
         out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3]))) + tail[j];
 }
-AVX512 static void fused_fp8_512(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+AVX512 static void fused_fp8_512(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out,
+                                 int pfd) {
     switch (nx) {
-    case 1: fused_fp8_512_(w, p, r, x, 1, out); break;
-    case 2: fused_fp8_512_(w, p, r, x, 2, out); break;
-    case 3: fused_fp8_512_(w, p, r, x, 3, out); break;
-    default: fused_fp8_512_(w, p, r, x, 4, out); break;
+    case 1: fused_fp8_512_(w, p, r, x, 1, out, pfd); break;
+    case 2: fused_fp8_512_(w, p, r, x, 2, out, pfd); break;
+    case 3: fused_fp8_512_(w, p, r, x, 3, out, pfd); break;
+    default: fused_fp8_512_(w, p, r, x, 4, out, pfd); break;
     }
 }
 
@@ -462,17 +516,19 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
     for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
-    const int fp8 = j->w->fmt == KILN_WFMT_FP8;
-    const int k512 = j->xl || (j->isa >= CPU_ISA_AVX512 && (fp8 || (j->n == 1 && j->p->grp.bits == 4)));
+    const int fp8 = j->w->fmt == KILN_WFMT_FP8, g8 = !fp8 && j->p->grp.bits == 8, two = cpu_qm_two(), pfd = cpu_qm_pfd();
+    const int k512 = j->xl || (j->isa >= CPU_ISA_AVX512 && (fp8 || g8 || (j->n == 1 && j->p->grp.bits == 4)));
     cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
     if (j->lut128) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
     }
-    CPU_FOR_ROWS2(r, r0, r1) {
+    CPU_FOR_ROWS(r, r0, r1, two) {
         float o[4];
         if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
-        else if (fp8) (k512 ? fused_fp8_512 : fused_fp8_avx2)(j->w, j->p, (int)r, xs, j->n, o);
+        else if (fp8 && k512) fused_fp8_512(j->w, j->p, (int)r, xs, j->n, o, pfd);
+        else if (fp8) fused_fp8_avx2(j->w, j->p, (int)r, xs, j->n, o);
+        else if (g8 && k512) fused_grp8_512(&j->p->grp, (int)r, xs, j->n, o, pfd);
         else if (k512) o[0] = fused_grp1_q4_512(&j->p->grp, (int)r, xs[0]);
         else fused_grp_avx2(&j->p->grp, (int)r, xs, j->n, o);
         for (int t = 0; t < j->n; t++) j->out[(size_t)t * j->N + r] = o[t] + (j->bias ? j->bias[r] : 0.0f);
