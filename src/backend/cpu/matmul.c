@@ -14,8 +14,8 @@
  *   sums of one row alone (a batch of 2-7 sequences decodes to the bits each
  *   would get alone). On x86 a pass may take R weight rows, one activation
  *   load serving them all (GEMV_ROWS_*, GEMV1): 4 at batch 1 over rows whose
- *   activations overflow L1 (cpu_gemv_rows), 2 at 3-4 activation rows over
- *   rows of 4 KiB and more; the same bits.
+ *   activations overflow L1 (cpu_gemv_rows), on AVX-512 2 half a run apart
+ *   at 2-4 activation rows; the same bits.
  *
  *   GEMM (prefill): compute bound. The activations are packed once per call
  *   into panels of MR rows laid out [k][MR]; each thread then takes short
@@ -403,20 +403,21 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 }
 
 #if defined(KILN_X86)
-/* Rows [r, r + R) of out[t][.] = W . x[t] + bias for nx activation rows
- * (R, nx compile-time: the accumulators stay in registers), one 64-byte
+/* Rows r + q sd (q < R) of out[t][.] = W . x[t] + bias for nx activation
+ * rows (R, nx compile-time: the accumulators stay in registers; sd 1 for
+ * adjacent rows, on AVX2 always), one 64-byte
  * line of each row per step: each activation load serves the R rows, and
  * each row keeps the accumulators, steps, tail and reduction it has with
  * R = 1, so every R gives the same bits (test_cpu_kernels). */
 #define GEMV_ROWS_AVX512(NAME, WT, LOAD, LOADM)                                                                   \
     AVX512 static inline __attribute__((always_inline)) void NAME(const uint8_t *W, size_t rb, const float *x, int nx, \
                                                                   int R, int n_in, int64_t r, const float *bias,   \
-                                                                  float *out, int n_out, int pfd) {                \
+                                                                  float *out, int n_out, int pfd, int64_t sd) {    \
         enum { V = 64 / (16 * (int)sizeof(WT)) }; /* vectors of 16 weights per cache line: 2 (16-bit), 1 (f32) */ \
         const WT *w[GEMV_R];                                                                                      \
         __m512 a[GEMV_R][4][2];                                                                                   \
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                     \
-            w[q] = (const WT *)(W + (size_t)(r + q) * rb);                                                        \
+            w[q] = (const WT *)(W + (size_t)(r + q * sd) * rb);                                                   \
             _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = _mm512_setzero_ps();   \
         }                                                                                                         \
         int i = 0;                                                                                                \
@@ -446,8 +447,8 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
         }                                                                                                         \
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++)                                                       \
             _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++)                                                  \
-                out[(size_t)j * n_out + r + q] = _mm512_reduce_add_ps(_mm512_add_ps(a[q][j][0], a[q][j][1])) +     \
-                                                 (bias ? bias[r + q] : 0.0f);                                     \
+                out[(size_t)j * n_out + r + q * sd] = _mm512_reduce_add_ps(_mm512_add_ps(a[q][j][0], a[q][j][1])) + \
+                                                 (bias ? bias[r + q * sd] : 0.0f);                                \
     }
 
 /* The same for AVX2: 32 weights per step into 4 accumulators per row and
@@ -457,7 +458,8 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 #define GEMV_ROWS_AVX2(NAME, WT, LOAD, SCALAR)                                                                    \
     AVX2 static inline __attribute__((always_inline)) void NAME(const uint8_t *W, size_t rb, const float *x, int nx,   \
                                                                 int R, int n_in, int64_t r, const float *bias,     \
-                                                                float *out, int n_out, int pfd) {                  \
+                                                                float *out, int n_out, int pfd, int64_t sd) {      \
+        (void)sd;                                                                                                 \
         const WT *w[GEMV_R];                                                                                      \
         __m256 a[GEMV_R][2][4];                                                                                   \
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                     \
@@ -497,17 +499,22 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 #define GEMV_PASSES(ROWS, RR)                                                                                     \
     do {                                                                                                          \
         const int64_t nu_ = (r1 - r0) / (RR);                                                                     \
-        CPU_FOR_ROWS(u_, 0, nu_, two_) ROWS(W, rb, x, nx, RR, n_in, r0 + (RR) * u_, bias, out, n_out, pfd_);      \
+        CPU_FOR_ROWS(u_, 0, nu_, two_) ROWS(W, rb, x, nx, RR, n_in, r0 + (RR) * u_, bias, out, n_out, pfd_, 1);   \
         r0 += (RR) * nu_;                                                                                         \
     } while (0)
 
-/* How many rows a pass takes: GEMV_R at batch 1 over rows that overflow
- * the L1 data cache (cpu_gemv_rows), 2 for 3 or 4 activation rows over rows
- * of more than 4 KiB (AVX-512: 16 accumulators; the one-row loop there
- * issues 1.25 loads per FMA: BF16 K 3,072, 1.29-1.31x without software
- * prefetch, 1.13-1.23x with cpu_gemv_pfd_batch's; over 4 KiB rows 1.34-1.40x
- * without and 0.85-0.97x with it, over 2 KiB rows 0.62-0.82x), else 1.
- * The multi-row passes follow the gemv-rows switch (0: never). */
+/* How many rows a pass takes: GEMV_R adjacent rows at batch 1 over rows
+ * that overflow the L1 data cache (cpu_gemv_rows); on AVX-512 at 2-4
+ * activation rows two rows half the run [r0, r1) apart, two streams read
+ * together (16 accumulators at 4; the one-row loop there issues 1.25 loads
+ * per FMA). Two adjacent rows per pass at 3-4 (the first version) gained
+ * over rows of more than 4 KiB only (BF16 K 3,072 1.13-1.23x with
+ * cpu_gemv_pfd_batch's prefetch, 4 KiB rows 0.85-0.97x, 2 KiB 0.62-0.82x);
+ * pairs half a run apart gained at every row size in GEMV sweeps (K 1,024
+ * n = 4 1.16-1.19, K 2,048 1.11 / 1.29 at n = 3 / 4, K 3,072 and 6,144
+ * 1.10-1.21 over the adjacent pairs, n = 2 1.19-1.21) and 3-11% of a
+ * batched decode step (docs/cpu.md). Else one row. The multi-row passes
+ * follow the gemv-rows switch (0: never). */
 #define GEMV1(NAME, ISA, ROWS, WT, MAXNX)                                                                         \
     ISA static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx, \
                                                                   int n_in, int64_t r0, int64_t r1, const float *bias, \
@@ -515,7 +522,11 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
         const int two_ = gemv_two(rb), pfd_ = nx > 1 ? cpu_gemv_pfd_batch() : cpu_gemv_pfd(), rk_ = cpu_gemv_rows(); \
         gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         if (nx == 1 && gemv_rows_for(n_in, (int)sizeof(WT), rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
-        if (nx >= 3 && rk_ && rb > 4096) GEMV_PASSES(ROWS, 2);                                                    \
+        if (nx >= 2 && rk_ && MAXNX == 4) { /* AVX-512: pairs of rows half the run apart */                      \
+            const int64_t h_ = (r1 - r0) / 2;                                                                     \
+            for (int64_t u_ = 0; u_ < h_; u_++) ROWS(W, rb, x, nx, 2, n_in, r0 + u_, bias, out, n_out, pfd_, h_); \
+            r0 += 2 * h_;                                                                                         \
+        }                                                                                                         \
         GEMV_PASSES(ROWS, 1);                                                                                     \
     }                                                                                                             \
     ISA static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,   \
