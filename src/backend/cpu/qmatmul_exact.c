@@ -155,14 +155,20 @@ AVX2 static inline __attribute__((always_inline)) void fused_grp_avx2_(const str
         out[j] = kiln_hsum8(t) + tail[j];
     }
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
-AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
-    switch (nx) {
-    case 1: fused_grp_avx2_(g, r, x, 1, out); break;
-    case 2: fused_grp_avx2_(g, r, x, 2, out); break;
-    case 3: fused_grp_avx2_(g, r, x, 3, out); break;
-    default: fused_grp_avx2_(g, r, x, 4, out); break;
+/* The fused decode kernels below are called through one of these: nx (1..4
+ * activation rows) as a constant in each copy, so the accumulators stay in
+ * registers */
+#define BY_NX(CALL)         \
+    switch (nx) {           \
+    case 1: CALL(1); break; \
+    case 2: CALL(2); break; \
+    case 3: CALL(3); break; \
+    default: CALL(4); break; \
     }
+AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+#define C(N) fused_grp_avx2_(g, r, x, N, out)
+    BY_NX(C)
+#undef C
 }
 
 /* FP8 decode on AVX2: 32 codes per step, sign-extended to 16 bits and
@@ -210,14 +216,10 @@ AVX2 static inline __attribute__((always_inline)) void fused_fp8_avx2_(const str
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(_mm256_add_ps(acc[j][0], acc[j][1])) + tail[j];
 }
-/* nx as a constant in each copy, so the accumulators stay in registers */
 AVX2 static void fused_fp8_avx2(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
-    switch (nx) {
-    case 1: fused_fp8_avx2_(w, p, r, x, 1, out); break;
-    case 2: fused_fp8_avx2_(w, p, r, x, 2, out); break;
-    case 3: fused_fp8_avx2_(w, p, r, x, 3, out); break;
-    default: fused_fp8_avx2_(w, p, r, x, 4, out); break;
-    }
+#define C(N) fused_fp8_avx2_(w, p, r, x, N, out)
+    BY_NX(C)
+#undef C
 }
 
 /* GPTQ / AWQ 8-bit decode on AVX-512: 16 codes per vector (vpmovzxbd, one
@@ -264,12 +266,9 @@ AVX512 static inline __attribute__((always_inline)) void fused_grp8_512_(const s
         out[j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3]))) + tail[j];
 }
 AVX512 static void fused_grp8_512(const struct qgrp *g, int r, const float *const *x, int nx, float *out, int pfd) {
-    switch (nx) {
-    case 1: fused_grp8_512_(g, r, x, 1, out, pfd); break;
-    case 2: fused_grp8_512_(g, r, x, 2, out, pfd); break;
-    case 3: fused_grp8_512_(g, r, x, 3, out, pfd); break;
-    default: fused_grp8_512_(g, r, x, 4, out, pfd); break;
-    }
+#define C(N) fused_grp8_512_(g, r, x, N, out, pfd)
+    BY_NX(C)
+#undef C
 }
 
 /* FP8 decode on AVX-512: one 64-byte line of codes per step, sign-extended
@@ -327,12 +326,9 @@ AVX512 static inline __attribute__((always_inline)) void fused_fp8_512_(const st
 }
 AVX512 static void fused_fp8_512(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out,
                                  int pfd) {
-    switch (nx) {
-    case 1: fused_fp8_512_(w, p, r, x, 1, out, pfd); break;
-    case 2: fused_fp8_512_(w, p, r, x, 2, out, pfd); break;
-    case 3: fused_fp8_512_(w, p, r, x, 3, out, pfd); break;
-    default: fused_fp8_512_(w, p, r, x, 4, out, pfd); break;
-    }
+#define C(N) fused_fp8_512_(w, p, r, x, N, out, pfd)
+    BY_NX(C)
+#undef C
 }
 
 /* Decode, one activation row, 4-bit codes, AVX-512: 16 weights per vector
