@@ -1135,6 +1135,22 @@ VBMI void qm_rowsq_q4_0(const uint8_t *W, size_t rb, int64_t n, const __m512i *c
         KILN_PF(q);                                                                                  \
         if (qm_pf2_cur) _mm_prefetch((const char *)(q) + qm_pf2_cur, _MM_HINT_T1);                   \
     } while (0)
+/* every group kernel's end: T tokens' sums for the group's 16 rows, plus
+ * the bias, to out (rows ldo apart); VNNI one zmm per token, AVX2 two
+ * halves of 8 */
+VNNI static inline __attribute__((always_inline)) void x16_out_vnni(const __m512 *acc, int T, float *out, size_t ldo, const float *bias) {
+    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+}
+AVX2 static inline __attribute__((always_inline)) void x16_out_avx2(__m256 (*acc)[2], int T, float *out, size_t ldo, const float *bias) {
+    #pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
+        #pragma GCC unroll 2
+        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
+    }
+}
 VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
                                                                  int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
     const int BB = q8 ? Q8X_BB : Q4X_BB;
@@ -1153,9 +1169,7 @@ VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *
         #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
     }
-    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+    x16_out_vnni(acc, T, out, ldo, bias);
 }
 
 /* the kernel with nt (1..8) and the format as constants */
@@ -1202,12 +1216,7 @@ AVX2 static inline __attribute__((always_inline)) void x16_avx2_(const uint8_t *
             for (int t = 0; t < T; t++) acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][e]), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
         }
     }
-    #pragma GCC unroll 2
-    for (int e = 0; e < 2; e++) {
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
-        #pragma GCC unroll 2
-        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
-    }
+    x16_out_avx2(acc, T, out, ldo, bias);
 }
 
 AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
@@ -1271,9 +1280,7 @@ VNNI static inline __attribute__((always_inline)) void x16k_vnni_(const uint8_t 
             }
         }
     }
-    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+    x16_out_vnni(acc, T, out, ldo, bias);
 }
 
 VNNI void qm_x16k_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
@@ -1341,12 +1348,7 @@ AVX2 static inline __attribute__((always_inline)) void x16k_avx2_(const uint8_t 
             }
         }
     }
-    #pragma GCC unroll 2
-    for (int e = 0; e < 2; e++) {
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
-        #pragma GCC unroll 2
-        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
-    }
+    x16_out_avx2(acc, T, out, ldo, bias);
 }
 
 AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out,
@@ -1431,9 +1433,7 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
             }
         }
     }
-    const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ldo, _mm512_add_ps(acc[t], bv));
+    x16_out_vnni(acc, T, out, ldo, bias);
 }
 
 VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
@@ -1484,12 +1484,7 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
             }
         }
     }
-    #pragma GCC unroll 2
-    for (int e = 0; e < 2; e++) {
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * e) : _mm256_setzero_ps();
-        #pragma GCC unroll 2
-        for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
-    }
+    x16_out_avx2(acc, T, out, ldo, bias);
 }
 
 AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
