@@ -175,7 +175,8 @@ int cpu_set_gemv_pfd_batch(int bytes);
  * activations before the next reads them, and the L2 refills slowed the
  * stream (Zen 4, BF16 from DRAM: K 6,144 and 12,288 1.27x; docs/cpu.md,
  * "Long rows four at a time"). KILN_CPU_GEMV_ROWS=BYTES forces the size, 0
- * never; the setter for tests and decode-ab. */
+ * never (and no pass of two rows at 2-4 activation rows on AVX-512 either);
+ * the setter for tests and decode-ab. */
 int cpu_gemv_rows(void);
 int cpu_set_gemv_rows(int bytes);
 /* x86: the int8 decode kernels' prefetch distance and row order (two

@@ -405,7 +405,7 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
 #if defined(KILN_X86)
 /* Rows r + q sd (q < R) of out[t][.] = W . x[t] + bias for nx activation
  * rows (R, nx compile-time: the accumulators stay in registers; sd 1 for
- * adjacent rows, on AVX2 always), one 64-byte
+ * adjacent rows), one 64-byte
  * line of each row per step: each activation load serves the R rows, and
  * each row keeps the accumulators, steps, tail and reduction it has with
  * R = 1, so every R gives the same bits (test_cpu_kernels). */
@@ -459,11 +459,10 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
     AVX2 static inline __attribute__((always_inline)) void NAME(const uint8_t *W, size_t rb, const float *x, int nx,   \
                                                                 int R, int n_in, int64_t r, const float *bias,     \
                                                                 float *out, int n_out, int pfd, int64_t sd) {      \
-        (void)sd;                                                                                                 \
         const WT *w[GEMV_R];                                                                                      \
         __m256 a[GEMV_R][2][4];                                                                                   \
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {                                                     \
-            w[q] = (const WT *)(W + (size_t)(r + q) * rb);                                                        \
+            w[q] = (const WT *)(W + (size_t)(r + q * sd) * rb);                                                   \
             _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = a[q][j][2] = a[q][j][3] = _mm256_setzero_ps(); \
         }                                                                                                         \
         const int n32 = n_in & ~31;                                                                               \
@@ -488,9 +487,9 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
                     const float *xt = x + (size_t)j * n_in + n32;                                                 \
                     SCALAR((const void *)(w[q] + n32), &xt, 1, n_in - n32, &t);                                   \
                 }                                                                                                 \
-                out[(size_t)j * n_out + r + q] =                                                                  \
+                out[(size_t)j * n_out + r + q * sd] =                                                             \
                     kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[q][j][0], a[q][j][1]), _mm256_add_ps(a[q][j][2], a[q][j][3]))) + t + \
-                    (bias ? bias[r + q] : 0.0f);                                                                  \
+                    (bias ? bias[r + q * sd] : 0.0f);                                                             \
             }                                                                                                     \
     }
 

@@ -483,6 +483,7 @@ struct xjob {
     size_t rb;
     const float *xl; /* decode, fused_grp1_lut_512: x reordered (lut_order) */
     int lut128;      /* ... and lut128_rows_512 can run */
+    int two, pfd;    /* decode: the row order and prefetch (cpu_qm_two / cpu_qm_pfd), read on the calling thread */
     /* GEMM (prefill): */
     float *xp;         /* activations packed in tiles of MR tokens, [tile][K][MR] */
     int MR, NR, ntile;
@@ -512,14 +513,14 @@ static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
     for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
-    const int fp8 = j->w->fmt == KILN_WFMT_FP8, g8 = !fp8 && j->p->grp.bits == 8, two = cpu_qm_two(), pfd = cpu_qm_pfd();
+    const int fp8 = j->w->fmt == KILN_WFMT_FP8, g8 = !fp8 && j->p->grp.bits == 8, pfd = j->pfd;
     const int k512 = j->xl || (j->isa >= CPU_ISA_AVX512 && (fp8 || g8 || (j->n == 1 && j->p->grp.bits == 4)));
     cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
     if (j->lut128) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
     }
-    CPU_FOR_ROWS(r, r0, r1, two) {
+    CPU_FOR_ROWS(r, r0, r1, j->two) {
         float o[4];
         if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
         else if (fp8 && k512) fused_fp8_512(j->w, j->p, (int)r, xs, j->n, o, pfd);
@@ -699,6 +700,7 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
 #if defined(KILN_X86)
     if (exact_fused(&j)) { /* decode: fused, no scratch but the reordered x of the lookup kernels */
+        j.two = cpu_qm_two(), j.pfd = cpu_qm_pfd();
         float *xl = NULL;
         const size_t sz = sizeof(float) * (size_t)K;
         if (!exact_lut(&j) || !qm_buf_get(be, &sz, (void **)&xl, 1)) {
@@ -743,7 +745,7 @@ int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, 
         const struct qprep *p = ws[i]->be;
         if ((ws[i]->fmt == KILN_WFMT_GPTQ || ws[i]->fmt == KILN_WFMT_AWQ) && (p->grp.perm || p->gact)) return 0;
         j[i] = (struct xjob){.w = ws[i], .p = p, .out = outs[i], .x = x, .bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL,
-                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa()};
+                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa(), .two = cpu_qm_two(), .pfd = cpu_qm_pfd()};
         if (!exact_fused(&j[i])) return 0;
     }
     for (int i = 0; i < count; i++) {
