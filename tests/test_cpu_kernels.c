@@ -60,8 +60,9 @@ static void check_matmul(struct kiln_backend *be, struct kiln_rng *r, const char
         be->matmul(be, y, x, &q, n);
         float e = max_rel(y, ref, (size_t)n * n_out);
         CHECK(e < 2e-6f, "%s matmul %s %dx%d n=%d bias=%d: rel err %g", isa, dtype_name(t), n_out, n_in, n, with_bias, e);
-        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), its prefetch and its rows per pass
-                        * (one, or four for rows over 0, 1 or 512 bytes: every shape here takes both) move no bit */
+        if (n < 8) { /* the decode GEMV's row order, one stream or two (cpu.h), its prefetches and its rows per pass
+                        * (one; at batch 1 four for rows over 1 or 512 bytes, every shape here taking both; on AVX-512
+                        * pairs at 2-4 activation rows unless the switch is 0) move no bit */
             const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), pb = cpu_gemv_pfd_batch(), rk = cpu_gemv_rows();
             float *y2 = kiln_malloc(sizeof(float) * (size_t)n * n_out);
             for (int s2 = 1; s2 <= 2; s2++)
@@ -458,7 +459,7 @@ void test_cpukernels(void) {
         kiln_rng_seed(&r, 7 + isa);
         enum kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_BF16, KILN_DTYPE_F16};
         /* (n_out, n_in); 700 x 96: the decode GEMV in runs per thread with stealing; 45 x 2053: rows of 4 KiB
-         * and more (two rows per pass at 3-4 activation rows) */
+         * and more (with n_out odd: a pass of pairs leaves a row) */
         static const int shapes[][2] = {{1, 5}, {37, 83}, {77, 130}, {33, 1}, {64, 256}, {96, 203}, {700, 96}, {45, 2053}};
         for (int ti = 0; ti < 3; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)

@@ -13,7 +13,8 @@
  * dense GEMV's prefetch distance in bytes, 0 none; `gemv-pfd-batch` the
  * same for 2+ activation rows), `gemv-rows` (the
  * L1D bytes a row must overflow for its batch-1 loop to read four rows at
- * a time, 0 never) and, on x86, `qm-pfd`,
+ * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
+ * x86, `qm-pfd`,
  * `qm-pf2` (the groups' L2 prefetch distance), `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
  * for model runs also `env:NAME`, a setting read at load (KILN_CPU_X16):
  * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
