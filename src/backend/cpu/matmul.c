@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/gemv.h"
 #include "backend/cpu/simd.h"
 #include "base/base.h"
 #include "format/quant.h"
@@ -295,16 +296,6 @@ DOT_AVX512(dot_f16_avx512, uint16_t, load16_f16, load16m_f16)
 #ifndef GEMV_PFD
 #define GEMV_PFD 1024
 #endif
-/* rows per pass of the batch-1 GEMV over long rows (cpu_gemv_rows) */
-enum { GEMV_R = 4 };
-/* rows [r0, r1) of out[t][r] = W[r] . x[t] + bias[r] for nx activation rows
- * (t < nx, x rows n_in apart, out rows n_out apart): each weight row is
- * read once for all nx. nx is at most GEMVM_MAX of the ISA (2 on AVX2 and
- * NEON, 4 on AVX-512: the four accumulators of every row stay in
- * registers); each row's sums are those of nx = 1, so a sequence decodes to
- * the same bits alone or in a batch. */
-typedef void (*gemv1_fn)(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1, const float *bias,
-                         float *out, int n_out);
 
 /* one or two streams per thread, or 0: by row size (cpu.h); chosen once,
  * before any pool job */
@@ -324,11 +315,6 @@ int cpu_gemv_streams(void) {
 
 int cpu_set_gemv_streams(int s) { return gemv_streams = s >= 0 && s <= 2 ? s : 2; }
 
-/* two streams for rows of rb bytes? (the policy above) */
-static inline int gemv_two(size_t rb) {
-    const int s = cpu_gemv_streams();
-    return s ? s == 2 : rb < 4096;
-}
 
 /* The software prefetch distance of the dense decode GEMV in bytes, 0 for
  * none (cpu.h): GEMV_PFD, but none on AMD CPUs with AVX-512 (Zen 4 and
@@ -374,8 +360,6 @@ int cpu_set_gemv_pfd_batch(int d) { return gemv_pfd_batch = d < 0 ? 0 : d / 64 *
  * KILN_CPU_GEMV_ROWS=BYTES forces it; chosen once, before any pool job. */
 static int gemv_rows_b = -1;
 
-static inline int gemv_rows_for(int n_in, int wsize, int lim) { return lim && (int64_t)(4 + wsize) * n_in > lim; }
-
 int cpu_gemv_rows(void) {
     if (gemv_rows_b >= 0) return gemv_rows_b;
     long l1 = 0;
@@ -389,18 +373,6 @@ int cpu_gemv_rows(void) {
 }
 
 int cpu_set_gemv_rows(int bytes) { return gemv_rows_b = bytes < 0 ? 0 : bytes; }
-
-/* the first pfd bytes of both streams of rows [r0, r1) (CPU_FOR_ROWS), or
- * the first 2 x pfd of the one stream */
-static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_t r1, int two, int pfd) {
-    const int64_t h = two ? (r1 - r0 + 1) / 2 : r1 - r0;
-    for (int s = 0; s < 1 + two; s++) {
-        const uint8_t *p = W + (size_t)(r0 + s * h) * rb;
-        size_t bytes = (size_t)(s ? r1 - r0 - h : h) * rb;
-        if (bytes > (size_t)pfd * (2 - two)) bytes = (size_t)pfd * (2 - two);
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-    }
-}
 
 #if defined(KILN_X86)
 /* Rows r + q sd (q < R) of out[t][.] = W . x[t] + bias for nx activation
@@ -493,63 +465,18 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
             }                                                                                                     \
     }
 
-/* rows [r0, r1) for nx activation rows: R rows per pass while R fit, then
- * one; each thread's rows as CPU_FOR_ROWS orders them */
-#define GEMV_PASSES(ROWS, RR)                                                                                     \
-    do {                                                                                                          \
-        const int64_t nu_ = (r1 - r0) / (RR);                                                                     \
-        CPU_FOR_ROWS(u_, 0, nu_, two_) ROWS(W, rb, x, nx, RR, n_in, r0 + (RR) * u_, bias, out, n_out, pfd_, 1);   \
-        r0 += (RR) * nu_;                                                                                         \
-    } while (0)
-
-/* How many rows a pass takes: GEMV_R adjacent rows at batch 1 over rows
- * that overflow the L1 data cache (cpu_gemv_rows); on AVX-512 at 2-4
- * activation rows two rows half the run [r0, r1) apart, two streams read
- * together (16 accumulators at 4; the one-row loop there issues 1.25 loads
- * per FMA). Two adjacent rows per pass at 3-4 (the first version) gained
- * over rows of more than 4 KiB only (BF16 K 3,072 1.13-1.23x with
- * cpu_gemv_pfd_batch's prefetch, 4 KiB rows 0.85-0.97x, 2 KiB 0.62-0.82x);
- * pairs half a run apart gained at every row size in GEMV sweeps (K 1,024
- * n = 4 1.16-1.19, K 2,048 1.11 / 1.29 at n = 3 / 4, K 3,072 and 6,144
- * 1.10-1.21 over the adjacent pairs, n = 2 1.19-1.21) and 3-11% of a
- * batched decode step (docs/cpu.md). Else one row. The multi-row passes
- * follow the gemv-rows switch (0: never). */
-#define GEMV1(NAME, ISA, ROWS, WT, MAXNX)                                                                         \
-    ISA static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx, \
-                                                                  int n_in, int64_t r0, int64_t r1, const float *bias, \
-                                                                  float *out, int n_out) {                         \
-        const int two_ = gemv_two(rb), pfd_ = nx > 1 ? cpu_gemv_pfd_batch() : cpu_gemv_pfd(), rk_ = cpu_gemv_rows(); \
-        gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
-        if (nx == 1 && gemv_rows_for(n_in, (int)sizeof(WT), rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
-        if (nx >= 2 && rk_ && MAXNX == 4) { /* AVX-512: pairs of rows half the run apart */                      \
-            const int64_t h_ = (r1 - r0) / 2;                                                                     \
-            for (int64_t u_ = 0; u_ < h_; u_++) ROWS(W, rb, x, nx, 2, n_in, r0 + u_, bias, out, n_out, pfd_, h_); \
-            r0 += 2 * h_;                                                                                         \
-        }                                                                                                         \
-        GEMV_PASSES(ROWS, 1);                                                                                     \
-    }                                                                                                             \
-    ISA static void NAME(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1,   \
-                         const float *bias, float *out, int n_out) {                                              \
-        switch (nx < MAXNX ? nx : MAXNX) {                                                                        \
-        case 1: NAME##_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out); break;                                      \
-        case 2: NAME##_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out); break;                                      \
-        case 3: NAME##_(W, rb, x, MAXNX < 3 ? MAXNX : 3, n_in, r0, r1, bias, out, n_out); break;                  \
-        default: NAME##_(W, rb, x, MAXNX, n_in, r0, r1, bias, out, n_out); break;                                 \
-        }                                                                                                         \
-    }
-
 GEMV_ROWS_AVX512(rows_f32_avx512, float, load16_f32, load16m_f32)
 GEMV_ROWS_AVX512(rows_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
 GEMV_ROWS_AVX512(rows_f16_avx512, uint16_t, load16_f16, load16m_f16)
-GEMV1(gemv1_f32_avx512, AVX512, rows_f32_avx512, float, 4)
-GEMV1(gemv1_bf16_avx512, AVX512, rows_bf16_avx512, uint16_t, 4)
-GEMV1(gemv1_f16_avx512, AVX512, rows_f16_avx512, uint16_t, 4)
+GEMV1(gemv1_f32_avx512, AVX512, rows_f32_avx512, 4)
+GEMV1(gemv1_bf16_avx512, AVX512, rows_bf16_avx512, 4)
+GEMV1(gemv1_f16_avx512, AVX512, rows_f16_avx512, 4)
 GEMV_ROWS_AVX2(rows_f32_avx2, float, load8_f32, dot_f32_scalar)
 GEMV_ROWS_AVX2(rows_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
 GEMV_ROWS_AVX2(rows_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
-GEMV1(gemv1_f32_avx2, AVX2, rows_f32_avx2, float, 2)
-GEMV1(gemv1_bf16_avx2, AVX2, rows_bf16_avx2, uint16_t, 2)
-GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, uint16_t, 2)
+GEMV1(gemv1_f32_avx2, AVX2, rows_f32_avx2, 2)
+GEMV1(gemv1_bf16_avx2, AVX2, rows_bf16_avx2, 2)
+GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, 2)
 
 #endif /* KILN_X86 */
 
