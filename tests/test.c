@@ -35,6 +35,7 @@ void test_skip(const char *why) { fprintf(stderr, "  skipped: %s\n", why); }
     X(sampler, 1, "greedy, temperature, top-k/top-p/min-p sets, penalties, seeds, logit bias, masks")        \
     X(ops, 1, "CPU ops against plain reference loops")                                    \
     X(cpukernels, 1, "CPU kernel paths (scalar/AVX2/AVX-512/NEON) against references, odd shapes") \
+    X(b12, 1, "BF16 in 12 bits: every bit pattern round-trips, escapes, matmuls bit for bit as BF16 on every ISA") \
     X(parity, 1, "HF transformers parity on every model fixture")                        \
     X(quant, 1, "GPTQ/AWQ/FP8/GGUF vs dequantized references, kernels, quantize, GGUF parser and tokenizer") \
     X(kv, 1, "KV page pool")                                                              \

@@ -387,12 +387,30 @@ static void test_inproc(void) {
          * BF16 MoE fixture all but its embedding table and the 2 unused of
          * its experts' thirds per layer (3 x dim x moe_ffn x 2 bytes each) */
         struct kiln_engine_opts qo = {.model = FIXTURES "/quant/gptq-int4-g128-sym", .backend = "cpu", .max_total_tokens = 64};
+        setenv("KILN_CPU_B12", "0", 1); /* the weights as stored; 12-bit BF16 below */
         kiln_engine *q = kiln_engine_open(&qo, err, sizeof err);
         CHECK(q != NULL, "%s", err);
         if (q) CHECK(kiln_engine_decode_bytes(q) == (double)kiln_engine_param_bytes(q), "%g vs %lld", kiln_engine_decode_bytes(q), (long long)kiln_engine_param_bytes(q));
         kiln_engine_close(q);
-        qo.model = FIXTURES "/qwen3-moe-tiny";
+        unsetenv("KILN_CPU_B12");
+#if defined(KILN_X86)
+        /* with the BF16 lm_head (vocab x dim, dim a multiple of 64) in 12 bits, the head counts its rows of
+         * 12-bit blocks plus 128 bytes per escaped block, in place of its 2 bytes per weight */
         q = kiln_engine_open(&qo, err, sizeof err);
+        CHECK(q != NULL, "%s", err);
+        if (q) {
+            const struct kiln_config *c = kiln_engine_config(q);
+            const double d = kiln_engine_decode_bytes(q), head = (double)c->vocab * (double)cpu_b12_row_bytes(c->dim);
+            const double lo = (double)kiln_engine_param_bytes(q) - 2.0 * c->vocab * c->dim + head;
+            CHECK(c->tie_embed && c->dim % 64 == 0 && d >= lo && d <= lo + 128.0 * c->vocab * c->dim / 64 && fmod(d - lo, 128) == 0,
+                  "%g, the 12-bit head at %g + 128 per escape", d, lo);
+        }
+        kiln_engine_close(q);
+#endif
+        qo.model = FIXTURES "/qwen3-moe-tiny";
+        setenv("KILN_CPU_B12", "0", 1);
+        q = kiln_engine_open(&qo, err, sizeof err);
+        unsetenv("KILN_CPU_B12");
         CHECK(q != NULL, "%s", err);
         if (q) {
             const struct kiln_config *c = kiln_engine_config(q);

@@ -16,7 +16,7 @@
  * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
  * x86, `qm-pfd`,
  * `qm-pf2` (the groups' L2 prefetch distance), `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
- * for model runs also `env:NAME`, a setting read at load (KILN_CPU_X16):
+ * and `env:NAME`, a setting read at load (KILN_CPU_X16, KILN_CPU_B12):
  * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
  * median rate and the median and quartiles of the per-round B/A ratios:
@@ -28,7 +28,10 @@
  *   last logits read, the sequence cut back to one token before each arm.
  * gemv: distinct BF16 (or F16) K x N matrices filling ~256 MB (walloc'd, as the
  *   model's), each arm one sweep of the decode GEMV over all of them, for
- *   n activation rows (1..7, default 1: a decode batch of n).
+ *   n activation rows (1..7, default 1: a decode batch of n); rates in GB/s
+ *   of the 16-bit matrices (weights per second x 2, whatever the backend
+ *   stores: KILN_CPU_B12's 12-bit rows read 0.76 of that). env:NAME here
+ *   prepares a set of matrices per arm (`env:KILN_CPU_B12 0 1`).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,33 +138,46 @@ static int run_gemv(int K, int N, int n, int f16, const char *sw, int A, int B, 
     if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
     const size_t bytes = (size_t)N * K * 2;
     const int cnt = (int)(256e6 / (double)bytes) + 1;
-    struct qlinear *ws = kiln_calloc((size_t)cnt, sizeof *ws);
-    struct kiln_rng rng;
-    kiln_rng_seed(&rng, 1);
-    for (int i = 0; i < cnt; i++) {
-        uint16_t *d = kiln_walloc(bytes);
-        if (!d) return fprintf(stderr, "decode-ab: out of memory\n"), 1;
-        for (size_t k = 0; k < bytes / 2; k++) {
-            const float v = 0.05f * kiln_rng_normal(&rng);
-            d[k] = f16 ? kiln_f32_to_f16(v) : kiln_f32_to_bf16(v);
+    /* env:NAME: a load-time setting; each arm its own matrices (the same
+     * values), prepared with NAME=A or NAME=B */
+    const char *env = !strncmp(sw, "env:", 4) ? sw + 4 : NULL;
+    struct qlinear *ws[2];
+    for (int arm = 0; arm < (env ? 2 : 1); arm++) {
+        char v[32];
+        snprintf(v, sizeof v, "%d", arm ? B : A);
+        if (env) setenv(env, v, 1);
+        ws[arm] = kiln_calloc((size_t)cnt, sizeof *ws[arm]);
+        struct kiln_rng rng;
+        kiln_rng_seed(&rng, 1);
+        for (int i = 0; i < cnt; i++) {
+            uint16_t *d = kiln_walloc(bytes);
+            if (!d) return fprintf(stderr, "decode-ab: out of memory\n"), 1;
+            for (size_t k = 0; k < bytes / 2; k++) {
+                const float v = 0.05f * kiln_rng_normal(&rng);
+                d[k] = f16 ? kiln_f32_to_f16(v) : kiln_f32_to_bf16(v);
+            }
+            ws[arm][i] = (struct qlinear){.n_out = N, .n_in = K, .fmt = KILN_WFMT_DENSE};
+            ws[arm][i].w = (struct ktensor){.dtype = f16 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, .rows = N, .cols = K, .data = d};
+            if (be->prepare_linear(be, &ws[arm][i], err, sizeof err)) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+            if (ws[arm][i].repacked) kiln_wfree(d); /* the backend reads its own copy, as a model's loader drops the stored one */
         }
-        ws[i] = (struct qlinear){.n_out = N, .n_in = K, .fmt = KILN_WFMT_DENSE};
-        ws[i].w = (struct ktensor){.dtype = f16 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, .rows = N, .cols = K, .data = d};
-        if (be->prepare_linear(be, &ws[i], err, sizeof err)) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+        if (env) unsetenv(env);
     }
+    if (!env) ws[1] = ws[0];
     float *x = kiln_malloc(sizeof(float) * (size_t)K * n), *y = kiln_malloc(sizeof(float) * (size_t)N * n);
     for (int i = 0; i < K * n; i++) x[i] = (float)((i * 37) % 17 - 8) * 0.1f;
     double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
     for (int r = -1; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
             const int arm = r & 1 ? 1 - k : k;
-            if (set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            if (!env && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
             const double t0 = kiln_now();
-            for (int i = 0; i < cnt; i++) be->matmul(be, y, x, &ws[i], n);
+            for (int i = 0; i < cnt; i++) be->matmul(be, y, x, &ws[arm][i], n);
             if (r >= 0) rate[arm][r] = (double)cnt * (double)bytes / (kiln_now() - t0) / 1e9;
         }
     char what[256];
-    snprintf(what, sizeof what, "%s GEMV K %d x N %d (%.1f MB x %d), n %d, %s", f16 ? "F16" : "BF16", K, N, bytes / 1e6, cnt, n, sw);
+    snprintf(what, sizeof what, "%s GEMV K %d x N %d (%.1f MB x %d), n %d, %s (GB/s of the 16-bit matrices)", f16 ? "F16" : "BF16", K, N,
+             bytes / 1e6, cnt, n, sw);
     report(what, "GB/s", A, B, rate, rounds);
     return 0; /* the matrices live until exit */
 }
@@ -173,7 +189,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
                         "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
-                        "        env:NAME (model runs: an engine per arm, opened with NAME=A / NAME=B)\n");
+                        "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
         return 2;
     }
     const int A = atoi(argv[base]), B = atoi(argv[base + 1]);

@@ -89,6 +89,10 @@ struct kiln_backend {
      * a backend whose scratch is scarce device memory, sized by the first
      * forward of a shape */
     int warm_at_open;
+    /* set before a model's load by a caller that reads the stored weights
+     * after it (kiln quantize): the backend then computes on them as they
+     * are and stores no smaller copy of its own in their place */
+    int keep_stored;
     /* the KV cache dtypes its attention reads: bit 1 << dtype; 0 for any
      * the engine offers (f32, f16, bf16) */
     unsigned kv_dtypes;
@@ -121,6 +125,10 @@ struct kiln_backend {
     int (*prepare_tensor)(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen);
     int (*prepare_linear)(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen);
     int (*prepare_rope)(struct kiln_backend *be, struct rope *r, char *err, size_t errlen);
+    /* optional: the bytes of w its kernels read in one pass over it, where
+     * its prepared form differs from the stored one (the CPU's 12-bit BF16);
+     * NULL: the stored bytes (quant_linear_bytes) */
+    int64_t (*linear_bytes)(struct kiln_backend *be, const struct qlinear *w);
     void (*release_tensor)(struct kiln_backend *be, struct ktensor *t);
     void (*release_linear)(struct kiln_backend *be, struct qlinear *w);
     void (*release_rope)(struct kiln_backend *be, struct rope *r);

@@ -344,6 +344,7 @@ void kiln_engine_describe(const kiln_engine *e, FILE *f) {
     int64_t np = model_n_params(m), nb = model_n_bytes(m);
     fprintf(f, "parameters:    %lld (%.3f B)\n", (long long)np, np / 1e9);
     fprintf(f, "weight bytes:  %lld (%.2f GiB)\n", (long long)nb, nb / (double)(1 << 30));
+    fprintf(f, "decode reads:  %.2f GiB of weights per token (as the backend keeps them)\n", model_decode_bytes(m) / (double)(1 << 30));
     model_describe_formats(m, f);
     fprintf(f, "backend:       %s\n", e->be->name);
     size_t kvb = kv_bytes_per_token(c->n_layer, c->n_head_kv, c->head_dim, e->kv.cache.dtype);

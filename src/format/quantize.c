@@ -608,6 +608,7 @@ int kiln_quantize(const char *src, const char *to, int group, const char *out, c
     if (group < -1 || (group > 0 && group % 8)) return kiln_errf(err, errlen, "quantize: --group-size %d: expected -1 or a positive multiple of 8", group);
     struct kiln_backend *be = backend_create("cpu", 0, err, errlen);
     if (!be) return -1;
+    be->keep_stored = 1; /* the writers read the source's weights */
     struct kiln_model m;
     int rc = model_load_dir(&m, src, be, err, errlen);
     if (rc == 0) {

@@ -312,8 +312,8 @@ struct errbuf {
     size_t errlen;
 };
 
-/* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 / Q8_0 ones,
- * at load (cpu_qprepare_linear) and never reads the stored tensors again
+/* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 / Q8_0 ones
+ * and BF16 ones (in 12 bits), at load (cpu_qprepare_linear) and never reads the stored tensors again
  * (qlinear.repacked): drop their pages right after each linear's repack,
  * so resident memory is the repacked size, not stored + repacked, at the
  * end and along the way (a dummy model's anonymous pages cannot be evicted
@@ -400,17 +400,32 @@ int64_t model_n_bytes(const struct kiln_model *m) {
     return c.bytes;
 }
 
+/* the bytes the backend's kernels read in a pass over w */
+static int64_t read_bytes(const struct kiln_model *m, const struct qlinear *w) {
+    return m->be && m->be->linear_bytes && w->be ? m->be->linear_bytes(m->be, w) : quant_linear_bytes(w);
+}
+
+static int read_delta(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    ((struct count *)ctx)->bytes += read_bytes(m, w) - quant_linear_bytes(w);
+    return 0;
+}
+
 double model_decode_bytes(const struct kiln_model *m) {
     /* model_n_bytes counts the embedding once (as lm_head when tied, which
      * reads it whole), so: less an untied embedding table (one row read),
-     * less the unused share of every layer's experts */
+     * less the unused share of every layer's experts; and each linear as
+     * the backend reads it, where it stores its own form (the tied lm_head
+     * included: that form is its own copy) */
     double b = (double)model_n_bytes(m);
+    struct count d = {0, 0};
+    each_linear((struct kiln_model *)m, read_delta, &d);
+    b += (double)d.bytes;
     if (!m->cfg.tie_embed && m->embed.data) b -= (double)m->embed.rows * quant_row_bytes(m->embed.dtype, m->embed.cols);
     for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
         const struct moe_ffn *f = &m->layers[l].moe;
         double ex = 0;
         for (int x = 0; f->gate && x < f->n_expert; x++)
-            ex += (double)quant_linear_bytes(&f->gate[x]) + (double)quant_linear_bytes(&f->up[x]) + (double)quant_linear_bytes(&f->down[x]);
+            ex += (double)read_bytes(m, &f->gate[x]) + (double)read_bytes(m, &f->up[x]) + (double)read_bytes(m, &f->down[x]);
         if (f->n_expert > 0) b -= ex * (f->n_expert - f->n_used) / f->n_expert;
     }
     return b;

@@ -82,7 +82,8 @@ int64_t model_n_bytes(const struct kiln_model *m);
 /* the weight bytes a one-token decode step reads: every linear (lm_head's
  * being the embedding when tied), the norm vectors, for MoE n_used /
  * n_expert of each layer's expert bytes; not an untied embedding table, of
- * which one row is read */
+ * which one row is read. Each linear as the backend's kernels read it
+ * (backend.h linear_bytes: the CPU's 12-bit BF16 rows), else as stored. */
 double model_decode_bytes(const struct kiln_model *m);
 /* Prints one line per weight format: "  GPTQ-int4-g128   196 linears  1.23 GiB"
  * (stored bytes, plus what the backend repacked at load). */

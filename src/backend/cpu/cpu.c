@@ -25,6 +25,7 @@
  * the shrinking tail.
  */
 #include "backend/cpu/cpu.h"
+#include "format/quant.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -365,8 +366,19 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
     if (w->fmt != KILN_WFMT_DENSE && cpu_qprepare_linear(w, err, errlen)) return -1;
     if (w->fmt == KILN_WFMT_DENSE && !cpu_dot_for(w->w.dtype))
         return kiln_errf(err, errlen, "cpu: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
+    /* BF16 in 12 bits (b12.c): the decode reads 24% fewer bytes, the same bits */
+    if (w->fmt == KILN_WFMT_DENSE && w->w.dtype == KILN_DTYPE_BF16 && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on()) {
+        if (!(w->be = cpu_b12_pack(be, w->w.data, w->n_out, w->n_in)))
+            return kiln_errf(err, errlen, "cpu: out of memory storing a BF16 linear (%d x %d) in 12 bits", w->n_out, w->n_in);
+        w->repacked = 1;
+    }
     if (w->bias.data) return cpu_prepare_tensor(be, &w->bias, err, errlen);
     return 0;
+}
+
+static int64_t cpu_linear_bytes(struct kiln_backend *be, const struct qlinear *w) {
+    (void)be;
+    return w->fmt == KILN_WFMT_DENSE && w->be ? (int64_t)cpu_b12_bytes(w->be) : quant_linear_bytes(w);
 }
 
 static int cpu_prepare_rope(struct kiln_backend *be, struct rope *r, char *err, size_t errlen) {
@@ -383,6 +395,7 @@ static void cpu_release_tensor(struct kiln_backend *be, struct ktensor *t) {
 
 static void cpu_release_linear(struct kiln_backend *be, struct qlinear *w) {
     if (w->fmt != KILN_WFMT_DENSE) cpu_qrelease_linear(w);
+    else cpu_b12_free(w->be), w->be = NULL;
     cpu_release_tensor(be, &w->bias);
 }
 
@@ -449,6 +462,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     be->write = cpu_write;
     be->prepare_tensor = cpu_prepare_tensor;
     be->prepare_linear = cpu_prepare_linear;
+    be->linear_bytes = cpu_linear_bytes;
     be->prepare_rope = cpu_prepare_rope;
     be->release_tensor = cpu_release_tensor;
     be->release_linear = cpu_release_linear;

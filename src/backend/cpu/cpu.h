@@ -210,6 +210,31 @@ void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x,
 typedef void (*cpu_dot_fn)(const void *row, const float *const *x, int nx, int n_in, float *out);
 cpu_dot_fn cpu_dot_for(enum kiln_dtype t);
 
+/* BF16 weights in 12 bits, losslessly (b12.c has the format): a dense
+ * BF16 linear's prepared form on x86 when n_in is a multiple of B12_K and
+ * KILN_CPU_B12 is not 0 (cpu_b12_on). Rows of rb bytes at data; escaped
+ * blocks' raw bf16 at esc. The GEMVs and GEMM read it with the BF16
+ * kernels' order of sums: the same bits as the stored BF16. */
+enum { B12_K = 64, B12_BB = 96 }; /* weights per block; bytes per block after the row's base bytes */
+struct cpu_b12 {
+    uint8_t *data;
+    uint16_t *esc;
+    size_t rb;
+    int n_out, n_in;
+    int64_t n_esc; /* escaped blocks */
+};
+int cpu_b12_on(void);
+size_t cpu_b12_row_bytes(int n_in);
+/* NULL when out of memory (or n_in is not a multiple of B12_K); the pool
+ * encodes the rows */
+struct cpu_b12 *cpu_b12_pack(struct kiln_backend *be, const uint16_t *w, int n_out, int n_in);
+void cpu_b12_free(struct cpu_b12 *b);
+size_t cpu_b12_bytes(const struct cpu_b12 *b);
+/* bf16 of elements [k0, k0 + k) of a row (multiples of B12_K) */
+void cpu_b12_decode(const uint8_t *row, int n_in, int k0, int k, uint16_t *dst);
+/* cpu_dot_fn of a 12-bit row (the scalar path) */
+void cpu_b12_dot_scalar(const void *row, const float *const *x, int nx, int n_in, float *out);
+
 /* quantized linears (qmatmul.c; the paths in qmatmul_*.c): prepare once at load (repack GPTQ/AWQ,
  * f32 copies of FP8 scales), release, and the matmul */
 int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen);

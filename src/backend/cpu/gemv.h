@@ -88,4 +88,7 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
         }                                                                                                         \
     }
 
+/* the 12-bit BF16 rows' gemv1 for cpu_isa() (b12.c), NULL on the scalar path */
+gemv1_fn cpu_b12_gemv1(void);
+
 #endif

@@ -840,7 +840,8 @@ struct mm_job {
     int n, n_in, n_out, MR, NR, isa;
     cpu_dot_fn dot;
     gemv1_fn gemv1;
-    int mx; /* activation rows per gemv1 call */
+    int mx;  /* activation rows per gemv1 call */
+    int b12; /* W holds 12-bit BF16 rows (b12.c) */
 };
 
 static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
@@ -852,6 +853,28 @@ static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
     }
 }
 
+static void pack_w(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, int n_in, int o0, int nr, int NR) {
+#if defined(KILN_NEON)
+    pack_w_neon(wp, W, t, rb, n_in, o0, nr, NR);
+#elif defined(KILN_X86)
+    pack_w_avx2(wp, W, t, rb, n_in, o0, nr, NR);
+#else
+    pack_w_generic(wp, W, t, rb, n_in, o0, nr, NR);
+#endif
+}
+
+/* the same from 12-bit BF16 rows (b12.c): B12_KC columns of the nr rows
+ * decoded to bf16 at a time, then packed as BF16 rows of B12_KC */
+enum { B12_KC = 256 };
+static void pack_w_b12(float *wp, const uint8_t *W, size_t rb, int n_in, int o0, int nr, int NR) {
+    uint16_t tmp[NR512 * B12_KC];
+    for (int k0 = 0; k0 < n_in; k0 += B12_KC) {
+        const int kc = n_in - k0 < B12_KC ? n_in - k0 : B12_KC;
+        for (int r = 0; r < nr; r++) cpu_b12_decode(W + (size_t)(o0 + r) * rb, n_in, k0, kc, tmp + (size_t)r * B12_KC);
+        pack_w(wp + (size_t)k0 * NR, (const uint8_t *)tmp, KILN_DTYPE_BF16, sizeof(uint16_t) * B12_KC, kc, 0, nr, NR);
+    }
+}
+
 static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
     const struct mm_job *j = arg;
     const int MR = j->MR, NR = j->NR, n = j->n, n_in = j->n_in, n_out = j->n_out;
@@ -860,11 +883,8 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
     for (int64_t ob = b; ob < e; ob++) {
         int o0 = (int)ob * NR, nr = n_out - o0 < NR ? n_out - o0 : NR;
         const float *bo = j->bias ? j->bias + o0 : NULL;
-#if defined(KILN_NEON)
-        pack_w_neon(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
-#elif defined(KILN_X86)
-        pack_w_avx2(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
-#endif
+        if (j->b12) pack_w_b12(wp, j->W, j->rb, n_in, o0, nr, NR);
+        else pack_w(wp, j->W, j->dt, j->rb, n_in, o0, nr, NR);
         /* the next panel's weight rows (same thread) are prefetched into L2
          * a slice per row panel, so its packing does not wait on DRAM */
         const int pf_rows = ob + 1 < e ? (n_out - o0 - nr < NR ? n_out - o0 - nr : NR) : 0;
@@ -887,14 +907,15 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
 }
 
 static void gemm(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, int isa) {
-    struct mm_job j = {.out = out, .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                       .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL};
+    const struct cpu_b12 *b12 = w->be;
+    struct mm_job j = {.out = out, .x = x, .W = b12 ? b12->data : w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
+                       .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .b12 = b12 != NULL};
     cpu_isa_note(isa, 0);
     j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
 #if defined(KILN_NEON)
     j.MR = MRNEON, j.NR = NRNEON;
 #endif
-    j.rb = (size_t)j.n_in * dtype_size(j.dt);
+    j.rb = b12 ? b12->rb : (size_t)j.n_in * dtype_size(j.dt);
     const int n_tb = (n + j.MR - 1) / j.MR, n_ob = (j.n_out + j.NR - 1) / j.NR;
     const size_t xp_sz = ((size_t)n_tb * j.MR * j.n_in + 15) & ~(size_t)15;
     j.wp_sz = ((size_t)j.NR * j.n_in + 15) & ~(size_t)15;
@@ -946,10 +967,12 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     cpu_gemv_streams(), cpu_gemv_pfd(), cpu_gemv_pfd_batch(), cpu_gemv_rows(); /* chosen here, on the calling thread, before the kernels read them */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
-        j[i] = (struct mm_job){.out = outs[i], .x = x, .W = w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                               .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = dot, .gemv1 = gemv1_for(w->w.dtype),
-                               .mx = gemvm_max()};
-        j[i].rb = (size_t)j[i].n_in * dtype_size(j[i].dt);
+        const struct cpu_b12 *b12 = w->be;
+        j[i] = (struct mm_job){.out = outs[i], .x = x, .W = b12 ? b12->data : w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in,
+                               .n_out = w->n_out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL,
+                               .dot = b12 ? cpu_b12_dot_scalar : dot, .gemv1 = b12 ? cpu_b12_gemv1() : gemv1_for(w->w.dtype),
+                               .mx = gemvm_max(), .b12 = b12 != NULL};
+        j[i].rb = b12 ? b12->rb : (size_t)j[i].n_in * dtype_size(j[i].dt);
         t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
         rows += w->n_out;
     }
@@ -975,7 +998,8 @@ void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x,
                       int n) {
     int same = count <= MULTI_MAX;
     for (int i = 1; i < count && same; i++)
-        same = ws[i]->fmt == ws[0]->fmt && ws[i]->w.dtype == ws[0]->w.dtype && ws[i]->n_in == ws[0]->n_in;
+        same = ws[i]->fmt == ws[0]->fmt && ws[i]->w.dtype == ws[0]->w.dtype && ws[i]->n_in == ws[0]->n_in &&
+               (ws[0]->fmt != KILN_WFMT_DENSE || !ws[i]->be == !ws[0]->be); /* all in 12 bits or none */
     if (same && ws[0]->fmt == KILN_WFMT_DENSE && (n < GEMM_MIN || cpu_isa() == CPU_ISA_SCALAR)) {
         gemv(be, (float *const *)outs, x, ws, count, n, cpu_dot_for(ws[0]->w.dtype));
         return;

@@ -1,0 +1,409 @@
+/*
+ * b12.c: BF16 weights in 12 bits, losslessly, for the CPU's decode GEMV.
+ *
+ * At batch 1 a decode step reads every weight once, and with 16-bit
+ * weights the step is as fast as memory: the only way to go faster is to
+ * read fewer bytes. A bf16 is a high byte (the sign and the exponent's top
+ * 7 bits) and a low byte (the exponent's last bit and 7 mantissa bits).
+ * The low byte is close to random; the high byte is not: within a block of
+ * 64 weights of a trained matrix the exponents span a few binades, so its
+ * 7 exponent bits are, almost always, one of 8 values above the block's
+ * smallest. So a block of 64 is stored as:
+ *
+ *   base   1 byte: the smallest (high byte & 0x7F) in the block, or 0xFF
+ *          for a block that does not fit (an escape, below)
+ *   L[64]  the low bytes
+ *   C[32]  4-bit codes, code = sign << 3 | ((high byte & 0x7F) - base)
+ *
+ * 97 bytes per 64 weights (12.1 bits), exact for every bit pattern (NaN,
+ * infinities, subnormals and zeros included). A block whose exponents span
+ * more than 8 values of (high byte & 0x7F) keeps its 64 bf16 as they are
+ * in a separate array; the block's first 8 bytes hold the distance in
+ * bytes from the block to them (a self-relative pointer, so the kernels
+ * need no second base address). Normal weights of any scale escape about
+ * 0.5% of blocks (a value 2^16 below the block's largest), an all-zero
+ * block never.
+ *
+ * A row is its nb = n_in / 64 base bytes (padded to 32), then its nb
+ * blocks of 96 bytes (L then C). Inside a block the bytes are placed so
+ * that the x86 decode needs no shuffle of x: weight p = 16 v + 4 l + e
+ * (v, l < 4, e < 4) has its low byte at L[16 l + 4 v + e] and its code in
+ * the low nibble of C[i] for L index i < 32, the high nibble of C[i - 32]
+ * above. Decoding 64 weights on AVX-512 is then: codes = (C & 15 | C >> 4
+ * & 15) as 64 bytes, high bytes = vpshufb of a 16-byte table (base + 0..7,
+ * with and without the sign bit) by the codes, bf16 words = vpunpck{l,h}bw
+ * of L with them, f32 = vpunpck{l,h}wd of zero with the words: four
+ * vectors holding weights 0-15, 16-31, 32-47, 48-63 in order. On AVX2 the
+ * same bytes in two 32-byte halves give weights 0-7, 16-23, 32-39, 48-55
+ * (first half) and 8-15, 24-31, 40-47, 56-63 (second half).
+ *
+ * Numerics do not move: each kernel here adds the same products into the
+ * same accumulators in the same order as the plain BF16 kernel of its
+ * instruction set (matmul.c: AVX-512 2 zmm accumulators per row over steps
+ * of 32, AVX2 4 ymm over steps of 32, scalar one running sum), so a row
+ * stored in 12 bits gives the same bits as the row stored as BF16
+ * (test_cpu_kernels holds them to it). Rows whose n_in is not a multiple
+ * of 64 stay BF16.
+ *
+ * Where: x86 (AVX2 or AVX-512 kernels; the scalar path decodes a block at
+ * a time), dense BF16 linears, made at load (cpu.c's prepare); the stored
+ * BF16 is then dropped (qlinear.repacked). KILN_CPU_B12=0 keeps BF16. The
+ * prefill GEMM decodes its weight panels from the same bytes (matmul.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/gemv.h"
+#include "base/base.h"
+
+/* L index of weight p of a block */
+static inline int b12_pos(int p) { return ((p >> 2) & 3) * 16 + (p >> 4) * 4 + (p & 3); }
+
+static inline size_t b12_head(int nb) { return ((size_t)nb + 31) & ~(size_t)31; }
+
+size_t cpu_b12_row_bytes(int n_in) { return b12_head(n_in / B12_K) + (size_t)B12_BB * (size_t)(n_in / B12_K); }
+
+int cpu_b12_on(void) {
+#if defined(KILN_X86)
+    const char *e = getenv("KILN_CPU_B12");
+    return !(e && !strcmp(e, "0"));
+#else
+    return 0; /* no vector kernels for it elsewhere */
+#endif
+}
+
+/* ==== the encoder ==== */
+
+/* the block's base, or -1 when its exponents do not fit 8 codes */
+static int block_base(const uint16_t *w) {
+    int mn = 0x7F, mx = 0;
+    for (int p = 0; p < B12_K; p++) {
+        const int h = (w[p] >> 8) & 0x7F;
+        mn = h < mn ? h : mn;
+        mx = h > mx ? h : mx;
+    }
+    return mx - mn <= 7 ? mn : -1;
+}
+
+/* block v (64 bf16) into blk (96 bytes): its base, or -1 (nothing written) */
+static int enc_block(const uint16_t *v, uint8_t *blk) {
+    const int base = block_base(v);
+    if (base < 0) return -1;
+    memset(blk + B12_K, 0, B12_BB - B12_K);
+    for (int p = 0; p < B12_K; p++) {
+        const int i = b12_pos(p), code = (v[p] >> 12 & 8) | (((v[p] >> 8) & 0x7F) - base);
+        blk[i] = (uint8_t)v[p];
+        blk[B12_K + (i & 31)] |= (uint8_t)(i < 32 ? code : code << 4);
+    }
+    return base;
+}
+
+#if defined(KILN_X86)
+/* the same on AVX2 (load time: 0.6B's 600M weights in ~0.1 s, where the
+ * scalar loop took ~3 s of two cores). Low and high bytes split by
+ * vpackuswb (lane-interleaved, put back in order by vpermq); the span by
+ * byte min / max folded to one byte; the codes; then the layout's
+ * reorder, which moves whole 4-byte groups: group d = 4 v + l of the
+ * natural order goes to 4 l + v, a 4 x 4 transpose of dwords (vpermd
+ * within each half, then vpunpck{l,h}qdq across them). */
+KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
+    const __m256i lo8 = _mm256_set1_epi16(0xFF), m7f = _mm256_set1_epi8(0x7F);
+    __m256i a[4], L[2], H[2];
+    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_si256((const __m256i *)(v + 16 * k));
+    for (int h = 0; h < 2; h++) {
+        L[h] = _mm256_permute4x64_epi64(_mm256_packus_epi16(_mm256_and_si256(a[2 * h], lo8), _mm256_and_si256(a[2 * h + 1], lo8)), 0xD8);
+        H[h] = _mm256_permute4x64_epi64(_mm256_packus_epi16(_mm256_srli_epi16(a[2 * h], 8), _mm256_srli_epi16(a[2 * h + 1], 8)), 0xD8);
+    }
+    const __m256i e0 = _mm256_and_si256(H[0], m7f), e1 = _mm256_and_si256(H[1], m7f);
+    __m128i mn = _mm_min_epu8(_mm256_castsi256_si128(_mm256_min_epu8(e0, e1)), _mm256_extracti128_si256(_mm256_min_epu8(e0, e1), 1));
+    __m128i mx = _mm_max_epu8(_mm256_castsi256_si128(_mm256_max_epu8(e0, e1)), _mm256_extracti128_si256(_mm256_max_epu8(e0, e1), 1));
+    for (int sh = 8; sh >= 1; sh /= 2) {
+        const __m128i a8 = sh == 8 ? _mm_srli_si128(mn, 8) : sh == 4 ? _mm_srli_si128(mn, 4) : sh == 2 ? _mm_srli_si128(mn, 2) : _mm_srli_si128(mn, 1);
+        const __m128i b8 = sh == 8 ? _mm_srli_si128(mx, 8) : sh == 4 ? _mm_srli_si128(mx, 4) : sh == 2 ? _mm_srli_si128(mx, 2) : _mm_srli_si128(mx, 1);
+        mn = _mm_min_epu8(mn, a8), mx = _mm_max_epu8(mx, b8);
+    }
+    const int base = _mm_cvtsi128_si32(mn) & 0xFF, top = _mm_cvtsi128_si32(mx) & 0xFF;
+    if (top - base > 7) return -1;
+    const __m256i bv = _mm256_set1_epi8((char)base), s8 = _mm256_set1_epi8(8);
+    const __m256i c0 = _mm256_or_si256(_mm256_sub_epi8(e0, bv), _mm256_and_si256(_mm256_srli_epi16(H[0], 4), s8));
+    const __m256i c1 = _mm256_or_si256(_mm256_sub_epi8(e1, bv), _mm256_and_si256(_mm256_srli_epi16(H[1], 4), s8));
+    const __m256i idx = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+    const __m256i l0 = _mm256_permutevar8x32_epi32(L[0], idx), l1 = _mm256_permutevar8x32_epi32(L[1], idx);
+    const __m256i d0 = _mm256_permutevar8x32_epi32(c0, idx), d1 = _mm256_permutevar8x32_epi32(c1, idx);
+    _mm256_storeu_si256((__m256i *)blk, _mm256_unpacklo_epi64(l0, l1));
+    _mm256_storeu_si256((__m256i *)(blk + 32), _mm256_unpackhi_epi64(l0, l1));
+    _mm256_storeu_si256((__m256i *)(blk + 64), _mm256_or_si256(_mm256_unpacklo_epi64(d0, d1), _mm256_slli_epi16(_mm256_unpackhi_epi64(d0, d1), 4)));
+    return base;
+}
+#endif
+
+struct pack_job {
+    const uint16_t *w;
+    struct cpu_b12 *b;
+    int64_t *esc0; /* per row: its escapes' count (pass 0), then the index of its first (pass 1) */
+    int pass, avx2;
+};
+
+/* pass 0 encodes every block and counts the escapes; pass 1 copies the
+ * escaped blocks out and points their blocks at them */
+static void pack_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const struct pack_job *j = arg;
+    const int n_in = j->b->n_in, nb = n_in / B12_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint16_t *w = j->w + (size_t)r * (size_t)n_in;
+        uint8_t *row = j->b->data + (size_t)r * j->b->rb, *blk = row + b12_head(nb);
+        if (j->pass == 0) {
+            int64_t n = 0;
+            memset(row + nb, 0, b12_head(nb) - (size_t)nb);
+            for (int k = 0; k < nb; k++) {
+#if defined(KILN_X86)
+                const int base = j->avx2 ? enc_block_avx2(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB)
+                                         : enc_block(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB);
+#else
+                const int base = enc_block(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB);
+#endif
+                row[k] = base < 0 ? 0xFF : (uint8_t)base;
+                n += base < 0;
+            }
+            j->esc0[r] = n;
+            continue;
+        }
+        int64_t e = j->esc0[r];
+        for (int k = 0; k < nb && e < j->esc0[r + 1]; k++) {
+            if (row[k] != 0xFF) continue;
+            uint8_t *bk = blk + (size_t)k * B12_BB;
+            uint16_t *raw = j->b->esc + (size_t)e++ * B12_K;
+            memcpy(raw, w + (size_t)k * B12_K, sizeof(uint16_t) * B12_K);
+            const int64_t d = (int64_t)((const uint8_t *)raw - bk);
+            memset(bk, 0, B12_BB);
+            memcpy(bk, &d, sizeof d);
+        }
+    }
+}
+
+struct cpu_b12 *cpu_b12_pack(struct kiln_backend *be, const uint16_t *w, int n_out, int n_in) {
+    if (n_in <= 0 || n_in % B12_K || n_out <= 0) return NULL;
+    struct cpu_b12 *b = calloc(1, sizeof *b);
+    int64_t *esc0 = malloc(sizeof(int64_t) * ((size_t)n_out + 1));
+    if (!b || !esc0) goto fail;
+    *b = (struct cpu_b12){.n_out = n_out, .n_in = n_in, .rb = cpu_b12_row_bytes(n_in)};
+    if (!(b->data = kiln_walloc(b->rb * (size_t)n_out))) goto fail;
+    struct pack_job j = {.w = w, .b = b, .esc0 = esc0, .pass = 0};
+#if defined(KILN_X86)
+    j.avx2 = cpu_isa() >= CPU_ISA_AVX2; /* the scalar loop when the kernels are held to it (the tests) */
+#endif
+    cpu_parallel_for(be, n_out, 64, pack_rows, &j);
+    for (int r = 0; r < n_out; r++) {
+        const int64_t n = esc0[r];
+        esc0[r] = b->n_esc;
+        b->n_esc += n;
+    }
+    esc0[n_out] = b->n_esc;
+    if (b->n_esc) {
+        if (!(b->esc = kiln_walloc(sizeof(uint16_t) * B12_K * (size_t)b->n_esc))) goto fail;
+        j.pass = 1;
+        cpu_parallel_for(be, n_out, 64, pack_rows, &j);
+    }
+    free(esc0);
+    return b;
+fail:
+    free(esc0);
+    cpu_b12_free(b);
+    return NULL;
+}
+
+void cpu_b12_free(struct cpu_b12 *b) {
+    if (!b) return;
+    if (b->data) kiln_wfree(b->data);
+    if (b->esc) kiln_wfree(b->esc);
+    free(b);
+}
+
+size_t cpu_b12_bytes(const struct cpu_b12 *b) {
+    return b->rb * (size_t)b->n_out + sizeof(uint16_t) * B12_K * (size_t)b->n_esc;
+}
+
+/* ==== scalar: decode, dot ==== */
+
+static inline const uint16_t *esc_of(const uint8_t *blk) {
+    int64_t d;
+    memcpy(&d, blk, sizeof d);
+    return (const uint16_t *)(blk + d);
+}
+
+static void block_bf16(const uint8_t *blk, int base, uint16_t *dst) {
+    if (base == 0xFF) {
+        memcpy(dst, esc_of(blk), sizeof(uint16_t) * B12_K);
+        return;
+    }
+    for (int p = 0; p < B12_K; p++) {
+        const int i = b12_pos(p), c = i < 32 ? blk[B12_K + i] & 15 : blk[B12_K + i - 32] >> 4;
+        dst[p] = (uint16_t)(((c & 8) << 12) | ((base + (c & 7)) << 8) | blk[i]);
+    }
+}
+
+void cpu_b12_decode(const uint8_t *row, int n_in, int k0, int k, uint16_t *dst) {
+    const int nb = n_in / B12_K;
+    const uint8_t *blk = row + b12_head(nb);
+    for (int c = k0 / B12_K; c < (k0 + k) / B12_K; c++, dst += B12_K) block_bf16(blk + (size_t)c * B12_BB, row[c], dst);
+}
+
+/* as matmul.c's scalar BF16 dot: one running sum per activation row */
+void cpu_b12_dot_scalar(const void *row_, const float *const *x, int nx, int n_in, float *out) {
+    const uint8_t *row = row_;
+    const int nb = n_in / B12_K;
+    float s[4] = {0, 0, 0, 0};
+    uint16_t w[B12_K];
+    for (int c = 0; c < nb; c++) {
+        block_bf16(row + b12_head(nb) + (size_t)c * B12_BB, row[c], w);
+        for (int j = 0; j < nx; j++)
+            for (int p = 0; p < B12_K; p++) s[j] += kiln_bf16_to_f32(w[p]) * x[j][c * B12_K + p];
+    }
+    for (int j = 0; j < nx; j++) out[j] = s[j];
+}
+
+#if defined(KILN_X86)
+/* ==== AVX-512 ==== */
+
+#define AVX512 KILN_AVX512
+#define AVX2 KILN_AVX2
+
+/* the 16-byte table of high bytes by code, in each 128-bit lane */
+#define B12_TAB 0x03020100, 0x07060504, (int)0x83828180, (int)0x87868584
+
+/* weights 0-15, 16-31, 32-47, 48-63 of a block as f32 */
+AVX512 static inline __attribute__((always_inline)) void dec_avx512(const uint8_t *blk, int base, __m512 f[4]) {
+    if (__builtin_expect(base == 0xFF, 0)) {
+        const uint16_t *raw = esc_of(blk);
+        for (int v = 0; v < 4; v++)
+            f[v] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(raw + 16 * v))), 16));
+        return;
+    }
+    const __m512i t = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_setr_epi32(B12_TAB)), _mm512_set1_epi8((char)base));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15);
+    const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(c, m)), _mm256_and_si256(_mm256_srli_epi16(c, 4), m), 1);
+    const __m512i h = _mm512_shuffle_epi8(t, codes), l = _mm512_loadu_si512((const void *)blk), z = _mm512_setzero_si512();
+    const __m512i w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h);
+    f[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w0));
+    f[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w0));
+    f[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w1));
+    f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w1));
+}
+
+/* Rows r + q sd (q < R) for nx activation rows (GEMV_ROWS_AVX512's
+ * contract, gemv.h): per block and row, weights 0-15 and 32-47 into the
+ * first accumulator, 16-31 and 48-63 into the second, as the BF16 loop's
+ * two steps of 32 do */
+AVX512 static inline __attribute__((always_inline)) void rows_b12_avx512(const uint8_t *W, size_t rb, const float *x, int nx,
+                                                                          int R, int n_in, int64_t r, const float *bias,
+                                                                          float *out, int n_out, int pfd, int64_t sd) {
+    const int nb = n_in / B12_K;
+    const size_t hd = b12_head(nb);
+    const uint8_t *w[GEMV_R];
+    __m512 a[GEMV_R][4][2];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+        w[q] = W + (size_t)(r + q * sd) * rb;
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < nb; c++) {
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
+            if (pfd) {
+                _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
+            }
+            __m512 f[4];
+            dec_avx512(blk, w[q][c], f);
+            _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {
+                const float *xj = x + (size_t)j * n_in + (size_t)c * B12_K;
+                a[q][j][0] = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xj), a[q][j][0]);
+                a[q][j][1] = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xj + 16), a[q][j][1]);
+                a[q][j][0] = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xj + 32), a[q][j][0]);
+                a[q][j][1] = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xj + 48), a[q][j][1]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++)
+            out[(size_t)j * n_out + r + q * sd] = _mm512_reduce_add_ps(_mm512_add_ps(a[q][j][0], a[q][j][1])) + (bias ? bias[r + q * sd] : 0.0f);
+}
+
+/* ==== AVX2 ==== */
+
+/* weights 8h + 0-7, 16-23, 32-39, 48-55 of a block (h = 0: the first 32
+ * bytes of L and the low nibbles; h = 1 the second, the high nibbles) */
+AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *blk, int base, __m256 f[2][4]) {
+    if (__builtin_expect(base == 0xFF, 0)) {
+        const uint16_t *raw = esc_of(blk);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 4; v++)
+                f[h][v] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(raw + 16 * v + 8 * h))), 16));
+        return;
+    }
+    const __m256i t = _mm256_add_epi8(_mm256_setr_epi32(B12_TAB, B12_TAB), _mm256_set1_epi8((char)base));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15), z = _mm256_setzero_si256();
+    const __m256i codes[2] = {_mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16(c, 4), m)};
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m256i hi = _mm256_shuffle_epi8(t, codes[h]), l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+        const __m256i w0 = _mm256_unpacklo_epi8(l, hi), w1 = _mm256_unpackhi_epi8(l, hi);
+        f[h][0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
+        f[h][1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
+        f[h][2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
+        f[h][3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
+    }
+}
+
+/* GEMV_ROWS_AVX2's contract: per block, accumulator u takes weights
+ * 8u + 0-7 and 32 + 8u + 0-7, as the BF16 loop's two steps of 32 do */
+AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8_t *W, size_t rb, const float *x, int nx, int R,
+                                                                      int n_in, int64_t r, const float *bias, float *out,
+                                                                      int n_out, int pfd, int64_t sd) {
+    const int nb = n_in / B12_K;
+    const size_t hd = b12_head(nb);
+    const uint8_t *w[GEMV_R];
+    __m256 a[GEMV_R][2][4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+        w[q] = W + (size_t)(r + q * sd) * rb;
+        _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) a[q][j][0] = a[q][j][1] = a[q][j][2] = a[q][j][3] = _mm256_setzero_ps();
+    }
+    for (int c = 0; c < nb; c++) {
+        _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
+            const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
+            if (pfd) {
+                _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
+            }
+            __m256 f[2][4];
+            dec_avx2(blk, w[q][c], f);
+            _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {
+                const float *xj = x + (size_t)j * n_in + (size_t)c * B12_K;
+                /* weight 8u + 32s + 0-7 is f[u & 1][2 s + (u >> 1)] */
+                _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++)
+                    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                        a[q][j][u] = _mm256_fmadd_ps(f[u & 1][2 * s + (u >> 1)], _mm256_loadu_ps(xj + 32 * s + 8 * u), a[q][j][u]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int q = 0; q < R; q++)
+        _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {
+            const float t = 0; /* the BF16 loop's tail sum, empty here */
+            out[(size_t)j * n_out + r + q * sd] =
+                kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[q][j][0], a[q][j][1]), _mm256_add_ps(a[q][j][2], a[q][j][3]))) + t +
+                (bias ? bias[r + q * sd] : 0.0f);
+        }
+}
+
+GEMV1(gemv1_b12_avx512, AVX512, rows_b12_avx512, 4)
+GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2)
+#endif /* KILN_X86 */
+
+gemv1_fn cpu_b12_gemv1(void) {
+#if defined(KILN_X86)
+    const int v = cpu_isa();
+    cpu_isa_note(v, 0);
+    return v == CPU_ISA_AVX512 ? gemv1_b12_avx512 : v == CPU_ISA_AVX2 ? gemv1_b12_avx2 : NULL;
+#else
+    return NULL;
+#endif
+}

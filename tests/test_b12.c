@@ -1,0 +1,192 @@
+/*
+ * test_b12.c: BF16 weights stored in 12 bits (src/backend/cpu/b12.c).
+ *
+ * The format is lossless and the kernels keep the BF16 kernels' order of
+ * sums, so everything here is exact:
+ *   - every one of the 65,536 bf16 bit patterns decodes to itself, in
+ *     blocks that fit 8 codes and in blocks that escape;
+ *   - the escapes are what the format says (a block escapes iff its
+ *     exponents span more than 8 values) and normal weights rarely do;
+ *   - on every instruction set the CPU has, the matmul of a linear stored
+ *     in 12 bits gives the same bits as the same linear kept as BF16, at
+ *     1-7 activation rows (the decode GEMV, under every row order,
+ *     prefetch and rows-per-pass setting) and at 8+ (the GEMM), with and
+ *     without a bias, on blocks of every kind: normal weights at several
+ *     scales, zeros, signed zeros, subnormals, wide blocks that escape;
+ *   - a backend told to keep the stored weights (kiln quantize) makes no
+ *     12-bit copy.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/base.h"
+#include "test.h"
+
+/* a backend's prepared 12-bit copy of w (n_out x n_in BF16), or NULL */
+static struct qlinear lin(struct kiln_backend *be, uint16_t *w, int n_out, int n_in, float *bias, int b12) {
+    char err[256];
+    struct qlinear q = {.n_out = n_out, .n_in = n_in, .fmt = KILN_WFMT_DENSE, .w = {KILN_DTYPE_BF16, n_out, n_in, w, NULL}};
+    if (bias) q.bias = (struct ktensor){KILN_DTYPE_F32, 1, n_out, bias, NULL};
+    if (!b12) setenv("KILN_CPU_B12", "0", 1);
+    CHECK(be->prepare_linear(be, &q, err, sizeof err) == 0, "%s", err);
+    unsetenv("KILN_CPU_B12");
+    return q;
+}
+
+/* every bf16 pattern, in 12 bits and back: once in order (a block of 64
+ * has one high byte: none escapes) and once shuffled (nearly every block
+ * escapes) */
+static void check_roundtrip(struct kiln_backend *be, struct kiln_rng *r) {
+    enum { N = 65536, K = 256 };
+    uint16_t *w = kiln_malloc(sizeof(uint16_t) * N), *back = kiln_malloc(sizeof(uint16_t) * K);
+    for (int sh = 0; sh < 2; sh++) {
+        for (int i = 0; i < N; i++) w[i] = (uint16_t)i;
+        for (int i = N - 1; sh && i > 0; i--) {
+            const int k = (int)(kiln_rng_uniform(r) * (i + 1));
+            const uint16_t t = w[i];
+            w[i] = w[k], w[k] = t;
+        }
+        struct cpu_b12 *b = cpu_b12_pack(be, w, N / K, K);
+        CHECK(b != NULL);
+        if (!b) break;
+        int bad = 0;
+        int64_t esc = 0;
+        for (int row = 0; row < N / K; row++) {
+            cpu_b12_decode(b->data + (size_t)row * b->rb, K, 0, K, back);
+            bad += memcmp(back, w + (size_t)row * K, sizeof(uint16_t) * K) != 0;
+            for (int c = 0; c < K / B12_K; c++) { /* the format's rule: escape iff the exponents span > 8 values */
+                int mn = 0x7F, mx = 0;
+                for (int p = 0; p < B12_K; p++) {
+                    const int h = (w[(size_t)row * K + c * B12_K + p] >> 8) & 0x7F;
+                    mn = h < mn ? h : mn, mx = h > mx ? h : mx;
+                }
+                const int escaped = b->data[(size_t)row * b->rb + c] == 0xFF;
+                CHECK(escaped == (mx - mn > 7), "b12 row %d block %d: escaped %d, exponent span %d", row, c, escaped, mx - mn);
+                esc += escaped;
+            }
+        }
+        CHECK(bad == 0, "b12 %s bf16 patterns: %d rows do not decode to themselves", sh ? "shuffled" : "ordered", bad);
+        CHECK(esc == b->n_esc, "b12: %lld blocks marked, %lld counted", (long long)esc, (long long)b->n_esc);
+        if (!sh) CHECK(b->n_esc == 0, "b12 ordered patterns: %lld escapes", (long long)b->n_esc);
+        else CHECK(b->n_esc >= N / B12_K * 9 / 10, "b12 shuffled patterns: only %lld escapes", (long long)b->n_esc);
+        CHECK(cpu_b12_bytes(b) == b->rb * (size_t)(N / K) + (size_t)b->n_esc * B12_K * 2);
+        cpu_b12_free(b);
+    }
+    free(w), free(back);
+}
+
+/* row r, block c of the test matrix: the kinds of block a checkpoint can hold */
+static void fill_block(uint16_t *v, int kind, struct kiln_rng *r) {
+    static const float scale[] = {1e-3f, 0.02f, 1.0f, 30.0f};
+    for (int p = 0; p < B12_K; p++) {
+        float f = kiln_rng_normal(r);
+        switch (kind) {
+        case 0: case 1: case 2: case 3: f *= scale[kind]; break;
+        case 4: f = 0; break;                                        /* all zero: fits (base 0) */
+        case 5: f = p % 3 ? 0.02f * f : (p & 1 ? -0.0f : 0.0f); break; /* zeros among weights: escapes */
+        case 6: f *= p & 1 ? 1e-38f : 3e-39f; break;                   /* subnormals and tiny normals */
+        default: f *= ldexpf(1.0f, (int)(kiln_rng_uniform(r) * 60) - 30); /* 2^60 wide: escapes */
+        }
+        v[p] = kiln_f32_to_bf16(f);
+    }
+}
+
+static void check_matmul_b12(struct kiln_backend *be, struct kiln_rng *r, const char *isa, int n_out, int n_in, int with_bias) {
+    uint16_t *w = kiln_malloc(sizeof(uint16_t) * (size_t)n_out * n_in);
+    for (int o = 0; o < n_out; o++)
+        for (int c = 0; c < n_in / B12_K; c++) fill_block(w + (size_t)o * n_in + c * B12_K, (o * 7 + c * 3) % 8, r);
+    float *bias = kiln_malloc(sizeof(float) * (size_t)n_out);
+    for (int i = 0; i < n_out; i++) bias[i] = kiln_rng_normal(r);
+    struct qlinear q16 = lin(be, w, n_out, n_in, with_bias ? bias : NULL, 0), q12 = lin(be, w, n_out, n_in, with_bias ? bias : NULL, 1);
+    CHECK(q16.be == NULL && !q16.repacked, "KILN_CPU_B12=0 still stored a 12-bit copy");
+#if defined(KILN_X86)
+    CHECK(q12.be != NULL && q12.repacked, "a BF16 %dx%d linear is not stored in 12 bits on x86", n_out, n_in);
+#endif
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 13};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        const size_t ny = (size_t)n * n_out;
+        float *x = kiln_malloc(sizeof(float) * (size_t)n * n_in), *y16 = kiln_malloc(sizeof(float) * ny), *y12 = kiln_malloc(sizeof(float) * ny);
+        for (int i = 0; i < n * n_in; i++) x[i] = kiln_rng_normal(r);
+        memset(y16, 0xff, sizeof(float) * ny);
+        be->matmul(be, y16, x, &q16, n);
+        const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), pb = cpu_gemv_pfd_batch(), rk = cpu_gemv_rows();
+        for (int s2 = 1; s2 <= (n < 8 ? 2 : 1); s2++)
+            for (int d = 0; d <= (n < 8 ? 1024 : 0); d += 1024)
+                for (int k = 0; k <= (n < 8 ? 512 : 0); k += k ? 511 : 1) {
+                    if (n < 8) cpu_set_gemv_streams(s2), cpu_set_gemv_pfd(d), cpu_set_gemv_pfd_batch(1024 - d), cpu_set_gemv_rows(k);
+                    memset(y12, 0xff, sizeof(float) * ny); /* NaN: every output must be written */
+                    be->matmul(be, y12, x, &q12, n);
+                    CHECK(!memcmp(y16, y12, sizeof(float) * ny), "%s b12 matmul %dx%d n=%d bias=%d (streams %d, prefetch %d, rows %d): not the BF16 bits",
+                          isa, n_out, n_in, n, with_bias, s2, d, k);
+                }
+        cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_pfd_batch(pb), cpu_set_gemv_rows(rk);
+        free(x), free(y16), free(y12);
+    }
+    /* q/k/v-style: three linears sharing x as one job */
+    {
+        float *x = kiln_malloc(sizeof(float) * 3 * (size_t)n_in), *y = kiln_malloc(sizeof(float) * 9 * (size_t)n_out);
+        for (int i = 0; i < 3 * n_in; i++) x[i] = kiln_rng_normal(r);
+        const struct qlinear *ws12[3] = {&q12, &q12, &q12}, *ws16[3] = {&q16, &q16, &q16};
+        void *o12[3] = {y, y + 3 * n_out, y + 6 * n_out};
+        float *y16 = kiln_malloc(sizeof(float) * 3 * (size_t)n_out);
+        cpu_matmul_multi(be, o12, x, ws12, 3, 3);
+        cpu_matmul(be, y16, x, &q16, 3);
+        for (int i = 0; i < 3; i++)
+            CHECK(!memcmp(y + (size_t)3 * i * n_out, y16, sizeof(float) * 3 * (size_t)n_out), "%s b12 multi %dx%d: linear %d", isa, n_out, n_in, i);
+        (void)ws16;
+        free(x), free(y), free(y16);
+    }
+    be->release_linear(be, &q16), be->release_linear(be, &q12);
+    CHECK(q12.be == NULL);
+    free(w), free(bias);
+}
+
+void test_b12(void) {
+    char err[256];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 12);
+    check_roundtrip(be, &r);
+    {   /* normal weights: ~0.5% of blocks escape (a weight 2^16 below the block's largest); the size */
+        enum { N = 512, K = 1024 };
+        uint16_t *w = kiln_malloc(sizeof(uint16_t) * N * K);
+        for (int i = 0; i < N * K; i++) w[i] = kiln_f32_to_bf16(0.02f * kiln_rng_normal(&r));
+        struct cpu_b12 *b = cpu_b12_pack(be, w, N, K);
+        CHECK(b != NULL);
+        if (b) {
+            const double frac = (double)b->n_esc / (N * K / B12_K), bits = 8.0 * (double)cpu_b12_bytes(b) / (N * K);
+            CHECK(frac > 0.001 && frac < 0.02, "b12: %.4f of normal blocks escape", frac);
+            CHECK(bits < 12.4, "b12: %.3f bits per weight", bits);
+            fprintf(stderr, "  normal weights: %.2f%% of blocks escape, %.3f bits per weight\n", 100 * frac, bits);
+        }
+        cpu_b12_free(b);
+        CHECK(cpu_b12_pack(be, w, N, K - 32) == NULL, "n_in not a multiple of 64 must be refused");
+        /* kiln quantize's backend keeps the stored weights */
+        be->keep_stored = 1;
+        struct qlinear q = lin(be, w, N, K, NULL, 1);
+        CHECK(q.be == NULL && !q.repacked, "keep_stored: a 12-bit copy was made");
+        be->release_linear(be, &q);
+        be->keep_stored = 0;
+        free(w);
+    }
+    const int saved = cpu_isa();
+    for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_LAST; isa++) {
+        if (isa > cpu_isa_max()) {
+            test_skip(cpu_isa_name(isa));
+            continue;
+        }
+        CHECK(cpu_set_isa(isa) == isa);
+        /* (n_out, n_in): one block; a few; 700 rows (runs per thread, stealing); rows long enough to be read
+         * four at a time at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass of pairs leaves one) */
+        static const int shapes[][2] = {{1, 64}, {37, 192}, {700, 128}, {45, 6144}, {66, 1024}};
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            check_matmul_b12(be, &r, cpu_isa_name(isa), shapes[si][0], shapes[si][1], (int)(si & 1));
+    }
+    cpu_set_isa(saved);
+    be->destroy(be);
+}
