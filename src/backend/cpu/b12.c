@@ -396,7 +396,38 @@ AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8
 
 GEMV1(gemv1_b12_avx512, AVX512, rows_b12_avx512, 4)
 GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2)
+
+/* the GEMM's panel packing: blocks [c0, c1) of a row as f32 */
+AVX512 static void f32_avx512(const uint8_t *row, int nb, int c0, int c1, float *dst) {
+    for (int c = c0; c < c1; c++, dst += B12_K) {
+        __m512 f[4];
+        dec_avx512(row + b12_head(nb) + (size_t)c * B12_BB, row[c], f);
+        for (int v = 0; v < 4; v++) _mm512_storeu_ps(dst + 16 * v, f[v]);
+    }
+}
+
+AVX2 static void f32_avx2(const uint8_t *row, int nb, int c0, int c1, float *dst) {
+    for (int c = c0; c < c1; c++, dst += B12_K) {
+        __m256 f[2][4];
+        dec_avx2(row + b12_head(nb) + (size_t)c * B12_BB, row[c], f);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 4; v++) _mm256_storeu_ps(dst + 16 * v + 8 * h, f[h][v]);
+    }
+}
 #endif /* KILN_X86 */
+
+void cpu_b12_decode_f32(const uint8_t *row, int n_in, int k0, int k, float *dst) {
+    const int nb = n_in / B12_K, c0 = k0 / B12_K, c1 = (k0 + k) / B12_K;
+#if defined(KILN_X86)
+    if (cpu_isa() == CPU_ISA_AVX512) return f32_avx512(row, nb, c0, c1, dst);
+    if (cpu_isa() == CPU_ISA_AVX2) return f32_avx2(row, nb, c0, c1, dst);
+#endif
+    uint16_t w[B12_K];
+    for (int c = c0; c < c1; c++, dst += B12_K) {
+        block_bf16(row + b12_head(nb) + (size_t)c * B12_BB, row[c], w);
+        for (int p = 0; p < B12_K; p++) dst[p] = kiln_bf16_to_f32(w[p]);
+    }
+}
 
 gemv1_fn cpu_b12_gemv1(void) {
 #if defined(KILN_X86)

@@ -230,8 +230,10 @@ size_t cpu_b12_row_bytes(int n_in);
 struct cpu_b12 *cpu_b12_pack(struct kiln_backend *be, const uint16_t *w, int n_out, int n_in);
 void cpu_b12_free(struct cpu_b12 *b);
 size_t cpu_b12_bytes(const struct cpu_b12 *b);
-/* bf16 of elements [k0, k0 + k) of a row (multiples of B12_K) */
+/* bf16 of elements [k0, k0 + k) of a row (multiples of B12_K); the same
+ * as f32, vectorized for cpu_isa() (the GEMM's panels) */
 void cpu_b12_decode(const uint8_t *row, int n_in, int k0, int k, uint16_t *dst);
+void cpu_b12_decode_f32(const uint8_t *row, int n_in, int k0, int k, float *dst);
 /* cpu_dot_fn of a 12-bit row (the scalar path) */
 void cpu_b12_dot_scalar(const void *row, const float *const *x, int nx, int n_in, float *out);
 

@@ -864,14 +864,15 @@ static void pack_w(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, in
 }
 
 /* the same from 12-bit BF16 rows (b12.c): B12_KC columns of the nr rows
- * decoded to bf16 at a time, then packed as BF16 rows of B12_KC */
+ * decoded to f32 at a time (exactly the widened bf16), then packed as F32
+ * rows of B12_KC */
 enum { B12_KC = 256 };
 static void pack_w_b12(float *wp, const uint8_t *W, size_t rb, int n_in, int o0, int nr, int NR) {
-    uint16_t tmp[NR512 * B12_KC];
+    float tmp[NR512 * B12_KC];
     for (int k0 = 0; k0 < n_in; k0 += B12_KC) {
         const int kc = n_in - k0 < B12_KC ? n_in - k0 : B12_KC;
-        for (int r = 0; r < nr; r++) cpu_b12_decode(W + (size_t)(o0 + r) * rb, n_in, k0, kc, tmp + (size_t)r * B12_KC);
-        pack_w(wp + (size_t)k0 * NR, (const uint8_t *)tmp, KILN_DTYPE_BF16, sizeof(uint16_t) * B12_KC, kc, 0, nr, NR);
+        for (int r = 0; r < nr; r++) cpu_b12_decode_f32(W + (size_t)(o0 + r) * rb, n_in, k0, kc, tmp + (size_t)r * B12_KC);
+        pack_w(wp + (size_t)k0 * NR, (const uint8_t *)tmp, KILN_DTYPE_F32, sizeof(float) * B12_KC, kc, 0, nr, NR);
     }
 }
 
