@@ -14,7 +14,7 @@
  *     without a bias, on blocks of every kind: normal weights at several
  *     scales, zeros, signed zeros, subnormals, wide blocks that escape;
  *   - a backend told to keep the stored weights (kiln quantize) makes no
- *     12-bit copy.
+ *     12-bit copy, nor does a matrix whose blocks mostly escape.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -96,7 +96,10 @@ static void fill_block(uint16_t *v, int kind, struct kiln_rng *r) {
 static void check_matmul_b12(struct kiln_backend *be, struct kiln_rng *r, const char *isa, int n_out, int n_in, int with_bias) {
     uint16_t *w = kiln_malloc(sizeof(uint16_t) * (size_t)n_out * n_in);
     for (int o = 0; o < n_out; o++)
-        for (int c = 0; c < n_in / B12_K; c++) fill_block(w + (size_t)o * n_in + c * B12_K, (o * 7 + c * 3) % 8, r);
+        for (int c = 0; c < n_in / B12_K; c++) { /* kinds 0-7 in turn among normal blocks: 1 in 24 escapes */
+            const int k = (o * 7 + c * 3) % 48;
+            fill_block(w + (size_t)o * n_in + c * B12_K, k < 8 ? k : k % 4, r);
+        }
     float *bias = kiln_malloc(sizeof(float) * (size_t)n_out);
     for (int i = 0; i < n_out; i++) bias[i] = kiln_rng_normal(r);
     struct qlinear q16 = lin(be, w, n_out, n_in, with_bias ? bias : NULL, 0), q12 = lin(be, w, n_out, n_in, with_bias ? bias : NULL, 1);
@@ -166,6 +169,11 @@ void test_b12(void) {
         }
         cpu_b12_free(b);
         CHECK(cpu_b12_pack(be, w, N, K - 32) == NULL, "n_in not a multiple of 64 must be refused");
+        /* weights whose blocks mostly escape stay BF16 (12-bit rows plus the escapes would read more) */
+        for (int i = 0; i < N * K / B12_K; i++) fill_block(w + (size_t)i * B12_K, 7, &r);
+        struct qlinear qw = lin(be, w, N, K, NULL, 1);
+        CHECK(qw.be == NULL && !qw.repacked, "a matrix of escaping blocks was stored in 12 bits");
+        be->release_linear(be, &qw);
         /* kiln quantize's backend keeps the stored weights */
         be->keep_stored = 1;
         struct qlinear q = lin(be, w, N, K, NULL, 1);
@@ -181,9 +189,10 @@ void test_b12(void) {
             continue;
         }
         CHECK(cpu_set_isa(isa) == isa);
-        /* (n_out, n_in): one block; a few; 700 rows (runs per thread, stealing); rows long enough to be read
-         * four at a time at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass of pairs leaves one) */
-        static const int shapes[][2] = {{1, 64}, {37, 192}, {700, 128}, {45, 6144}, {66, 1024}};
+        /* (n_out, n_in): one row; a few blocks (the smallest rows that the rule stores in 12 bits: the base
+         * bytes' padding); 700 rows (runs per thread, stealing); rows long enough to be read four at a time
+         * at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass of pairs leaves one) */
+        static const int shapes[][2] = {{1, 256}, {37, 320}, {700, 256}, {45, 6144}, {66, 1024}};
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             check_matmul_b12(be, &r, cpu_isa_name(isa), shapes[si][0], shapes[si][1], (int)(si & 1));
     }

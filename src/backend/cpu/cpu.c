@@ -366,11 +366,18 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
     if (w->fmt != KILN_WFMT_DENSE && cpu_qprepare_linear(w, err, errlen)) return -1;
     if (w->fmt == KILN_WFMT_DENSE && !cpu_dot_for(w->w.dtype))
         return kiln_errf(err, errlen, "cpu: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
-    /* BF16 in 12 bits (b12.c): the decode reads 24% fewer bytes, the same bits */
+    /* BF16 in 12 bits (b12.c): the decode reads 24% fewer bytes, the same
+     * bits; kept as BF16 where escaped blocks would leave it less than 10%
+     * smaller (weights whose blocks span wide exponent ranges) */
     if (w->fmt == KILN_WFMT_DENSE && w->w.dtype == KILN_DTYPE_BF16 && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on()) {
-        if (!(w->be = cpu_b12_pack(be, w->w.data, w->n_out, w->n_in)))
-            return kiln_errf(err, errlen, "cpu: out of memory storing a BF16 linear (%d x %d) in 12 bits", w->n_out, w->n_in);
-        w->repacked = 1;
+        struct cpu_b12 *b = cpu_b12_pack(be, w->w.data, w->n_out, w->n_in);
+        if (!b) return kiln_errf(err, errlen, "cpu: out of memory storing a BF16 linear (%d x %d) in 12 bits", w->n_out, w->n_in);
+        if ((double)cpu_b12_bytes(b) > 0.9 * 2.0 * (double)w->n_out * (double)w->n_in) {
+            cpu_b12_free(b);
+        } else {
+            w->be = b;
+            w->repacked = 1;
+        }
     }
     if (w->bias.data) return cpu_prepare_tensor(be, &w->bias, err, errlen);
     return 0;

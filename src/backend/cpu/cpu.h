@@ -2,7 +2,9 @@
  * cpu.h: internals shared by the CPU backend's files (not a public API).
  *
  * The CPU backend keeps activations in f32, weights in their stored format
- * (mmap'd), and KV pages in f32. Small vectors (norm weights, biases, rope
+ * (mmap'd) or a copy made at load that its kernels read faster (x86: GGUF /
+ * GPTQ / AWQ in groups of 16 rows, qmatmul*.c; BF16 in 12 bits, b12.c),
+ * and KV pages in f32. Small vectors (norm weights, biases, rope
  * frequencies) get an f32 copy at prepare time. Every op parallelizes inside
  * itself over independent rows or heads with the backend's worker pool
  * (cpu_parallel_for below); no kernel here uses OpenMP.

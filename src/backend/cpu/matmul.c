@@ -26,6 +26,11 @@
  *   MR * NR/VL FMAs, nothing else. AVX-512: 12 x 32 (24 zmm accumulators);
  *   AVX2: 6 x 16 (12 ymm accumulators).
  *
+ * BF16 linears stored in 12 bits (b12.c, the prepared form in qlinear.be)
+ * take the same two shapes: the GEMV with b12.c's rows kernels under the
+ * same pass macros (gemv.h), the GEMM with panels decoded from the 12-bit
+ * rows (pack_w_b12); both give the BF16 bits.
+ *
  * Paths: scalar (portable, the reference), AVX2+FMA+F16C, AVX-512 (F+BW+VL),
  * picked at run time from what the CPU reports; KILN_CPU_ISA=scalar|avx2|
  * avx512 caps the choice (KILN_NO_SIMD=1 means scalar), and tests force each
