@@ -26,16 +26,20 @@
  *
  * A row is its nb = n_in / 64 base bytes (padded to 32), then its nb
  * blocks of 96 bytes (L then C). Inside a block the bytes are placed so
- * that the x86 decode needs no shuffle of x: weight p = 16 v + 4 l + e
- * (v, l < 4, e < 4) has its low byte at L[16 l + 4 v + e] and its code in
- * the low nibble of C[i] for L index i < 32, the high nibble of C[i - 32]
- * above. Decoding 64 weights on AVX-512 is then: codes = (C & 15 | C >> 4
- * & 15) as 64 bytes, high bytes = vpshufb of a 16-byte table (base + 0..7,
- * with and without the sign bit) by the codes, bf16 words = vpunpck{l,h}bw
- * of L with them, f32 = vpunpck{l,h}wd of zero with the words: four
- * vectors holding weights 0-15, 16-31, 32-47, 48-63 in order. On AVX2 the
- * same bytes in two 32-byte halves give weights 0-7, 16-23, 32-39, 48-55
- * (first half) and 8-15, 24-31, 40-47, 56-63 (second half).
+ * that the x86 decode needs no shuffle of x: weight p = 16 v + 4 l + m
+ * (v, l, m < 4) has its low byte at L[16 l + 8 (v >> 1) + 2 m + (v & 1)]
+ * and its code in the low nibble of C[i] for L index i < 32, the high
+ * nibble of C[i - 32] above. Decoding 64 weights on AVX-512 is then:
+ * codes = (C & 15 | C >> 4 & 15) as 64 bytes, high bytes = vpshufb of a
+ * 16-byte table (base + 0..7, with and without the sign bit) by the codes,
+ * bf16 words = vpunpck{l,h}bw of L with them, and f32 = the even words
+ * shifted up 16 bits and the odd words masked in place: four vectors
+ * holding weights 0-15, 16-31, 32-47, 48-63 in order. On AVX2 the same
+ * bytes in two 32-byte halves give weights 0-7, 16-23, 32-39, 48-55 (first
+ * half) and 8-15, 24-31, 40-47, 56-63 (second half). Per 64 weights: two
+ * vpshufb, four vpunpck, eight shifts or masks, a broadcast and an add
+ * (until a shift / mask replaced them, eight more vpunpck*wd: the same
+ * speed on a Zen 4, whose bound here is not known; docs/cpu.md).
  *
  * Numerics do not move: each kernel here adds the same products into the
  * same accumulators in the same order as the plain BF16 kernel of its
@@ -57,7 +61,7 @@
 #include "base/base.h"
 
 /* L index of weight p of a block */
-static inline int b12_pos(int p) { return ((p >> 2) & 3) * 16 + (p >> 4) * 4 + (p & 3); }
+static inline int b12_pos(int p) { return ((p >> 2) & 3) * 16 + ((p >> 5) & 1) * 8 + (p & 3) * 2 + ((p >> 4) & 1); }
 
 static inline size_t b12_head(int nb) { return ((size_t)nb + 31) & ~(size_t)31; }
 
@@ -106,6 +110,22 @@ static int enc_block(const uint16_t *v, uint8_t *blk) {
  * reorder, which moves whole 4-byte groups: group d = 4 v + l of the
  * natural order goes to 4 l + v, a 4 x 4 transpose of dwords (vpermd
  * within each half, then vpunpck{l,h}qdq across them). */
+/* 64 bytes in weight order (n[0]: weights 0-31, n[1]: 32-63) -> the
+ * layout's order, as four 16-byte pieces (b12_pos: weight 16 v + 4 l + m
+ * at 16 l + 8 (v >> 1) + 2 m + (v & 1)). Weights 16 v + 4 l + m for v = 2 vh
+ * and 2 vh + 1 sit in the two 128-bit halves of n[vh]; vpunpck{l,h}bw of
+ * the halves interleaves them (bytes 2 (4 l + m) + (v & 1)), and
+ * vpunpck{l,h}qdq of the two vh puts each l's 8 + 8 bytes in a piece. */
+KILN_AVX2 static inline void reorder(const __m256i n[2], __m128i out[4]) {
+    __m128i ul[2], uh[2];
+    for (int vh = 0; vh < 2; vh++) {
+        const __m128i a = _mm256_castsi256_si128(n[vh]), b = _mm256_extracti128_si256(n[vh], 1);
+        ul[vh] = _mm_unpacklo_epi8(a, b), uh[vh] = _mm_unpackhi_epi8(a, b); /* l = 0, 1 / l = 2, 3 */
+    }
+    out[0] = _mm_unpacklo_epi64(ul[0], ul[1]), out[1] = _mm_unpackhi_epi64(ul[0], ul[1]);
+    out[2] = _mm_unpacklo_epi64(uh[0], uh[1]), out[3] = _mm_unpackhi_epi64(uh[0], uh[1]);
+}
+
 KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
     const __m256i lo8 = _mm256_set1_epi16(0xFF), m7f = _mm256_set1_epi8(0x7F);
     __m256i a[4], L[2], H[2];
@@ -127,12 +147,12 @@ KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
     const __m256i bv = _mm256_set1_epi8((char)base), s8 = _mm256_set1_epi8(8);
     const __m256i c0 = _mm256_or_si256(_mm256_sub_epi8(e0, bv), _mm256_and_si256(_mm256_srli_epi16(H[0], 4), s8));
     const __m256i c1 = _mm256_or_si256(_mm256_sub_epi8(e1, bv), _mm256_and_si256(_mm256_srli_epi16(H[1], 4), s8));
-    const __m256i idx = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
-    const __m256i l0 = _mm256_permutevar8x32_epi32(L[0], idx), l1 = _mm256_permutevar8x32_epi32(L[1], idx);
-    const __m256i d0 = _mm256_permutevar8x32_epi32(c0, idx), d1 = _mm256_permutevar8x32_epi32(c1, idx);
-    _mm256_storeu_si256((__m256i *)blk, _mm256_unpacklo_epi64(l0, l1));
-    _mm256_storeu_si256((__m256i *)(blk + 32), _mm256_unpackhi_epi64(l0, l1));
-    _mm256_storeu_si256((__m256i *)(blk + 64), _mm256_or_si256(_mm256_unpacklo_epi64(d0, d1), _mm256_slli_epi16(_mm256_unpackhi_epi64(d0, d1), 4)));
+    __m128i lo[4], co[4];
+    reorder(L, lo);
+    const __m256i cc[2] = {c0, c1};
+    reorder(cc, co);
+    for (int k = 0; k < 2; k++) _mm_storeu_si128((__m128i *)(blk + 16 * k), lo[k]), _mm_storeu_si128((__m128i *)(blk + 32 + 16 * k), lo[2 + k]);
+    for (int k = 0; k < 2; k++) _mm_storeu_si128((__m128i *)(blk + 64 + 16 * k), _mm_or_si128(co[k], _mm_slli_epi16(co[2 + k], 4)));
     return base;
 }
 #endif
@@ -283,12 +303,12 @@ AVX512 static inline __attribute__((always_inline)) void dec_avx512(const uint8_
     const __m512i t = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_setr_epi32(B12_TAB)), _mm512_set1_epi8((char)base));
     const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15);
     const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(c, m)), _mm256_and_si256(_mm256_srli_epi16(c, 4), m), 1);
-    const __m512i h = _mm512_shuffle_epi8(t, codes), l = _mm512_loadu_si512((const void *)blk), z = _mm512_setzero_si512();
+    const __m512i h = _mm512_shuffle_epi8(t, codes), l = _mm512_loadu_si512((const void *)blk), hm = _mm512_set1_epi32((int)0xFFFF0000);
     const __m512i w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h);
-    f[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w0));
-    f[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w0));
-    f[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, w1));
-    f[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, w1));
+    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hm));
+    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hm));
 }
 
 /* Rows r + q sd (q < R) for nx activation rows (GEMV_ROWS_AVX512's
@@ -342,15 +362,15 @@ AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *b
         return;
     }
     const __m256i t = _mm256_add_epi8(_mm256_setr_epi32(B12_TAB, B12_TAB), _mm256_set1_epi8((char)base));
-    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15), z = _mm256_setzero_si256();
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15), hm = _mm256_set1_epi32((int)0xFFFF0000);
     const __m256i codes[2] = {_mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16(c, 4), m)};
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         const __m256i hi = _mm256_shuffle_epi8(t, codes[h]), l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
         const __m256i w0 = _mm256_unpacklo_epi8(l, hi), w1 = _mm256_unpackhi_epi8(l, hi);
-        f[h][0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w0));
-        f[h][1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w0));
-        f[h][2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1));
-        f[h][3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1));
+        f[h][0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+        f[h][1] = _mm256_castsi256_ps(_mm256_and_si256(w0, hm));
+        f[h][2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+        f[h][3] = _mm256_castsi256_ps(_mm256_and_si256(w1, hm));
     }
 }
 
