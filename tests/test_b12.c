@@ -115,17 +115,17 @@ static void check_matmul_b12(struct kiln_backend *be, struct kiln_rng *r, const 
         for (int i = 0; i < n * n_in; i++) x[i] = kiln_rng_normal(r);
         memset(y16, 0xff, sizeof(float) * ny);
         be->matmul(be, y16, x, &q16, n);
-        const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), pb = cpu_gemv_pfd_batch(), rk = cpu_gemv_rows();
+        const int st = cpu_gemv_streams(), pf = cpu_gemv_pfd(), pb = cpu_gemv_pfd_batch(), rk = cpu_gemv_rows(), p12 = cpu_b12_pfd();
         for (int s2 = 1; s2 <= (n < 8 ? 2 : 1); s2++)
             for (int d = 0; d <= (n < 8 ? 1024 : 0); d += 1024)
                 for (int k = 0; k <= (n < 8 ? 512 : 0); k += k ? 511 : 1) {
-                    if (n < 8) cpu_set_gemv_streams(s2), cpu_set_gemv_pfd(d), cpu_set_gemv_pfd_batch(1024 - d), cpu_set_gemv_rows(k);
+                    if (n < 8) cpu_set_gemv_streams(s2), cpu_set_gemv_pfd(d), cpu_set_gemv_pfd_batch(1024 - d), cpu_set_gemv_rows(k), cpu_set_b12_pfd(2048 - 2 * d);
                     memset(y12, 0xff, sizeof(float) * ny); /* NaN: every output must be written */
                     be->matmul(be, y12, x, &q12, n);
                     CHECK(!memcmp(y16, y12, sizeof(float) * ny), "%s b12 matmul %dx%d n=%d bias=%d (streams %d, prefetch %d, rows %d): not the BF16 bits",
                           isa, n_out, n_in, n, with_bias, s2, d, k);
                 }
-        cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_pfd_batch(pb), cpu_set_gemv_rows(rk);
+        cpu_set_gemv_streams(st), cpu_set_gemv_pfd(pf), cpu_set_gemv_pfd_batch(pb), cpu_set_gemv_rows(rk), cpu_set_b12_pfd(p12);
         free(x), free(y16), free(y12);
     }
     /* q/k/v-style: three linears sharing x as one job */

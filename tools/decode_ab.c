@@ -11,7 +11,8 @@
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
  * dense GEMV's prefetch distance in bytes, 0 none; `gemv-pfd-batch` the
- * same for 2+ activation rows), `gemv-rows` (the
+ * same for 2+ activation rows; `b12-pfd` the AVX2 12-bit BF16 loop's at
+ * batch 1), `gemv-rows` (the
  * L1D bytes a row must overflow for its batch-1 loop to read four rows at
  * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
  * x86, `qm-pfd`,
@@ -53,6 +54,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "gemv-pfd")) return cpu_set_gemv_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "gemv-rows")) return cpu_set_gemv_rows(v) == v ? 0 : -1;
     if (!strcmp(sw, "gemv-pfd-batch")) return cpu_set_gemv_pfd_batch(v) == v ? 0 : -1;
+    if (!strcmp(sw, "b12-pfd")) return cpu_set_b12_pfd(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
@@ -188,7 +190,7 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
         return 2;
     }

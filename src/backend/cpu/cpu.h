@@ -236,6 +236,10 @@ size_t cpu_b12_bytes(const struct cpu_b12 *b);
  * as f32, vectorized for cpu_isa() (the GEMM's panels) */
 void cpu_b12_decode(const uint8_t *row, int n_in, int k0, int k, uint16_t *dst);
 void cpu_b12_decode_f32(const uint8_t *row, int n_in, int k0, int k, float *dst);
+/* the AVX2 12-bit kernel's batch-1 prefetch distance in bytes (b12.c,
+ * KILN_CPU_B12_PFD); the setter for tests and decode-ab */
+int cpu_b12_pfd(void);
+int cpu_set_b12_pfd(int bytes);
 /* cpu_dot_fn of a 12-bit row (the scalar path) */
 void cpu_b12_dot_scalar(const void *row, const float *const *x, int nx, int n_in, float *out);
 
