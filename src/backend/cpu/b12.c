@@ -309,6 +309,13 @@ void cpu_b12_dot_scalar(const void *row_, const float *const *x, int nx, int n_i
 #define AVX512 KILN_AVX512
 #define AVX2 KILN_AVX2
 
+/* the lines pfd bytes past a block's 96, into L1 (0: none) */
+static inline void pf_block(const uint8_t *blk, int pfd) {
+    if (!pfd) return;
+    _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
+}
+
 /* the 16-byte table of high bytes by code, in each 128-bit lane */
 #define B12_TAB 0x03020100, 0x07060504, (int)0x83828180, (int)0x87868584
 
@@ -349,10 +356,7 @@ AVX512 static inline __attribute__((always_inline)) void rows_b12_avx512(const u
     for (int c = 0; c < nb; c++) {
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
             const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
-            if (pfd) {
-                _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
-            }
+            pf_block(blk, pfd);
             __m512 f[4];
             dec_avx512(blk, w[q][c], f);
             _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {
@@ -410,10 +414,7 @@ AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8
     for (int c = 0; c < nb; c++) {
         _Pragma("GCC unroll 4") for (int q = 0; q < R; q++) {
             const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
-            if (pfd) {
-                _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
-            }
+            pf_block(blk, pfd);
             __m256 f[2][4];
             dec_avx2(blk, w[q][c], f);
             _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {
