@@ -22,6 +22,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
+#include "kiln.h"
 #include "test.h"
 
 /* a backend's prepared 12-bit copy of w (n_out x n_in BF16), or NULL */
@@ -164,7 +165,7 @@ void test_b12(void) {
         if (b) {
             const double frac = (double)b->n_esc / (N * K / B12_K), bits = 8.0 * (double)cpu_b12_bytes(b) / (N * K);
             CHECK(frac > 0.001 && frac < 0.02, "b12: %.4f of normal blocks escape", frac);
-            CHECK(bits < 12.4, "b12: %.3f bits per weight", bits);
+            CHECK(bits < 12.25, "b12: %.3f bits per weight", bits);
             fprintf(stderr, "  normal weights: %.2f%% of blocks escape, %.3f bits per weight\n", 100 * frac, bits);
         }
         cpu_b12_free(b);
@@ -182,6 +183,16 @@ void test_b12(void) {
         be->keep_stored = 0;
         free(w);
     }
+#if defined(KILN_X86)
+    {   /* the parity fixtures' BF16 linears (K 64-384) run in 12 bits: their decode reads fewer bytes than stored */
+        struct kiln_engine_opts o = {.model = FIXTURES "/qwen3-dense-tiny", .backend = "cpu", .max_total_tokens = 64};
+        kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+        CHECK(e != NULL, "%s", err);
+        if (e) CHECK(kiln_engine_decode_bytes(e) < 0.85 * (double)kiln_engine_param_bytes(e), "%g of %lld bytes",
+                     kiln_engine_decode_bytes(e), (long long)kiln_engine_param_bytes(e));
+        kiln_engine_close(e);
+    }
+#endif
     const int saved = cpu_isa();
     for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_LAST; isa++) {
         if (isa > cpu_isa_max()) {
@@ -189,10 +200,10 @@ void test_b12(void) {
             continue;
         }
         CHECK(cpu_set_isa(isa) == isa);
-        /* (n_out, n_in): one row; a few blocks (the smallest rows that the rule stores in 12 bits: the base
-         * bytes' padding); 700 rows (runs per thread, stealing); rows long enough to be read four at a time
-         * at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass of pairs leaves one) */
-        static const int shapes[][2] = {{1, 256}, {37, 320}, {700, 256}, {45, 6144}, {66, 1024}};
+        /* (n_out, n_in): one row of one block; a few blocks; 700 rows (runs per thread, stealing); rows long
+         * enough to be read four at a time at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass
+         * of pairs leaves one) */
+        static const int shapes[][2] = {{1, 64}, {37, 320}, {700, 128}, {45, 6144}, {66, 1024}};
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
             check_matmul_b12(be, &r, cpu_isa_name(isa), shapes[si][0], shapes[si][1], (int)(si & 1));
     }

@@ -24,7 +24,7 @@
  * 0.5% of blocks (a value 2^16 below the block's largest), an all-zero
  * block never.
  *
- * A row is its nb = n_in / 64 base bytes (padded to 32), then its nb
+ * A row is its nb = n_in / 64 base bytes (padded to 8), then its nb
  * blocks of 96 bytes (L then C). Inside a block the bytes are placed so
  * that the x86 decode needs no shuffle of x: weight p = 16 v + 4 l + m
  * (v, l, m < 4) has its low byte at L[16 l + 8 (v >> 1) + 2 m + (v & 1)]
@@ -63,7 +63,7 @@
 /* L index of weight p of a block */
 static inline int b12_pos(int p) { return ((p >> 2) & 3) * 16 + ((p >> 5) & 1) * 8 + (p & 3) * 2 + ((p >> 4) & 1); }
 
-static inline size_t b12_head(int nb) { return ((size_t)nb + 31) & ~(size_t)31; }
+static inline size_t b12_head(int nb) { return ((size_t)nb + 7) & ~(size_t)7; }
 
 size_t cpu_b12_row_bytes(int n_in) { return b12_head(n_in / B12_K) + (size_t)B12_BB * (size_t)(n_in / B12_K); }
 
