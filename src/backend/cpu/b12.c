@@ -46,8 +46,9 @@
  * instruction set (matmul.c: AVX-512 2 zmm accumulators per row over steps
  * of 32, AVX2 4 ymm over steps of 32, scalar one running sum), so a row
  * stored in 12 bits gives the same bits as the row stored as BF16
- * (test_cpu_kernels holds them to it). Rows whose n_in is not a multiple
- * of 64 stay BF16.
+ * (tests/test_b12.c holds them to it). Rows whose n_in is not a multiple
+ * of 64 stay BF16, and so does a linear whose escapes would leave it less
+ * than 10% smaller (cpu.c).
  *
  * Where: x86 (AVX2 or AVX-512 kernels; the scalar path decodes a block at
  * a time), dense BF16 linears, made at load (cpu.c's prepare); the stored
@@ -123,13 +124,6 @@ static int enc_block(const uint16_t *v, uint8_t *blk) {
 }
 
 #if defined(KILN_X86)
-/* the same on AVX2 (load time: 0.6B's 600M weights in ~0.1 s, where the
- * scalar loop took ~3 s of two cores). Low and high bytes split by
- * vpackuswb (lane-interleaved, put back in order by vpermq); the span by
- * byte min / max folded to one byte; the codes; then the layout's
- * reorder, which moves whole 4-byte groups: group d = 4 v + l of the
- * natural order goes to 4 l + v, a 4 x 4 transpose of dwords (vpermd
- * within each half, then vpunpck{l,h}qdq across them). */
 /* 64 bytes in weight order (n[0]: weights 0-31, n[1]: 32-63) -> the
  * layout's order, as four 16-byte pieces (b12_pos: weight 16 v + 4 l + m
  * at 16 l + 8 (v >> 1) + 2 m + (v & 1)). Weights 16 v + 4 l + m for v = 2 vh
@@ -146,6 +140,10 @@ KILN_AVX2 static inline void reorder(const __m256i n[2], __m128i out[4]) {
     out[2] = _mm_unpacklo_epi64(uh[0], uh[1]), out[3] = _mm_unpackhi_epi64(uh[0], uh[1]);
 }
 
+/* enc_block on AVX2 (at load: 0.6B's 600M weights in ~0.14 s on two
+ * cores): low and high bytes split by vpackuswb (lane-interleaved, put back
+ * in order by vpermq); the exponents' span by byte min / max folded to one
+ * byte; the codes; then both into the layout's order (reorder). */
 KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
     const __m256i lo8 = _mm256_set1_epi16(0xFF), m7f = _mm256_set1_epi8(0x7F);
     __m256i a[4], L[2], H[2];
