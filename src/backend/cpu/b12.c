@@ -433,8 +433,14 @@ AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8
         }
 }
 
-GEMV1(gemv1_b12_avx512, AVX512, rows_b12_avx512, 4, cpu_gemv_pfd())
-GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2, cpu_b12_pfd())
+/* AVX-512 at batch 1: pairs of rows half the run apart (gemv.h), two
+ * rows' decodes in flight per step: on a Zen 4, 0.6B 1.280 [1.264, 1.311],
+ * 1.7B 1.288 [1.113, 1.320] over one row per pass (`decode-ab model`, the
+ * BF16 loop gained nothing from them at batch 1); flat in GEMV sweeps
+ * (1.00-1.03) in minutes when memory was the bound. Not on AVX2 (16
+ * registers). */
+GEMV1(gemv1_b12_avx512, AVX512, rows_b12_avx512, 4, cpu_gemv_pfd(), 1)
+GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2, cpu_b12_pfd(), 0)
 
 /* the GEMM's panel packing: blocks [c0, c1) of a row as f32 */
 AVX512 static void f32_avx512(const uint8_t *row, int nb, int c0, int c1, float *dst) {

@@ -64,15 +64,16 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
  * 1.10-1.21 over the adjacent pairs, n = 2 1.19-1.21) and 3-11% of a
  * batched decode step (docs/cpu.md). Else one row. The multi-row passes
  * follow the gemv-rows switch (0: never). PFD1: the prefetch distance of
- * batch-1 passes (cpu_gemv_pfd(), or the 12-bit rows' own). */
-#define GEMV1(NAME, ISA, ROWS, MAXNX, PFD1)                                                                   \
+ * batch-1 passes (cpu_gemv_pfd(), or the 12-bit rows' own); PAIRS1: the
+ * pairs at batch 1 too (the 12-bit rows on AVX-512, b12.c). */
+#define GEMV1(NAME, ISA, ROWS, MAXNX, PFD1, PAIRS1)                                                           \
     ISA static inline __attribute__((always_inline)) void NAME##_(const uint8_t *W, size_t rb, const float *x, int nx, \
                                                                   int n_in, int64_t r0, int64_t r1, const float *bias, \
                                                                   float *out, int n_out) {                         \
         const int two_ = gemv_two(rb), pfd_ = nx > 1 ? cpu_gemv_pfd_batch() : (PFD1), rk_ = cpu_gemv_rows();     \
         gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         if (nx == 1 && gemv_rows_for(n_in, rb, rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
-        if (nx >= 2 && rk_ && MAXNX == 4) { /* AVX-512: pairs of rows half the run apart */                      \
+        if ((nx >= 2 || (PAIRS1)) && rk_ && MAXNX == 4) { /* AVX-512: pairs of rows half the run apart */        \
             const int64_t h_ = (r1 - r0) / 2;                                                                     \
             for (int64_t u_ = 0; u_ < h_; u_++) ROWS(W, rb, x, nx, 2, n_in, r0 + u_, bias, out, n_out, pfd_, h_); \
             r0 += 2 * h_;                                                                                         \

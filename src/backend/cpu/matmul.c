@@ -473,15 +473,15 @@ int cpu_set_gemv_rows(int bytes) { return gemv_rows_b = bytes < 0 ? 0 : bytes; }
 GEMV_ROWS_AVX512(rows_f32_avx512, float, load16_f32, load16m_f32)
 GEMV_ROWS_AVX512(rows_bf16_avx512, uint16_t, load16_bf16, load16m_bf16)
 GEMV_ROWS_AVX512(rows_f16_avx512, uint16_t, load16_f16, load16m_f16)
-GEMV1(gemv1_f32_avx512, AVX512, rows_f32_avx512, 4, cpu_gemv_pfd())
-GEMV1(gemv1_bf16_avx512, AVX512, rows_bf16_avx512, 4, cpu_gemv_pfd())
-GEMV1(gemv1_f16_avx512, AVX512, rows_f16_avx512, 4, cpu_gemv_pfd())
+GEMV1(gemv1_f32_avx512, AVX512, rows_f32_avx512, 4, cpu_gemv_pfd(), 0)
+GEMV1(gemv1_bf16_avx512, AVX512, rows_bf16_avx512, 4, cpu_gemv_pfd(), 0)
+GEMV1(gemv1_f16_avx512, AVX512, rows_f16_avx512, 4, cpu_gemv_pfd(), 0)
 GEMV_ROWS_AVX2(rows_f32_avx2, float, load8_f32, dot_f32_scalar)
 GEMV_ROWS_AVX2(rows_bf16_avx2, uint16_t, load8_bf16, dot_bf16_scalar)
 GEMV_ROWS_AVX2(rows_f16_avx2, uint16_t, load8_f16, dot_f16_scalar)
-GEMV1(gemv1_f32_avx2, AVX2, rows_f32_avx2, 2, cpu_gemv_pfd())
-GEMV1(gemv1_bf16_avx2, AVX2, rows_bf16_avx2, 2, cpu_gemv_pfd())
-GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, 2, cpu_gemv_pfd())
+GEMV1(gemv1_f32_avx2, AVX2, rows_f32_avx2, 2, cpu_gemv_pfd(), 0)
+GEMV1(gemv1_bf16_avx2, AVX2, rows_bf16_avx2, 2, cpu_gemv_pfd(), 0)
+GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, 2, cpu_gemv_pfd(), 0)
 
 #endif /* KILN_X86 */
 
