@@ -88,14 +88,11 @@ int cpu_b12_on(void) {
 static int b12_pfd = -1;
 
 int cpu_b12_pfd(void) {
-    if (b12_pfd >= 0) return b12_pfd;
-    int d = cpu_amd_avx512() ? 2048 : cpu_gemv_pfd();
-    const char *e = getenv("KILN_CPU_B12_PFD");
-    if (e && *e) d = atoi(e);
-    return b12_pfd = d < 0 ? 0 : d / 64 * 64;
+    if (b12_pfd < 0) b12_pfd = cpu_pfd_env(cpu_amd_avx512() ? 2048 : cpu_gemv_pfd(), "KILN_CPU_B12_PFD");
+    return b12_pfd;
 }
 
-int cpu_set_b12_pfd(int d) { return b12_pfd = d < 0 ? 0 : d / 64 * 64; }
+int cpu_set_b12_pfd(int d) { return b12_pfd = cpu_pfd_lines(d); }
 
 /* ==== the encoder ==== */
 

@@ -160,6 +160,11 @@ int64_t cpu_split_chunk(struct kiln_backend *be, int64_t rows, size_t row_bytes)
  * with AVX-512 (cpu_qm_two). */
 int cpu_gemv_streams(void);
 int cpu_set_gemv_streams(int s);
+/* a prefetch distance in whole 64-byte lines (bytes; negative: none) */
+static inline int cpu_pfd_lines(int d) { return d < 0 ? 0 : d / 64 * 64; }
+/* dflt, or the environment's `name` where it is set, in whole lines: how
+ * the decode kernels' prefetch settings are chosen, each once (matmul.c) */
+int cpu_pfd_env(int dflt, const char *name);
 /* the dense decode GEMV's software prefetch distance in bytes, 0 for none
  * (matmul.c; KILN_CPU_GEMV_PFD); the setter for tests and decode-ab */
 int cpu_gemv_pfd(void);

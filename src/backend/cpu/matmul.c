@@ -320,6 +320,10 @@ int cpu_gemv_streams(void) {
 
 int cpu_set_gemv_streams(int s) { return gemv_streams = s >= 0 && s <= 2 ? s : 2; }
 
+int cpu_pfd_env(int dflt, const char *name) {
+    const char *e = getenv(name);
+    return cpu_pfd_lines(e && *e ? atoi(e) : dflt);
+}
 
 /* The software prefetch distance of the dense decode GEMV in bytes, 0 for
  * none (cpu.h): GEMV_PFD, but none on AMD CPUs with AVX-512 (Zen 4 and
@@ -329,14 +333,11 @@ int cpu_set_gemv_streams(int s) { return gemv_streams = s >= 0 && s <= 2 ? s : 2
 static int gemv_pfd = -1;
 
 int cpu_gemv_pfd(void) {
-    if (gemv_pfd >= 0) return gemv_pfd;
-    int d = cpu_amd_avx512() ? 0 : GEMV_PFD;
-    const char *e = getenv("KILN_CPU_GEMV_PFD");
-    if (e && *e) d = atoi(e);
-    return gemv_pfd = d < 0 ? 0 : d / 64 * 64;
+    if (gemv_pfd < 0) gemv_pfd = cpu_pfd_env(cpu_amd_avx512() ? 0 : GEMV_PFD, "KILN_CPU_GEMV_PFD");
+    return gemv_pfd;
 }
 
-int cpu_set_gemv_pfd(int d) { return gemv_pfd = d < 0 ? 0 : d / 64 * 64; }
+int cpu_set_gemv_pfd(int d) { return gemv_pfd = cpu_pfd_lines(d); }
 
 /* The same for passes of 2+ activation rows (batched decode): the FMAs per
  * line are 2-4x batch 1's, the stream waits on them, and a prefetch 2 KiB
@@ -349,14 +350,11 @@ int cpu_set_gemv_pfd(int d) { return gemv_pfd = d < 0 ? 0 : d / 64 * 64; }
 static int gemv_pfd_batch = -1;
 
 int cpu_gemv_pfd_batch(void) {
-    if (gemv_pfd_batch >= 0) return gemv_pfd_batch;
-    int d = cpu_amd_avx512() ? 2048 : cpu_gemv_pfd();
-    const char *e = getenv("KILN_CPU_GEMV_PFD_BATCH");
-    if (e && *e) d = atoi(e);
-    return gemv_pfd_batch = d < 0 ? 0 : d / 64 * 64;
+    if (gemv_pfd_batch < 0) gemv_pfd_batch = cpu_pfd_env(cpu_amd_avx512() ? 2048 : cpu_gemv_pfd(), "KILN_CPU_GEMV_PFD_BATCH");
+    return gemv_pfd_batch;
 }
 
-int cpu_set_gemv_pfd_batch(int d) { return gemv_pfd_batch = d < 0 ? 0 : d / 64 * 64; }
+int cpu_set_gemv_pfd_batch(int d) { return gemv_pfd_batch = cpu_pfd_lines(d); }
 
 /* The batch-1 GEMV reads GEMV_R rows at a time, one activation load
  * serving GEMV_R rows (cpu.h), where a row's activations and weights

@@ -452,8 +452,8 @@ void qm_settle(void) {
     if (qm_settled) return;
     if (cpu_amd_avx512()) qm_two_cur = 0;
     const char *e = getenv("KILN_CPU_QM_PFD"), *t = getenv("KILN_CPU_QM_STREAMS"), *v = getenv("KILN_CPU_VNNI_DEC"), *f = getenv("KILN_CPU_QM_PF2");
-    if (e && *e) qm_pfd_cur = atoi(e) < 0 ? 0 : atoi(e) / 64 * 64;
-    if (f && *f) qm_pf2_cur = atoi(f) < 0 ? 0 : atoi(f) / 64 * 64;
+    if (e && *e) qm_pfd_cur = cpu_pfd_lines(atoi(e));
+    if (f && *f) qm_pf2_cur = cpu_pfd_lines(atoi(f));
     if (t && (!strcmp(t, "1") || !strcmp(t, "2"))) qm_two_cur = *t == '2';
     if (v && *v) qm_vnni_cur = atoi(v) != 0;
     qm_settled = 1;
@@ -462,8 +462,8 @@ void qm_settle(void) {
 int cpu_qm_pfd(void) { return qm_settle(), qm_pfd_cur; }
 int cpu_qm_two(void) { return qm_settle(), qm_two_cur; }
 int cpu_vnni_dec(void) { return qm_settle(), qm_vnni_cur; }
-int cpu_set_qm_pfd(int d) { return qm_settle(), qm_pfd_cur = d < 0 ? 0 : d / 64 * 64; }
-int cpu_set_qm_pf2(int d) { return qm_settle(), qm_pf2_cur = d < 0 ? 0 : d / 64 * 64; }
+int cpu_set_qm_pfd(int d) { return qm_settle(), qm_pfd_cur = cpu_pfd_lines(d); }
+int cpu_set_qm_pf2(int d) { return qm_settle(), qm_pf2_cur = cpu_pfd_lines(d); }
 int cpu_set_qm_two(int two) { return qm_settle(), qm_two_cur = two != 0; }
 int cpu_set_vnni_dec(int on) { return qm_settle(), qm_vnni_cur = on != 0; }
 
