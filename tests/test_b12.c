@@ -133,14 +133,13 @@ static void check_matmul_b12(struct kiln_backend *be, struct kiln_rng *r, const 
     {
         float *x = kiln_malloc(sizeof(float) * 3 * (size_t)n_in), *y = kiln_malloc(sizeof(float) * 9 * (size_t)n_out);
         for (int i = 0; i < 3 * n_in; i++) x[i] = kiln_rng_normal(r);
-        const struct qlinear *ws12[3] = {&q12, &q12, &q12}, *ws16[3] = {&q16, &q16, &q16};
+        const struct qlinear *ws12[3] = {&q12, &q12, &q12};
         void *o12[3] = {y, y + 3 * n_out, y + 6 * n_out};
         float *y16 = kiln_malloc(sizeof(float) * 3 * (size_t)n_out);
         cpu_matmul_multi(be, o12, x, ws12, 3, 3);
         cpu_matmul(be, y16, x, &q16, 3);
         for (int i = 0; i < 3; i++)
             CHECK(!memcmp(y + (size_t)3 * i * n_out, y16, sizeof(float) * 3 * (size_t)n_out), "%s b12 multi %dx%d: linear %d", isa, n_out, n_in, i);
-        (void)ws16;
         free(x), free(y), free(y16);
     }
     be->release_linear(be, &q16), be->release_linear(be, &q12);

@@ -313,8 +313,8 @@ struct errbuf {
 };
 
 /* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 / Q8_0 ones
- * and BF16 ones (in 12 bits), at load (cpu_qprepare_linear) and never reads the stored tensors again
- * (qlinear.repacked): drop their pages right after each linear's repack,
+ * (cpu_qprepare_linear) and BF16 ones (in 12 bits, b12.c), at load and
+ * never reads the stored tensors again (qlinear.repacked): drop their pages right after each linear's repack,
  * so resident memory is the repacked size, not stored + repacked, at the
  * end and along the way (a dummy model's anonymous pages cannot be evicted
  * to make room). From a checkpoint they are the file

@@ -152,11 +152,11 @@ KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
     const __m256i e0 = _mm256_and_si256(H[0], m7f), e1 = _mm256_and_si256(H[1], m7f);
     __m128i mn = _mm_min_epu8(_mm256_castsi256_si128(_mm256_min_epu8(e0, e1)), _mm256_extracti128_si256(_mm256_min_epu8(e0, e1), 1));
     __m128i mx = _mm_max_epu8(_mm256_castsi256_si128(_mm256_max_epu8(e0, e1)), _mm256_extracti128_si256(_mm256_max_epu8(e0, e1), 1));
-    for (int sh = 8; sh >= 1; sh /= 2) {
-        const __m128i a8 = sh == 8 ? _mm_srli_si128(mn, 8) : sh == 4 ? _mm_srli_si128(mn, 4) : sh == 2 ? _mm_srli_si128(mn, 2) : _mm_srli_si128(mn, 1);
-        const __m128i b8 = sh == 8 ? _mm_srli_si128(mx, 8) : sh == 4 ? _mm_srli_si128(mx, 4) : sh == 2 ? _mm_srli_si128(mx, 2) : _mm_srli_si128(mx, 1);
-        mn = _mm_min_epu8(mn, a8), mx = _mm_max_epu8(mx, b8);
-    }
+    /* fold 16 bytes to byte 0 (the shifts take immediates) */
+    mn = _mm_min_epu8(mn, _mm_srli_si128(mn, 8)), mx = _mm_max_epu8(mx, _mm_srli_si128(mx, 8));
+    mn = _mm_min_epu8(mn, _mm_srli_si128(mn, 4)), mx = _mm_max_epu8(mx, _mm_srli_si128(mx, 4));
+    mn = _mm_min_epu8(mn, _mm_srli_si128(mn, 2)), mx = _mm_max_epu8(mx, _mm_srli_si128(mx, 2));
+    mn = _mm_min_epu8(mn, _mm_srli_si128(mn, 1)), mx = _mm_max_epu8(mx, _mm_srli_si128(mx, 1));
     const int base = _mm_cvtsi128_si32(mn) & 0xFF, top = _mm_cvtsi128_si32(mx) & 0xFF;
     if (top - base > 7) return -1;
     const __m256i bv = _mm256_set1_epi8((char)base), s8 = _mm256_set1_epi8(8);

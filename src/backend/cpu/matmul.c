@@ -856,6 +856,14 @@ static void gemm_pack_x(void *arg, int64_t b, int64_t e, int tid) {
     }
 }
 
+/* a dense linear's rows and their stride in bytes: its 12-bit copy
+ * (b12.c, qlinear.be) or the stored weight */
+static const uint8_t *dense_rows(const struct qlinear *w, size_t *rb) {
+    const struct cpu_b12 *b = w->be;
+    *rb = b ? b->rb : (size_t)w->n_in * dtype_size(w->w.dtype);
+    return b ? b->data : w->w.data;
+}
+
 static void pack_w(float *wp, const uint8_t *W, enum kiln_dtype t, size_t rb, int n_in, int o0, int nr, int NR) {
 #if defined(KILN_NEON)
     pack_w_neon(wp, W, t, rb, n_in, o0, nr, NR);
@@ -911,15 +919,14 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
 }
 
 static void gemm(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n, int isa) {
-    const struct cpu_b12 *b12 = w->be;
-    struct mm_job j = {.out = out, .x = x, .W = b12 ? b12->data : w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
-                       .isa = isa, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .b12 = b12 != NULL};
+    struct mm_job j = {.out = out, .x = x, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out, .isa = isa,
+                       .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .b12 = w->be != NULL};
+    j.W = dense_rows(w, &j.rb);
     cpu_isa_note(isa, 0);
     j.MR = isa == CPU_ISA_AVX512 ? MR512 : MR256, j.NR = isa == CPU_ISA_AVX512 ? NR512 : NR256;
 #if defined(KILN_NEON)
     j.MR = MRNEON, j.NR = NRNEON;
 #endif
-    j.rb = b12 ? b12->rb : (size_t)j.n_in * dtype_size(j.dt);
     const int n_tb = (n + j.MR - 1) / j.MR, n_ob = (j.n_out + j.NR - 1) / j.NR;
     const size_t xp_sz = ((size_t)n_tb * j.MR * j.n_in + 15) & ~(size_t)15;
     j.wp_sz = ((size_t)j.NR * j.n_in + 15) & ~(size_t)15;
@@ -971,12 +978,11 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     cpu_gemv_streams(), cpu_gemv_pfd(), cpu_gemv_pfd_batch(), cpu_gemv_rows(), cpu_b12_pfd(); /* chosen here, on the calling thread, before the kernels read them */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
-        const struct cpu_b12 *b12 = w->be;
-        j[i] = (struct mm_job){.out = outs[i], .x = x, .W = b12 ? b12->data : w->w.data, .dt = w->w.dtype, .n = n, .n_in = w->n_in,
-                               .n_out = w->n_out, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL,
-                               .dot = b12 ? cpu_b12_dot_scalar : dot, .gemv1 = b12 ? cpu_b12_gemv1() : gemv1_for(w->w.dtype),
-                               .mx = gemvm_max(), .b12 = b12 != NULL};
-        j[i].rb = b12 ? b12->rb : (size_t)j[i].n_in * dtype_size(j[i].dt);
+        const int b12 = w->be != NULL;
+        j[i] = (struct mm_job){.out = outs[i], .x = x, .dt = w->w.dtype, .n = n, .n_in = w->n_in, .n_out = w->n_out,
+                               .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .dot = b12 ? cpu_b12_dot_scalar : dot,
+                               .gemv1 = b12 ? cpu_b12_gemv1() : gemv1_for(w->w.dtype), .mx = gemvm_max(), .b12 = b12};
+        j[i].W = dense_rows(w, &j[i].rb);
         t[i] = (struct cpu_task){gemv_rows, &j[i], w->n_out};
         rows += w->n_out;
     }
