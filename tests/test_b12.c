@@ -192,7 +192,7 @@ void test_b12(void) {
         kiln_engine_close(e);
     }
 #endif
-    const int saved = cpu_isa();
+    const int saved = cpu_isa(), vbmi = cpu_b12_vbmi();
     for (int isa = CPU_ISA_SCALAR; isa <= CPU_ISA_LAST; isa++) {
         if (isa > cpu_isa_max()) {
             test_skip(cpu_isa_name(isa));
@@ -203,9 +203,19 @@ void test_b12(void) {
          * enough to be read four at a time at batch 1 (K 6,144: 4 K + 1.5 K bytes > 32 KiB), n_out odd (a pass
          * of pairs leaves one) */
         static const int shapes[][2] = {{1, 64}, {37, 320}, {700, 128}, {45, 6144}, {66, 1024}};
-        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-            check_matmul_b12(be, &r, cpu_isa_name(isa), shapes[si][0], shapes[si][1], (int)(si & 1));
+        /* AVX-512 decodes the codes two ways: with VBMI (vpmultishiftqb + vpermb) where the CPU has it, and without */
+        for (int vb = 0; vb <= (isa == CPU_ISA_AVX512); vb++) {
+            if (cpu_set_b12_vbmi(vb) != vb) {
+                test_skip("avx512vbmi");
+                continue;
+            }
+            char name[32];
+            snprintf(name, sizeof name, "%s%s", cpu_isa_name(isa), vb ? "+vbmi" : "");
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+                check_matmul_b12(be, &r, name, shapes[si][0], shapes[si][1], (int)(si & 1));
+        }
     }
     cpu_set_isa(saved);
+    cpu_set_b12_vbmi(vbmi);
     be->destroy(be);
 }

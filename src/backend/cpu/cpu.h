@@ -245,6 +245,10 @@ void cpu_b12_decode_f32(const uint8_t *row, int n_in, int k0, int k, float *dst)
  * KILN_CPU_B12_PFD); the setter for tests and decode-ab */
 int cpu_b12_pfd(void);
 int cpu_set_b12_pfd(int bytes);
+/* whether the AVX-512 12-bit kernels decode with VBMI (the CPU has it and
+ * KILN_CPU_B12_VBMI is not 0); the setter returns what was set */
+int cpu_b12_vbmi(void);
+int cpu_set_b12_vbmi(int on);
 /* cpu_dot_fn of a 12-bit row (the scalar path) */
 void cpu_b12_dot_scalar(const void *row, const float *const *x, int nx, int n_in, float *out);
 
