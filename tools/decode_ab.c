@@ -56,6 +56,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "gemv-pfd-batch")) return cpu_set_gemv_pfd_batch(v) == v ? 0 : -1;
     if (!strcmp(sw, "b12-pfd")) return cpu_set_b12_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "b12-vbmi")) return cpu_set_b12_vbmi(v) == v ? 0 : -1;
+    if (!strcmp(sw, "b12-pairs2")) return cpu_set_b12_pairs2(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
@@ -191,7 +192,7 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
         return 2;
     }

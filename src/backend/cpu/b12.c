@@ -96,6 +96,20 @@ int cpu_b12_pfd(void) {
 
 int cpu_set_b12_pfd(int d) { return b12_pfd = cpu_pfd_lines(d); }
 
+/* whether the AVX2 12-bit loop takes pairs of rows half the run apart at
+ * batch 1 (rows2_b12_avx2); KILN_CPU_B12_PAIRS2=0 / 1 */
+static int b12_pairs2 = -1;
+
+int cpu_b12_pairs2(void) {
+    if (b12_pairs2 < 0) {
+        const char *e = getenv("KILN_CPU_B12_PAIRS2");
+        b12_pairs2 = e ? atoi(e) != 0 : 1;
+    }
+    return b12_pairs2;
+}
+
+int cpu_set_b12_pairs2(int on) { return b12_pairs2 = on != 0; }
+
 /* whether the AVX-512 kernels decode with VBMI (dec_avx512v): where the
  * CPU has it, unless KILN_CPU_B12_VBMI=0 */
 static int b12_vbmi = -1;
@@ -446,11 +460,63 @@ AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *b
     }
 }
 
+/* Two rows r and r + sd at batch 1, half a block at a time so that both
+ * rows' eight accumulators and the decode fit the 16 ymm registers: half
+ * h of a block gives f[h][0..3] (dec_avx2), which feed accumulators h and
+ * h + 2 in the order of the loop below (each accumulator still takes a
+ * block's s = 0 product before its s = 1 product: the same bits). An
+ * escaped block decodes whole, as there. */
+AVX2 static inline __attribute__((always_inline)) void rows2_b12_avx2(const uint8_t *W, size_t rb, const float *x, int n_in, int64_t r,
+                                                                       const float *bias, float *out, int pfd, int64_t sd) {
+    const int nb = n_in / B12_K;
+    const size_t hd = b12_head(nb);
+    const uint8_t *w[2] = {W + (size_t)r * rb, W + (size_t)(r + sd) * rb};
+    __m256 a[2][4];
+    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) a[q][0] = a[q][1] = a[q][2] = a[q][3] = _mm256_setzero_ps();
+    const __m256i tab = _mm256_setr_epi32(B12_TAB, B12_TAB), m = _mm256_set1_epi8(15), hm = _mm256_set1_epi32((int)0xFFFF0000);
+    for (int c = 0; c < nb; c++) {
+        _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
+            /* x's address hidden from the compiler per row: else it loads the block's 8 x vectors once for
+             * both rows, into 8 registers, and spills the accumulators instead */
+            const float *xc = x + (size_t)c * B12_K;
+            __asm__("" : "+r"(xc));
+            const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
+            const int base = w[q][c];
+            pf_block(blk, pfd);
+            if (__builtin_expect(base == 0xFF, 0)) {
+                __m256 f[2][4];
+                dec_avx2(blk, base, f);
+                _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++)
+                    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                        a[q][u] = _mm256_fmadd_ps(f[u & 1][2 * s + (u >> 1)], _mm256_loadu_ps(xc + 32 * s + 8 * u), a[q][u]);
+                continue;
+            }
+            const __m256i t = _mm256_add_epi8(tab, _mm256_set1_epi8((char)base));
+            const __m256i cb = _mm256_loadu_si256((const __m256i *)(blk + B12_K));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m256i hi = _mm256_shuffle_epi8(t, _mm256_and_si256(h ? _mm256_srli_epi16(cb, 4) : cb, m));
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+                const __m256i w0 = _mm256_unpacklo_epi8(l, hi), w1 = _mm256_unpackhi_epi8(l, hi);
+                a[q][h] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(xc + 8 * h), a[q][h]);
+                a[q][h + 2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w0, hm)), _mm256_loadu_ps(xc + 8 * h + 16), a[q][h + 2]);
+                a[q][h] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), _mm256_loadu_ps(xc + 32 + 8 * h), a[q][h]);
+                a[q][h + 2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w1, hm)), _mm256_loadu_ps(xc + 48 + 8 * h), a[q][h + 2]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
+        const float t = 0; /* the BF16 loop's tail sum, empty here */
+        out[r + q * sd] = kiln_hsum8(_mm256_add_ps(_mm256_add_ps(a[q][0], a[q][1]), _mm256_add_ps(a[q][2], a[q][3]))) + t +
+                          (bias ? bias[r + q * sd] : 0.0f);
+    }
+}
+
 /* GEMV_ROWS_AVX2's contract: per block, accumulator u takes weights
  * 8u + 0-7 and 32 + 8u + 0-7, as the BF16 loop's two steps of 32 do */
 AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8_t *W, size_t rb, const float *x, int nx, int R,
                                                                       int n_in, int64_t r, const float *bias, float *out,
                                                                       int n_out, int pfd, int64_t sd) {
+    if (R == 2 && nx == 1) return rows2_b12_avx2(W, rb, x, n_in, r, bias, out, pfd, sd);
     const int nb = n_in / B12_K;
     const size_t hd = b12_head(nb);
     const uint8_t *w[GEMV_R];
@@ -487,11 +553,14 @@ AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8
  * rows' decodes in flight per step: on a Zen 4, 0.6B 1.280 [1.264, 1.311],
  * 1.7B 1.288 [1.113, 1.320] over one row per pass (`decode-ab model`, the
  * BF16 loop gained nothing from them at batch 1); flat in GEMV sweeps
- * (1.00-1.03) in minutes when memory was the bound. Not on AVX2 (16
- * registers). */
+ * (1.00-1.03) in minutes when memory was the bound. AVX2 takes them too,
+ * through rows2_b12_avx2 (its 16 registers hold both rows' accumulators
+ * only half a block at a time): held to AVX2 on the Zen 4, 0.6B 1.062
+ * [1.048, 1.079], 1.7B 1.139 / 1.131, 4B 1.098 (`decode-ab model M
+ * b12-pairs2 0 1`); KILN_CPU_B12_PAIRS2=0 turns them off. */
 GEMV1(gemv1_b12_avx512, AVX512, rows_b12_avx512, 4, cpu_gemv_pfd(), 1)
 GEMV1(gemv1_b12_avx512v, AVX512V, rows_b12_avx512v, 4, cpu_gemv_pfd(), 1)
-GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2, cpu_b12_pfd(), 0)
+GEMV1(gemv1_b12_avx2, AVX2, rows_b12_avx2, 2, cpu_b12_pfd(), cpu_b12_pairs2())
 
 /* the GEMM's panel packing: blocks [c0, c1) of a row as f32 */
 AVX512 static void f32_avx512(const uint8_t *row, int nb, int c0, int c1, float *dst) {

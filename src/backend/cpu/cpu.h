@@ -249,6 +249,10 @@ int cpu_set_b12_pfd(int bytes);
  * KILN_CPU_B12_VBMI is not 0); the setter returns what was set */
 int cpu_b12_vbmi(void);
 int cpu_set_b12_vbmi(int on);
+/* whether the AVX2 12-bit loop takes pairs of rows at batch 1
+ * (KILN_CPU_B12_PAIRS2, default on); the setter returns what was set */
+int cpu_b12_pairs2(void);
+int cpu_set_b12_pairs2(int on);
 /* cpu_dot_fn of a 12-bit row (the scalar path) */
 void cpu_b12_dot_scalar(const void *row, const float *const *x, int nx, int n_in, float *out);
 

@@ -73,7 +73,7 @@ static inline void gemv_pf_start(const uint8_t *W, size_t rb, int64_t r0, int64_
         const int two_ = gemv_two(rb), pfd_ = nx > 1 ? cpu_gemv_pfd_batch() : (PFD1), rk_ = cpu_gemv_rows();     \
         gemv_pf_start(W, rb, r0, r1, two_, pfd_);                                                                 \
         if (nx == 1 && gemv_rows_for(n_in, rb, rk_)) GEMV_PASSES(ROWS, GEMV_R);                      \
-        if ((nx >= 2 || (PAIRS1)) && rk_ && MAXNX == 4) { /* AVX-512: pairs of rows half the run apart */        \
+        if (rk_ && (MAXNX == 4 ? nx >= 2 || (PAIRS1) : nx == 1 && (PAIRS1))) { /* pairs half the run apart */  \
             const int64_t h_ = (r1 - r0) / 2;                                                                     \
             for (int64_t u_ = 0; u_ < h_; u_++) ROWS(W, rb, x, nx, 2, n_in, r0 + u_, bias, out, n_out, pfd_, h_); \
             r0 += 2 * h_;                                                                                         \
