@@ -29,7 +29,7 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++ -Wl,-rpat
 endif
 endif
 
-.PHONY: all cpu ktrace arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench decode-ab clean help format
+.PHONY: all cpu ktrace arm64 test-arm64 test test-c test-server test-asan test-cuda fuzz bench gemv-bench decode-ab vs-llama clean help format
 all: $(BUILD)/kiln $(BUILD)/test-kiln
 
 cpu:
@@ -107,6 +107,18 @@ decode-ab: $(BUILD)/decode-ab   ## a paired in-process A/B of a CPU switch, whol
 
 $(BUILD)/decode-ab: $(BUILD)/tools/decode_ab.o $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# kiln and llama.cpp in one process, alternated (tools/vs_llama.c); needs
+# LLAMA_CPP=/path/to/llama.cpp with its shared libraries under build/bin
+vs-llama: $(BUILD)/vs-llama     ## kiln vs llama.cpp, ABBA rounds in one process (LLAMA_CPP=path to a built llama.cpp)
+
+$(BUILD)/vs-llama: tools/vs_llama.c $(LIB_OBJ)
+	@test -n "$(LLAMA_CPP)" || { echo "make vs-llama: set LLAMA_CPP to a llama.cpp tree built with shared libraries"; exit 1; }
+	@# kiln's objects from an archive whose symbols stay local (--exclude-libs): kiln's gguf_free
+	@# must not stand in for ggml's inside libllama
+	rm -f $(BUILD)/libkiln-vs.a && ar rcs $(BUILD)/libkiln-vs.a $(LIB_OBJ)
+	$(CC) $(CFLAGS) -I$(LLAMA_CPP)/include -I$(LLAMA_CPP)/ggml/include -o $@ tools/vs_llama.c $(BUILD)/libkiln-vs.a $(LDLIBS) \
+		-Wl,--exclude-libs,ALL -L$(LLAMA_CPP)/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$(abspath $(LLAMA_CPP))/build/bin
 
 format:                         ## clang-format every C source
 	clang-format -i $(SRC) $(TEST_SRC) $(shell find src -name '*.h')

@@ -1,0 +1,212 @@
+/*
+ * vs_llama.c: kiln and llama.cpp in one process, their runs alternated.
+ *
+ *   make vs-llama LLAMA_CPP=/path/to/llama.cpp   (its include/ and a build/bin of shared libraries)
+ *   ./build/vs-llama KILN_MODEL GGUF [-t 2] [-p 512] [-n 128] [-r 8] [--kv-dtype f16] [--dummy [--quant Q]]
+ *
+ * On a VM whose memory bandwidth moves by 1.5x from one minute to the next
+ * (docs/benchmarks.md), two benchmark processes run one after the other
+ * measure two machines. Here both engines are loaded once and take turns,
+ * round by round (ABBA: kiln first in odd rounds, llama.cpp first in even
+ * ones), and each round gives a ratio of two runs a few seconds apart; the
+ * report is the median ratio over the rounds with its quartiles, next to
+ * each engine's median rate.
+ *
+ * Each engine does what its own benchmark does. pp: a prompt of p random
+ * token ids in a fresh sequence (llama.cpp: one llama_decode of the batch,
+ * as llama-bench with n_batch >= p; kiln: one kiln_seq_eval, last-token
+ * logits), t/s = p / time. tg: n decode steps of one random token each
+ * after an untimed first token (llama.cpp: llama_decode + llama_synchronize
+ * per token; kiln: kiln_seq_eval with the logits read), t/s = n / time.
+ * llama.cpp's context is llama-bench's (n_ctx = p + n + 1, n_batch 2048,
+ * n_ubatch 512, F16 KV, flash attention auto, the given threads); kiln's is
+ * `kiln bench --profile pp-tg`'s. KILN_MODEL is a checkpoint folder or a
+ * .gguf file, or with --dummy a built-in config whose weights kiln makes
+ * (--quant as kiln bench's; GGUF should then hold weights of the same
+ * shape and format). Neither engine's threads run
+ * while the other's arm is timed but for the OpenMP workers' spin after a
+ * llama_decode (a few milliseconds at an arm's start). The bandwidth probe
+ * of `kiln bench --roofline` runs before the first round and after each
+ * round's tg pair; kiln's decode (bytes read per token x tg rate) is given
+ * as a share of the mean of the two probes around it.
+ *
+ * llama.cpp's code is not part of kiln: this file uses its public C API
+ * (llama.h) and is built only when LLAMA_CPP names a build of it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "base/base.h"
+#include "bench/bench.h"
+#include "kiln.h"
+#include "llama.h"
+
+struct arms {
+    kiln_engine *ke;
+    struct llama_model *lm;
+    struct llama_context *lc;
+    float *logits;
+    int32_t *ids; /* p + n + 1 random ids below the smaller vocabulary */
+    int p, n, threads;
+};
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(const double *v, int n, double q) {
+    double *s = kiln_malloc(sizeof(double) * (size_t)n);
+    memcpy(s, v, sizeof(double) * (size_t)n);
+    qsort(s, (size_t)n, sizeof(double), cmp);
+    const double x = q * (n - 1), f = x - (int)x, r = s[(int)x] + (x > (int)x ? f * (s[(int)x + 1] - s[(int)x]) : 0);
+    free(s);
+    return r;
+}
+
+/* kiln: pp (tg = 0) or tg; tokens per second, or -1 on an error */
+static double kiln_run(struct arms *a, int tg) {
+    char err[256];
+    kiln_seq *s = kiln_seq_new(a->ke, err, sizeof err);
+    if (!s) return fprintf(stderr, "vs-llama: kiln: %s\n", err), -1;
+    double t0 = kiln_now(), rate = -1;
+    int rc = 0;
+    if (!tg) {
+        rc = kiln_seq_eval(s, a->ids, a->p, a->logits, 0, err, sizeof err);
+        if (!rc) rate = a->p / (kiln_now() - t0);
+    } else {
+        rc = kiln_seq_eval(s, a->ids, 1, a->logits, 0, err, sizeof err);
+        t0 = kiln_now();
+        for (int i = 0; i < a->n && !rc; i++) rc = kiln_seq_eval(s, a->ids + 1 + i, 1, a->logits, 0, err, sizeof err);
+        if (!rc) rate = a->n / (kiln_now() - t0);
+    }
+    if (rc) fprintf(stderr, "vs-llama: kiln: %s\n", err);
+    kiln_seq_free(s);
+    return rate;
+}
+
+static double llama_run(struct arms *a, int tg) {
+    llama_memory_clear(llama_get_memory(a->lc), false);
+    llama_set_n_threads(a->lc, a->threads, a->threads);
+    double t0 = kiln_now();
+    if (!tg) {
+        if (llama_decode(a->lc, llama_batch_get_one(a->ids, a->p))) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
+        llama_synchronize(a->lc);
+        return a->p / (kiln_now() - t0);
+    }
+    for (int i = 0; i <= a->n; i++) {
+        if (i == 1) t0 = kiln_now();
+        if (llama_decode(a->lc, llama_batch_get_one(a->ids + i, 1))) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
+        llama_synchronize(a->lc);
+    }
+    return a->n / (kiln_now() - t0);
+}
+
+static void quiet(enum ggml_log_level level, const char *text, void *user) {
+    (void)user;
+    if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
+static bool no_progress(float progress, void *user) {
+    (void)progress, (void)user;
+    return true;
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: vs-llama KILN_MODEL GGUF [-t threads] [-p prompt] [-n gen] [-r rounds] [--kv-dtype f16] [--dummy [--quant Q]]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return usage();
+    struct kiln_engine_opts o = {.backend = "cpu", .kv_dtype = "f16"};
+    const char *kmodel = argv[1], *gguf = argv[2];
+    int threads = 2, p = 512, n = 128, rounds = 8, dummy = 0;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--dummy")) dummy = 1;
+        else if (i + 1 >= argc) return usage();
+        else if (!strcmp(argv[i], "-t")) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-p")) p = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n")) n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv-dtype")) o.kv_dtype = argv[++i];
+        else if (!strcmp(argv[i], "--quant")) o.quant = argv[++i];
+        else return usage();
+    }
+    if (threads < 1 || p < 1 || n < 1 || rounds < 1) return usage();
+    if (dummy) o.dummy = kmodel;
+    else o.model = kmodel;
+    o.n_threads = threads, o.max_total_tokens = p + n + 16, o.prefill_chunk = p;
+
+    char err[256];
+    struct arms a = {.p = p, .n = n, .threads = threads};
+    if (!(a.ke = kiln_engine_open(&o, err, sizeof err))) return fprintf(stderr, "vs-llama: kiln: %s\n", err), 1;
+    llama_log_set(quiet, NULL);
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.progress_callback = no_progress;
+    if (!(a.lm = llama_model_load_from_file(gguf, mp))) return fprintf(stderr, "vs-llama: llama.cpp cannot load %s\n", gguf), 1;
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)(p + n + 1), cp.n_batch = p > 2048 ? (uint32_t)p : 2048, cp.n_ubatch = 512;
+    cp.type_k = cp.type_v = GGML_TYPE_F16, cp.n_threads = cp.n_threads_batch = threads;
+    if (!(a.lc = llama_init_from_model(a.lm, cp))) return fprintf(stderr, "vs-llama: llama.cpp: no context\n"), 1;
+
+    const int kv = kiln_engine_config(a.ke)->vocab, lv = llama_vocab_n_tokens(llama_model_get_vocab(a.lm));
+    a.logits = kiln_malloc(sizeof(float) * (size_t)kv);
+    a.ids = kiln_malloc(sizeof(int32_t) * (size_t)(p + n + 1));
+    struct kiln_rng rng;
+    kiln_rng_seed(&rng, 1234);
+    for (int i = 0; i < p + n + 1; i++) a.ids[i] = (int32_t)(kiln_rng_next(&rng) % (uint64_t)(kv < lv ? kv : lv));
+
+    printf("vs-llama: kiln %s, llama.cpp %s, %d threads, pp%d / tg%d, %d rounds (ABBA)\n", kmodel, gguf, threads, p, n, rounds);
+    printf("kiln: %s kernels; llama.cpp: %s\n", cpu_isa_name(cpu_isa()), llama_print_system_info());
+    for (int tg = 0; tg < 2; tg++) { /* one untimed run of each, as both benchmarks warm up */
+        if (kiln_run(&a, tg) < 0 || llama_run(&a, tg) < 0) return 1;
+    }
+    /* the bandwidth probe (kiln bench --roofline's) before the first round and after each round's tg
+     * pair: kiln's decode as a share of the mean of the probes around it */
+    const double bytes = kiln_engine_decode_bytes(a.ke);
+    const int width = kiln_engine_load_width(a.ke) > 0 ? kiln_engine_load_width(a.ke) : 16;
+    double *bw = kiln_malloc(sizeof(double) * (size_t)(rounds + 1)), *roof = kiln_malloc(sizeof(double) * (size_t)rounds);
+    if ((bw[0] = bench_membw(threads, (size_t)BENCH_MEMBW_MIB << 20, 6, width)) <= 0) return fprintf(stderr, "vs-llama: no probe\n"), 1;
+    double *r[2][2], *ratio[2];
+    for (int tg = 0; tg < 2; tg++) {
+        ratio[tg] = kiln_malloc(sizeof(double) * (size_t)rounds);
+        for (int e = 0; e < 2; e++) r[tg][e] = kiln_malloc(sizeof(double) * (size_t)rounds);
+    }
+    for (int i = 0; i < rounds; i++)
+        for (int tg = 0; tg < 2; tg++) {
+            for (int k = 0; k < 2; k++) {
+                const int e = (i + k) & 1; /* 0 kiln, 1 llama.cpp */
+                const double v = e ? llama_run(&a, tg) : kiln_run(&a, tg);
+                if (v < 0) return 1;
+                r[tg][e][i] = v;
+            }
+            ratio[tg][i] = r[tg][0][i] / r[tg][1][i];
+            printf("round %d %s%d: kiln %.2f, llama.cpp %.2f tok/s, ratio %.3f", i + 1, tg ? "tg" : "pp", tg ? n : p, r[tg][0][i],
+                   r[tg][1][i], ratio[tg][i]);
+            if (tg) {
+                if ((bw[i + 1] = bench_membw(threads, (size_t)BENCH_MEMBW_MIB << 20, 6, width)) <= 0) return 1;
+                roof[i] = 100 * r[1][0][i] * bytes / 1e9 / (0.5 * (bw[i] + bw[i + 1]));
+                printf("; probe %.1f GB/s, kiln at %.1f%% of it", bw[i + 1], roof[i]);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    printf("\n| test | kiln t/s (median) | llama.cpp t/s (median) | kiln / llama.cpp: median [quartiles] | kiln decode, %% of the probe |\n"
+           "|---|---:|---:|---|---:|\n");
+    for (int tg = 0; tg < 2; tg++) {
+        printf("| %s%d | %.2f | %.2f | %.3f [%.3f, %.3f] |", tg ? "tg" : "pp", tg ? n : p, quantile(r[tg][0], rounds, 0.5),
+               quantile(r[tg][1], rounds, 0.5), quantile(ratio[tg], rounds, 0.5), quantile(ratio[tg], rounds, 0.25),
+               quantile(ratio[tg], rounds, 0.75));
+        if (tg) printf(" %.1f [%.1f, %.1f] (%.3f GB per token) |\n", quantile(roof, rounds, 0.5), quantile(roof, rounds, 0.25), quantile(roof, rounds, 0.75), bytes / 1e9);
+        else printf(" |\n");
+    }
+    llama_free(a.lc);
+    llama_model_free(a.lm);
+    llama_backend_free();
+    kiln_engine_close(a.ke);
+    return 0;
+}
