@@ -353,6 +353,17 @@ static inline void pf_block(const uint8_t *blk, int pfd) {
 /* the 16-byte table of high bytes by code, in each 128-bit lane */
 #define B12_TAB 0x03020100, 0x07060504, (int)0x83828180, (int)0x87868584
 
+/* the block's f32 from its low bytes l and high bytes h (both in L order):
+ * bf16 words by vpunpck{l,h}bw, then the even words shifted up 16 bits and
+ * the odd words masked in place */
+AVX512 static inline __attribute__((always_inline)) void widen_avx512(__m512i l, __m512i h, __m512 f[4]) {
+    const __m512i w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h), hm = _mm512_set1_epi32((int)0xFFFF0000);
+    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hm));
+    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hm));
+}
+
 /* weights 0-15, 16-31, 32-47, 48-63 of a block as f32 */
 AVX512 static inline __attribute__((always_inline)) void dec_avx512(const uint8_t *blk, int base, __m512 f[4]) {
     if (__builtin_expect(base == 0xFF, 0)) {
@@ -364,12 +375,8 @@ AVX512 static inline __attribute__((always_inline)) void dec_avx512(const uint8_
     const __m512i t = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_setr_epi32(B12_TAB)), _mm512_set1_epi8((char)base));
     const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15);
     const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(c, m)), _mm256_and_si256(_mm256_srli_epi16(c, 4), m), 1);
-    const __m512i h = _mm512_shuffle_epi8(t, codes), l = _mm512_loadu_si512((const void *)blk), hm = _mm512_set1_epi32((int)0xFFFF0000);
-    const __m512i w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h);
-    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hm));
-    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hm));
+    const __m512i h = _mm512_shuffle_epi8(t, codes), l = _mm512_loadu_si512((const void *)blk);
+    widen_avx512(l, h, f);
 }
 
 /* The same with AVX-512 VBMI (Ice Lake, Zen 4 and later): the codes of
@@ -388,12 +395,8 @@ AVX512V static inline __attribute__((always_inline)) void dec_avx512v(const uint
     const __m512i sel = _mm512_set_epi64(0x3c342c241c140c04, 0x3c342c241c140c04, 0x3c342c241c140c04, 0x3c342c241c140c04,
                                          0x3830282018100800, 0x3830282018100800, 0x3830282018100800, 0x3830282018100800);
     const __m512i codes = _mm512_multishift_epi64_epi8(sel, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + B12_K))));
-    const __m512i h = _mm512_permutexvar_epi8(codes, t), l = _mm512_loadu_si512((const void *)blk), hm = _mm512_set1_epi32((int)0xFFFF0000);
-    const __m512i w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h);
-    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, hm));
-    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, hm));
+    const __m512i h = _mm512_permutexvar_epi8(codes, t), l = _mm512_loadu_si512((const void *)blk);
+    widen_avx512(l, h, f);
 }
 
 /* Rows r + q sd (q < R) for nx activation rows (GEMV_ROWS_AVX512's
