@@ -114,8 +114,8 @@ vs-llama: $(BUILD)/vs-llama     ## kiln vs llama.cpp, ABBA rounds in one process
 
 $(BUILD)/vs-llama: tools/vs_llama.c $(LIB_OBJ)
 	@test -n "$(LLAMA_CPP)" || { echo "make vs-llama: set LLAMA_CPP to a llama.cpp tree built with shared libraries"; exit 1; }
-	@# kiln's objects from an archive whose symbols stay local (--exclude-libs): kiln's gguf_free
-	@# must not stand in for ggml's inside libllama
+	@# kiln's objects from an archive whose symbols stay local (--exclude-libs): no kiln function
+	@# may stand in for one of ggml's of the same name inside libllama
 	rm -f $(BUILD)/libkiln-vs.a && ar rcs $(BUILD)/libkiln-vs.a $(LIB_OBJ)
 	$(CC) $(CFLAGS) -I$(LLAMA_CPP)/include -I$(LLAMA_CPP)/ggml/include -o $@ tools/vs_llama.c $(BUILD)/libkiln-vs.a $(LDLIBS) \
 		-Wl,--exclude-libs,ALL -L$(LLAMA_CPP)/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$(abspath $(LLAMA_CPP))/build/bin

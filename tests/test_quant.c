@@ -679,18 +679,18 @@ static void test_gguf_parser(void) {
     CHECK(d != NULL, "%s", err);
     if (!d) return;
     struct gguf_file g;
-    CHECK(gguf_parse(&g, d, len, "f", err, sizeof err) == 0, "%s", err);
+    CHECK(kiln_gguf_parse(&g, d, len, "f", err, sizeof err) == 0, "%s", err);
     struct kiln_config c;
-    CHECK(gguf_to_config(&g, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(kiln_gguf_to_config(&g, &c, err, sizeof err) == 0, "%s", err);
     CHECK(c.dim == 64 && c.n_layer == 1 && c.n_head == 4 && c.n_head_kv == 2 && c.head_dim == 16 && c.vocab == 128 && c.tie_embed, "config");
     config_free(&c);
-    gguf_free(&g);
+    kiln_gguf_free(&g);
     /* every truncation fails cleanly */
     int bad = 0;
     for (size_t n = 0; n < len; n += n < 4096 ? 1 : 997) {
         uint8_t *cp = kiln_malloc(n + 1);
         memcpy(cp, d, n);
-        if (gguf_parse(&g, cp, n, "f", err, sizeof err) == 0) bad++, gguf_free(&g);
+        if (kiln_gguf_parse(&g, cp, n, "f", err, sizeof err) == 0) bad++, kiln_gguf_free(&g);
         free(cp);
     }
     CHECK(bad == 0, "%d truncated files parsed", bad);
@@ -701,16 +701,16 @@ static void test_gguf_parser(void) {
     for (int it = 0; it < 3000; it++) {
         memcpy(cp, d, len);
         for (int k = 0; k < 4; k++) cp[kiln_rng_next(&r) % 2048] = (uint8_t)kiln_rng_next(&r);
-        if (gguf_parse(&g, cp, len, "f", err, sizeof err) == 0) {
+        if (kiln_gguf_parse(&g, cp, len, "f", err, sizeof err) == 0) {
             struct kiln_config cc;
-            if (gguf_to_config(&g, &cc, err, sizeof err) == 0) config_free(&cc);
-            gguf_free(&g);
+            if (kiln_gguf_to_config(&g, &cc, err, sizeof err) == 0) config_free(&cc);
+            kiln_gguf_free(&g);
         }
     }
     free(cp);
     /* a wrong magic and a version 1 file */
     uint8_t v1[24] = {'G', 'G', 'U', 'F', 1, 0, 0, 0};
-    CHECK(gguf_parse(&g, v1, sizeof v1, "f", err, sizeof err) < 0 && strstr(err, "version 1"), "%s", err);
+    CHECK(kiln_gguf_parse(&g, v1, sizeof v1, "f", err, sizeof err) < 0 && strstr(err, "version 1"), "%s", err);
     free(d);
 }
 
@@ -719,7 +719,7 @@ static void test_gguf_parser(void) {
 static void test_gguf_tokenizer(void) {
     char err[512] = "", *json = NULL;
     size_t len = 0;
-    int rc = gguf_tokenizer_json_file(QDIR "/gguf/micro-tok-q8_0.gguf", &json, &len, err, sizeof err);
+    int rc = kiln_gguf_tokenizer_json_file(QDIR "/gguf/micro-tok-q8_0.gguf", &json, &len, err, sizeof err);
     CHECK(rc == 0, "%s", err);
     if (rc) return;
     struct kiln_tokenizer *t = tok_load_json(json, len, err, sizeof err);
@@ -758,7 +758,7 @@ static void test_gguf_tokenizer(void) {
 
 /* The real Qwen3 tokenizer through GGUF: tokenizer.json -> tokenizer.ggml.*
  * (kiln's writer, the layout convert_hf_to_gguf.py writes) -> GGUF bytes ->
- * gguf_tokenizer_json -> tok_load_json, then the 94 HF tokenizer vectors. */
+ * kiln_gguf_tokenizer_json -> tok_load_json, then the 94 HF tokenizer vectors. */
 static void test_gguf_qwen3_tokenizer(void) {
     const char *dirs[] = {FIXTURES "/qwen3-dense-tiny", "../shared/models/qwen3-tokenizer"};
     const char *dir = NULL;
@@ -773,19 +773,19 @@ static void test_gguf_qwen3_tokenizer(void) {
         test_skip("no Qwen3 tokenizer.json");
         return;
     }
-    struct gguf_writer *w = gguf_writer_new();
-    gguf_w_str(w, "general.architecture", "qwen3");
-    CHECK(gguf_w_tokenizer(w, dir, 151936) == 0);
+    struct gguf_writer *w = kiln_gguf_writer_new();
+    kiln_gguf_w_str(w, "general.architecture", "qwen3");
+    CHECK(kiln_gguf_w_tokenizer(w, dir, 151936) == 0);
     uint8_t *bytes;
     size_t len;
-    gguf_writer_bytes(w, &bytes, &len);
-    gguf_writer_free(w);
+    kiln_gguf_writer_bytes(w, &bytes, &len);
+    kiln_gguf_writer_free(w);
     struct gguf_file g;
     char err[512] = "", *json = NULL;
     size_t jl;
-    CHECK(gguf_parse(&g, bytes, len, "qwen3-tok.gguf", err, sizeof err) == 0, "%s", err);
-    CHECK(gguf_tokenizer_json(&g, &json, &jl, err, sizeof err) == 0, "%s", err);
-    gguf_free(&g);
+    CHECK(kiln_gguf_parse(&g, bytes, len, "qwen3-tok.gguf", err, sizeof err) == 0, "%s", err);
+    CHECK(kiln_gguf_tokenizer_json(&g, &json, &jl, err, sizeof err) == 0, "%s", err);
+    kiln_gguf_free(&g);
     free(bytes);
     struct kiln_tokenizer *t = json ? tok_load_json(json, jl, err, sizeof err) : NULL;
     free(json);

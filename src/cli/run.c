@@ -124,7 +124,7 @@ int cli_run(int argc, char **argv) {
     const char *dir = kiln_engine_model_dir(e);
     if (dir) { /* a checkpoint folder with tokenizer.json, or a GGUF file */
         char *tj = kiln_path_join(dir, "tokenizer.json");
-        if (kiln_file_exists(tj) || gguf_is_file(dir)) tok = tok_load(dir, err, sizeof err);
+        if (kiln_file_exists(tj) || kiln_gguf_is_file(dir)) tok = tok_load(dir, err, sizeof err);
         free(tj);
     }
     if (prompt) {

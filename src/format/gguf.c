@@ -71,7 +71,7 @@ static char *dup_n(const uint8_t *s, uint64_t n) {
     return r;
 }
 
-void gguf_free(struct gguf_file *g) {
+void kiln_gguf_free(struct gguf_file *g) {
     for (int64_t i = 0; g->kv && i < g->n_kv; i++) free(g->kv[i].key);
     for (int64_t i = 0; g->t && i < g->n_tensors; i++) free(g->t[i].name);
     free(g->kv);
@@ -79,7 +79,7 @@ void gguf_free(struct gguf_file *g) {
     memset(g, 0, sizeof *g);
 }
 
-int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char *fname, char *err, size_t errlen) {
+int kiln_gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char *fname, char *err, size_t errlen) {
     memset(g, 0, sizeof *g);
     g->data = data, g->size = size;
     struct cur c = {data, data + size};
@@ -102,14 +102,14 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
         uint64_t kl;
         uint32_t t;
         if (rd_str(&c, &ks, &kl) || rd(&c, &t, 4)) {
-            gguf_free(g);
+            kiln_gguf_free(g);
             return kiln_errf(err, errlen, "%s: metadata entry %llu runs past the end of the file", fname, (unsigned long long)i);
         }
         kv->key = dup_n(ks, kl);
         g->n_kv = (int64_t)i + 1;
         if (t >= GGUF_NTYPES) {
             kiln_errf(err, errlen, "%s: metadata '%s' has unknown type %u", fname, kv->key, t);
-            gguf_free(g);
+            kiln_gguf_free(g);
             return -1;
         }
         kv->type = (enum gguf_type)t;
@@ -130,7 +130,7 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
             memcpy(&a, kv->val, 4);
             if (a == 0 || (a & (a - 1)) || a > (1u << 20)) {
                 kiln_errf(err, errlen, "%s: general.alignment %u is not a power of two", fname, a);
-                gguf_free(g);
+                kiln_gguf_free(g);
                 return -1;
             }
             g->alignment = a;
@@ -138,7 +138,7 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
         continue;
     bad_kv:
         kiln_errf(err, errlen, "%s: metadata '%s' is malformed or runs past the end of the file", fname, kv->key);
-        gguf_free(g);
+        kiln_gguf_free(g);
         return -1;
     }
     g->t = kiln_calloc((size_t)nt + 1, sizeof *g->t);
@@ -153,7 +153,7 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
         if (rd(&c, &nd, 4)) goto trunc;
         if (nd < 1 || nd > GGUF_MAX_DIMS) {
             kiln_errf(err, errlen, "%s: tensor '%s' has %u dimensions (1..4 allowed)", fname, ti->name, nd);
-            gguf_free(g);
+            kiln_gguf_free(g);
             return -1;
         }
         ti->n_dims = (int)nd;
@@ -164,7 +164,7 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
             if (rd(&c, &v, 8)) goto trunc;
             if (v == 0 || v > (1ull << 40) || numel > (1ull << 50) / v) {
                 kiln_errf(err, errlen, "%s: tensor '%s' has a bad dimension ne[%u] = %llu", fname, ti->name, d, (unsigned long long)v);
-                gguf_free(g);
+                kiln_gguf_free(g);
                 return -1;
             }
             ti->ne[d] = (int64_t)v;
@@ -177,20 +177,20 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
             if (ti->ne[0] % q->block_elems) {
                 kiln_errf(err, errlen, "%s: tensor '%s': row of %lld is not a multiple of the %s block (%d)", fname, ti->name,
                           (long long)ti->ne[0], q->name, q->block_elems);
-                gguf_free(g);
+                kiln_gguf_free(g);
                 return -1;
             }
             ti->nbytes = (size_t)(numel / (uint64_t)q->block_elems) * (size_t)q->block_bytes;
         }
         if (ti->offset % g->alignment) {
             kiln_errf(err, errlen, "%s: tensor '%s' offset %llu is not aligned to %zu", fname, ti->name, (unsigned long long)ti->offset, g->alignment);
-            gguf_free(g);
+            kiln_gguf_free(g);
             return -1;
         }
         continue;
     trunc:
         kiln_errf(err, errlen, "%s: tensor info %llu runs past the end of the file", fname, (unsigned long long)i);
-        gguf_free(g);
+        kiln_gguf_free(g);
         return -1;
     }
     size_t off = (size_t)(c.p - data);
@@ -202,14 +202,14 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
         if (ti->offset > size - base || ti->nbytes > size - base - ti->offset) {
             kiln_errf(err, errlen, "%s: tensor '%s' data [%llu, +%zu) runs past the end of the file (truncated?)", fname, ti->name,
                       (unsigned long long)ti->offset, ti->nbytes);
-            gguf_free(g);
+            kiln_gguf_free(g);
             return -1;
         }
         ti->data = data + base + ti->offset;
         for (int64_t j = 0; j < i; j++)
             if (!strcmp(g->t[j].name, ti->name)) {
                 kiln_errf(err, errlen, "%s: tensor '%s' appears twice", fname, ti->name);
-                gguf_free(g);
+                kiln_gguf_free(g);
                 return -1;
             }
     }
@@ -218,14 +218,14 @@ int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char
 
 /* ==== metadata getters ==== */
 
-const struct gguf_kv *gguf_find(const struct gguf_file *g, const char *key) {
+const struct gguf_kv *kiln_gguf_find(const struct gguf_file *g, const char *key) {
     for (int64_t i = 0; i < g->n_kv; i++)
         if (!strcmp(g->kv[i].key, key)) return &g->kv[i];
     return NULL;
 }
 
-int gguf_get_int(const struct gguf_file *g, const char *key, int64_t *out, char *err, size_t errlen) {
-    const struct gguf_kv *kv = gguf_find(g, key);
+int kiln_gguf_get_int(const struct gguf_file *g, const char *key, int64_t *out, char *err, size_t errlen) {
+    const struct gguf_kv *kv = kiln_gguf_find(g, key);
     if (!kv) return 1;
     const uint8_t *v = kv->val;
     switch (kv->type) {
@@ -243,18 +243,18 @@ int gguf_get_int(const struct gguf_file *g, const char *key, int64_t *out, char 
     return kiln_errf(err, errlen, "GGUF metadata '%s' is not an integer", key);
 }
 
-int gguf_get_f64(const struct gguf_file *g, const char *key, double *out, char *err, size_t errlen) {
-    const struct gguf_kv *kv = gguf_find(g, key);
+int kiln_gguf_get_f64(const struct gguf_file *g, const char *key, double *out, char *err, size_t errlen) {
+    const struct gguf_kv *kv = kiln_gguf_find(g, key);
     if (!kv) return 1;
     if (kv->type == GGUF_F32) { float f; memcpy(&f, kv->val, 4); *out = f; return 0; }
     if (kv->type == GGUF_F64) { memcpy(out, kv->val, 8); return 0; }
     int64_t i;
-    if (gguf_get_int(g, key, &i, err, errlen) == 0) { *out = (double)i; return 0; }
+    if (kiln_gguf_get_int(g, key, &i, err, errlen) == 0) { *out = (double)i; return 0; }
     return kiln_errf(err, errlen, "GGUF metadata '%s' is not a number", key);
 }
 
-char *gguf_get_str(const struct gguf_file *g, const char *key) {
-    const struct gguf_kv *kv = gguf_find(g, key);
+char *kiln_gguf_get_str(const struct gguf_file *g, const char *key) {
+    const struct gguf_kv *kv = kiln_gguf_find(g, key);
     if (!kv || kv->type != GGUF_STR) return NULL;
     uint64_t l;
     memcpy(&l, kv->val, 8);
@@ -263,7 +263,7 @@ char *gguf_get_str(const struct gguf_file *g, const char *key) {
 
 /* Element i of a string array: walks from the start (arrays were validated
  * at parse). Callers iterate with their own cursor for speed: see str_iter. */
-int gguf_arr_str(const struct gguf_kv *kv, uint64_t i, const char **s, uint64_t *len) {
+int kiln_gguf_arr_str(const struct gguf_kv *kv, uint64_t i, const char **s, uint64_t *len) {
     if (kv->type != GGUF_ARR || kv->arr_type != GGUF_STR || i >= kv->n) return -1;
     const uint8_t *p = kv->val;
     for (uint64_t j = 0;; j++) {
@@ -300,7 +300,7 @@ static int arch_int(const struct gguf_file *g, const char *arch, const char *k, 
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, k);
     int64_t v;
-    int r = gguf_get_int(g, key, &v, err, errlen);
+    int r = kiln_gguf_get_int(g, key, &v, err, errlen);
     if (r) return r;
     if (v < lo || v > hi) return kiln_errf(err, errlen, "GGUF metadata '%s' = %lld is out of range [%ld, %ld]", key, (long long)v, lo, hi);
     *out = (int)v;
@@ -313,9 +313,9 @@ static int arch_req(const struct gguf_file *g, const char *arch, const char *k, 
     return r;
 }
 
-int gguf_to_config(const struct gguf_file *g, struct kiln_config *c, char *err, size_t errlen) {
+int kiln_gguf_to_config(const struct gguf_file *g, struct kiln_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
-    char *arch = gguf_get_str(g, "general.architecture");
+    char *arch = kiln_gguf_get_str(g, "general.architecture");
     if (!arch) return kiln_errf(err, errlen, "GGUF: no general.architecture");
     int found = 0;
     for (size_t i = 0; i < sizeof garchs / sizeof garchs[0]; i++)
@@ -355,7 +355,7 @@ int gguf_to_config(const struct gguf_file *g, struct kiln_config *c, char *err, 
     char key[128];
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     d = 1e-6;
-    if (gguf_get_f64(g, key, &d, err, errlen) < 0) goto out;
+    if (kiln_gguf_get_f64(g, key, &d, err, errlen) < 0) goto out;
     if (!(d > 0 && d < 1)) {
         kiln_errf(err, errlen, "GGUF: %s must be in (0, 1)", key);
         goto out;
@@ -365,15 +365,15 @@ int gguf_to_config(const struct gguf_file *g, struct kiln_config *c, char *err, 
     c->rope.theta = 10000;
     c->rope.beta_fast = 32, c->rope.beta_slow = 1, c->rope.truncate = 1;
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
-    if (gguf_get_f64(g, key, &c->rope.theta, err, errlen) < 0) goto out;
+    if (kiln_gguf_get_f64(g, key, &c->rope.theta, err, errlen) < 0) goto out;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    char *rs = gguf_get_str(g, key);
+    char *rs = kiln_gguf_get_str(g, key);
     if (rs && strcmp(rs, "none")) {
         double f = 0, orig = c->max_pos;
         snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
-        gguf_get_f64(g, key, &f, err, errlen);
+        kiln_gguf_get_f64(g, key, &f, err, errlen);
         snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
-        gguf_get_f64(g, key, &orig, err, errlen);
+        kiln_gguf_get_f64(g, key, &orig, err, errlen);
         if (!(f > 0) || (strcmp(rs, "linear") && strcmp(rs, "yarn"))) {
             kiln_errf(err, errlen, "GGUF: rope scaling '%s' (factor %g) is not supported (linear, yarn are)", rs, f);
             free(rs);
@@ -425,10 +425,10 @@ int gguf_to_config(const struct gguf_file *g, struct kiln_config *c, char *err, 
         }
     int64_t v;
     c->bos = -1;
-    if (gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v, err, errlen) == 0 && v >= 0 && v < (1 << 24)) c->bos = (int)v;
+    if (kiln_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v, err, errlen) == 0 && v >= 0 && v < (1 << 24)) c->bos = (int)v;
     const char *eos_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
     for (size_t i = 0; i < 3; i++)
-        if (gguf_get_int(g, eos_keys[i], &v, err, errlen) == 0 && v >= 0 && v < (1 << 24) && c->n_eos < KILN_MAX_EOS) {
+        if (kiln_gguf_get_int(g, eos_keys[i], &v, err, errlen) == 0 && v >= 0 && v < (1 << 24) && c->n_eos < KILN_MAX_EOS) {
             int dup = 0;
             for (int j = 0; j < c->n_eos; j++) dup |= c->eos[j] == v;
             if (!dup) c->eos[c->n_eos++] = (int)v;
@@ -491,7 +491,7 @@ static void *unpermute(const uint8_t *src, int64_t rows, size_t rb, int n_head, 
     return dst;
 }
 
-int gguf_to_st(const struct gguf_file *g, const struct kiln_config *c, struct st_set *s, int file, void *(*alloc)(void *, size_t), void *ctx,
+int kiln_gguf_to_st(const struct gguf_file *g, const struct kiln_config *c, struct st_set *s, int file, void *(*alloc)(void *, size_t), void *ctx,
                char *err, size_t errlen) {
     char hf[320];
     for (int64_t i = 0; i < g->n_tensors; i++) {
@@ -583,9 +583,9 @@ static void take_str(const uint8_t **p, char **buf, size_t *cap) {
     *p += 8 + l;
 }
 
-int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_out, char *err, size_t errlen) {
+int kiln_gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_out, char *err, size_t errlen) {
     *json_out = NULL;
-    char *model = gguf_get_str(g, "tokenizer.ggml.model");
+    char *model = kiln_gguf_get_str(g, "tokenizer.ggml.model");
     if (!model) return kiln_errf(err, errlen, "GGUF: no tokenizer (tokenizer.ggml.model missing)");
     if (strcmp(model, "gpt2")) {
         kiln_errf(err, errlen, "GGUF: tokenizer model '%s' is not supported (only gpt2, byte-level BPE)", model);
@@ -593,13 +593,13 @@ int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_
         return -1;
     }
     free(model);
-    const struct gguf_kv *tok = gguf_find(g, "tokenizer.ggml.tokens"), *mer = gguf_find(g, "tokenizer.ggml.merges");
-    const struct gguf_kv *typ = gguf_find(g, "tokenizer.ggml.token_type");
+    const struct gguf_kv *tok = kiln_gguf_find(g, "tokenizer.ggml.tokens"), *mer = kiln_gguf_find(g, "tokenizer.ggml.merges");
+    const struct gguf_kv *typ = kiln_gguf_find(g, "tokenizer.ggml.token_type");
     if (!tok || tok->type != GGUF_ARR || tok->arr_type != GGUF_STR) return kiln_errf(err, errlen, "GGUF: tokenizer.ggml.tokens missing or not strings");
     if (!mer || mer->type != GGUF_ARR || mer->arr_type != GGUF_STR) return kiln_errf(err, errlen, "GGUF: tokenizer.ggml.merges missing or not strings");
     if (typ && (typ->type != GGUF_ARR || (typ->arr_type != GGUF_I32 && typ->arr_type != GGUF_U32) || typ->n != tok->n))
         return kiln_errf(err, errlen, "GGUF: tokenizer.ggml.token_type is not an int32 array as long as the tokens");
-    char *pre = gguf_get_str(g, "tokenizer.ggml.pre");
+    char *pre = kiln_gguf_get_str(g, "tokenizer.ggml.pre");
     const char *rx = NULL;
     int digits = 0, gpt2_regex = 0;
     if (!pre || !strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen")) rx = RX_QWEN2;
@@ -702,20 +702,20 @@ int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_
     return 0;
 }
 
-int gguf_tokenizer_json_file(const char *path, char **json_out, size_t *len_out, char *err, size_t errlen) {
+int kiln_gguf_tokenizer_json_file(const char *path, char **json_out, size_t *len_out, char *err, size_t errlen) {
     struct kiln_file f;
     if (kiln_file_map(&f, path, err, errlen)) return -1;
     struct gguf_file g;
-    int rc = gguf_parse(&g, f.data, f.size, path, err, errlen);
+    int rc = kiln_gguf_parse(&g, f.data, f.size, path, err, errlen);
     if (rc == 0) {
-        rc = gguf_tokenizer_json(&g, json_out, len_out, err, errlen);
-        gguf_free(&g);
+        rc = kiln_gguf_tokenizer_json(&g, json_out, len_out, err, errlen);
+        kiln_gguf_free(&g);
     }
     kiln_file_unmap(&f);
     return rc;
 }
 
-int gguf_is_file(const char *path) {
+int kiln_gguf_is_file(const char *path) {
     if (kiln_is_dir(path)) return 0;
     FILE *f = fopen(path, "rb");
     if (!f) return 0;

@@ -61,41 +61,41 @@ struct gguf_file {
 
 /* Parses and validates a whole file image. Tensors of types kiln cannot
  * compute with are accepted here (the loader names them if they are used).
- * g points into data, which must outlive it. Free with gguf_free. */
-int gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char *fname, char *err, size_t errlen);
-void gguf_free(struct gguf_file *g);
+ * g points into data, which must outlive it. Free with kiln_gguf_free. */
+int kiln_gguf_parse(struct gguf_file *g, const uint8_t *data, size_t size, const char *fname, char *err, size_t errlen);
+void kiln_gguf_free(struct gguf_file *g);
 
-const struct gguf_kv *gguf_find(const struct gguf_file *g, const char *key);
+const struct gguf_kv *kiln_gguf_find(const struct gguf_file *g, const char *key);
 /* Scalars: 0 ok, 1 absent, -1 present with the wrong type (err filled). */
-int gguf_get_int(const struct gguf_file *g, const char *key, int64_t *out, char *err, size_t errlen);
-int gguf_get_f64(const struct gguf_file *g, const char *key, double *out, char *err, size_t errlen);
+int kiln_gguf_get_int(const struct gguf_file *g, const char *key, int64_t *out, char *err, size_t errlen);
+int kiln_gguf_get_f64(const struct gguf_file *g, const char *key, double *out, char *err, size_t errlen);
 /* A string value, malloc'd; NULL if absent or not a string. */
-char *gguf_get_str(const struct gguf_file *g, const char *key);
+char *kiln_gguf_get_str(const struct gguf_file *g, const char *key);
 /* Element i of a string array (pointer into the file, not NUL-terminated). */
-int gguf_arr_str(const struct gguf_kv *kv, uint64_t i, const char **s, uint64_t *len);
+int kiln_gguf_arr_str(const struct gguf_kv *kv, uint64_t i, const char **s, uint64_t *len);
 
 /* Metadata -> config (general.architecture qwen3, qwen3moe, qwen2, llama).
  * cfg->quant.method is KILN_QUANT_GGUF. */
-int gguf_to_config(const struct gguf_file *g, struct kiln_config *cfg, char *err, size_t errlen);
+int kiln_gguf_to_config(const struct gguf_file *g, struct kiln_config *cfg, char *err, size_t errlen);
 
 /* Adds the tensors to s under their Hugging Face names (file index `file`),
  * splitting merged expert tensors per expert and un-permuting the Llama q/k
  * rows (convert_hf_to_gguf permutes them for its interleaved RoPE). Copies
  * (only the permuted q/k) are made with alloc(ctx, bytes), which returns NULL
  * when out of memory (an error). */
-int gguf_to_st(const struct gguf_file *g, const struct kiln_config *cfg, struct st_set *s, int file,
+int kiln_gguf_to_st(const struct gguf_file *g, const struct kiln_config *cfg, struct st_set *s, int file,
                void *(*alloc)(void *ctx, size_t bytes), void *ctx, char *err, size_t errlen);
 
 /* Synthesizes tokenizer.json text equivalent to the tokenizer.ggml.* metadata
  * (BPE vocab and merges, added tokens with their special flags, the
  * pre-tokenizer of tokenizer.ggml.pre, a ByteLevel decoder), for
  * tok_load_json(). *json_out is malloc'd, *len_out its length. */
-int gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_out, char *err, size_t errlen);
+int kiln_gguf_tokenizer_json(const struct gguf_file *g, char **json_out, size_t *len_out, char *err, size_t errlen);
 
 /* The same from a file path (maps, parses, synthesizes, unmaps). */
-int gguf_tokenizer_json_file(const char *path, char **json_out, size_t *len_out, char *err, size_t errlen);
+int kiln_gguf_tokenizer_json_file(const char *path, char **json_out, size_t *len_out, char *err, size_t errlen);
 
 /* Does path name a GGUF file (by its magic)? */
-int gguf_is_file(const char *path);
+int kiln_gguf_is_file(const char *path);
 
 #endif

@@ -70,9 +70,9 @@ struct gguf_writer {
     int n_t;
 };
 
-struct gguf_writer *gguf_writer_new(void) { return kiln_calloc(1, sizeof(struct gguf_writer)); }
+struct gguf_writer *kiln_gguf_writer_new(void) { return kiln_calloc(1, sizeof(struct gguf_writer)); }
 
-void gguf_writer_free(struct gguf_writer *w) {
+void kiln_gguf_writer_free(struct gguf_writer *w) {
     if (!w) return;
     for (int i = 0; i < w->n_t; i++) free(w->t[i].name), free(w->t[i].data);
     free(w->t);
@@ -80,30 +80,30 @@ void gguf_writer_free(struct gguf_writer *w) {
     free(w);
 }
 
-void gguf_w_str(struct gguf_writer *w, const char *key, const char *val) {
+void kiln_gguf_w_str(struct gguf_writer *w, const char *key, const char *val) {
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_STR), put_str(&w->kv, val), w->n_kv++;
 }
-void gguf_w_u32(struct gguf_writer *w, const char *key, uint32_t v) {
+void kiln_gguf_w_u32(struct gguf_writer *w, const char *key, uint32_t v) {
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_U32), put_u32(&w->kv, v), w->n_kv++;
 }
-void gguf_w_f32(struct gguf_writer *w, const char *key, float v) {
+void kiln_gguf_w_f32(struct gguf_writer *w, const char *key, float v) {
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_F32), put(&w->kv, &v, 4), w->n_kv++;
 }
-void gguf_w_bool(struct gguf_writer *w, const char *key, int v) {
+void kiln_gguf_w_bool(struct gguf_writer *w, const char *key, int v) {
     uint8_t b = (uint8_t)(v != 0);
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_BOOL), put(&w->kv, &b, 1), w->n_kv++;
 }
-void gguf_w_arr_str(struct gguf_writer *w, const char *key, const char *const *s, size_t n) {
+void kiln_gguf_w_arr_str(struct gguf_writer *w, const char *key, const char *const *s, size_t n) {
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_ARR), put_u32(&w->kv, GGUF_STR), put_u64(&w->kv, n);
     for (size_t i = 0; i < n; i++) put_str(&w->kv, s[i]);
     w->n_kv++;
 }
-void gguf_w_arr_i32(struct gguf_writer *w, const char *key, const int32_t *v, size_t n) {
+void kiln_gguf_w_arr_i32(struct gguf_writer *w, const char *key, const int32_t *v, size_t n) {
     put_str(&w->kv, key), put_u32(&w->kv, GGUF_ARR), put_u32(&w->kv, GGUF_I32), put_u64(&w->kv, n), put(&w->kv, v, 4 * n);
     w->n_kv++;
 }
 
-void gguf_w_tensor(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne, const void *data, size_t nbytes) {
+void kiln_gguf_w_tensor(struct gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne, const void *data, size_t nbytes) {
     w->t = kiln_realloc(w->t, sizeof *w->t * (size_t)(w->n_t + 1));
     struct wtensor *t = &w->t[w->n_t++];
     memset(t, 0, sizeof *t);
@@ -115,7 +115,7 @@ void gguf_w_tensor(struct gguf_writer *w, const char *name, int type, int n_dims
     t->nbytes = nbytes;
 }
 
-void gguf_writer_bytes(struct gguf_writer *w, uint8_t **out, size_t *len) {
+void kiln_gguf_writer_bytes(struct gguf_writer *w, uint8_t **out, size_t *len) {
     struct buf b = {0};
     put_u32(&b, 0x46554747u), put_u32(&b, 3), put_u64(&b, (uint64_t)w->n_t), put_u64(&b, w->n_kv);
     put(&b, w->kv.p, w->kv.n);
@@ -136,10 +136,10 @@ void gguf_writer_bytes(struct gguf_writer *w, uint8_t **out, size_t *len) {
     *out = b.p, *len = b.n;
 }
 
-int gguf_writer_save(struct gguf_writer *w, const char *path, char *err, size_t errlen) {
+int kiln_gguf_writer_save(struct gguf_writer *w, const char *path, char *err, size_t errlen) {
     uint8_t *p;
     size_t n;
-    gguf_writer_bytes(w, &p, &n);
+    kiln_gguf_writer_bytes(w, &p, &n);
     FILE *f = fopen(path, "wb");
     int rc = f && fwrite(p, 1, n, f) == n ? 0 : -1;
     if (f && fclose(f)) rc = -1;
@@ -149,7 +149,7 @@ int gguf_writer_save(struct gguf_writer *w, const char *path, char *err, size_t 
 
 /* ==== tokenizer.json -> tokenizer.ggml.* ==== */
 
-int gguf_w_tokenizer(struct gguf_writer *w, const char *dir, int n_vocab) {
+int kiln_gguf_w_tokenizer(struct gguf_writer *w, const char *dir, int n_vocab) {
     char *p = kiln_path_join(dir, "tokenizer.json"), e[256];
     char *txt = kiln_file_exists(p) ? kiln_read_file(p, NULL, e, sizeof e) : NULL;
     free(p);
@@ -199,11 +199,11 @@ int gguf_w_tokenizer(struct gguf_writer *w, const char *dir, int n_vocab) {
     char *pj = cJSON_PrintUnformatted(cJSON_GetObjectItem(root, "pre_tokenizer"));
     const char *pre = pj && strstr(pj, "\\\\p{N}{1,3}") ? "llama-bpe" : pj && strstr(pj, "Digits") ? "smollm" : "qwen2";
     free(pj);
-    gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
-    gguf_w_str(w, "tokenizer.ggml.pre", pre);
-    gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tok, (size_t)n);
-    gguf_w_arr_i32(w, "tokenizer.ggml.token_type", ty, (size_t)n);
-    gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)mg, (size_t)k);
+    kiln_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    kiln_gguf_w_str(w, "tokenizer.ggml.pre", pre);
+    kiln_gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tok, (size_t)n);
+    kiln_gguf_w_arr_i32(w, "tokenizer.ggml.token_type", ty, (size_t)n);
+    kiln_gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)mg, (size_t)k);
     for (int i = 0; i < n; i++) free(tok[i]);
     for (int i = 0; i < k; i++) free(mg[i]);
     free(tok), free(ty), free(mg);
@@ -243,7 +243,7 @@ static void put_matrix(struct gguf_writer *w, const char *name, const float *x, 
         else quant_quantize_row(t, xr, o, cols);
     }
     int64_t ne[2] = {cols, rows};
-    gguf_w_tensor(w, name, q->ggml_type, 2, ne, d, rb * (size_t)rows);
+    kiln_gguf_w_tensor(w, name, q->ggml_type, 2, ne, d, rb * (size_t)rows);
     free(d);
 }
 
@@ -262,7 +262,7 @@ static float *tensor_f32(const struct ktensor *t) {
 static void put_vec(struct gguf_writer *w, const char *name, const struct ktensor *t) {
     float *x = tensor_f32(t);
     int64_t ne[1] = {t->cols};
-    gguf_w_tensor(w, name, 0, 1, ne, x, sizeof(float) * (size_t)t->cols);
+    kiln_gguf_w_tensor(w, name, 0, 1, ne, x, sizeof(float) * (size_t)t->cols);
     free(x);
 }
 
@@ -282,7 +282,7 @@ static void put_lin(struct gguf_writer *w, const char *name, const struct qlinea
             b = pb;
         }
         int64_t ne[1] = {l->n_out};
-        gguf_w_tensor(w, bn, 0, 1, ne, b, sizeof(float) * (size_t)l->n_out);
+        kiln_gguf_w_tensor(w, bn, 0, 1, ne, b, sizeof(float) * (size_t)l->n_out);
         free(b);
     }
 }
@@ -290,12 +290,12 @@ static void put_lin(struct gguf_writer *w, const char *name, const struct qlinea
 static int write_gguf(const struct kiln_model *m, const char *src, enum kiln_dtype t, const char *out, char *err, size_t errlen) {
     const struct kiln_config *c = &m->cfg;
     const char *a = gguf_arch(c->arch);
-    struct gguf_writer *w = gguf_writer_new();
+    struct gguf_writer *w = kiln_gguf_writer_new();
     char k[128];
-    gguf_w_str(w, "general.architecture", a);
-    gguf_w_str(w, "general.name", "kiln quantize");
-    gguf_w_u32(w, "general.file_type", t == KILN_DTYPE_Q8_0 ? 7 : t == KILN_DTYPE_Q4_0 ? 2 : 15);
-#define KV_U32(key, v) (snprintf(k, sizeof k, "%s." key, a), gguf_w_u32(w, k, (uint32_t)(v)))
+    kiln_gguf_w_str(w, "general.architecture", a);
+    kiln_gguf_w_str(w, "general.name", "kiln quantize");
+    kiln_gguf_w_u32(w, "general.file_type", t == KILN_DTYPE_Q8_0 ? 7 : t == KILN_DTYPE_Q4_0 ? 2 : 15);
+#define KV_U32(key, v) (snprintf(k, sizeof k, "%s." key, a), kiln_gguf_w_u32(w, k, (uint32_t)(v)))
     KV_U32("block_count", c->n_layer);
     KV_U32("context_length", c->max_pos);
     KV_U32("embedding_length", c->dim);
@@ -310,19 +310,19 @@ static int write_gguf(const struct kiln_model *m, const char *src, enum kiln_dty
         KV_U32("expert_feed_forward_length", c->moe_ffn);
     }
 #undef KV_U32
-    snprintf(k, sizeof k, "%s.rope.freq_base", a), gguf_w_f32(w, k, (float)c->rope.theta);
-    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", a), gguf_w_f32(w, k, c->rms_eps);
+    snprintf(k, sizeof k, "%s.rope.freq_base", a), kiln_gguf_w_f32(w, k, (float)c->rope.theta);
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", a), kiln_gguf_w_f32(w, k, c->rms_eps);
     if (c->rope.type == KILN_ROPE_LINEAR || c->rope.type == KILN_ROPE_YARN) {
-        snprintf(k, sizeof k, "%s.rope.scaling.type", a), gguf_w_str(w, k, c->rope.type == KILN_ROPE_LINEAR ? "linear" : "yarn");
-        snprintf(k, sizeof k, "%s.rope.scaling.factor", a), gguf_w_f32(w, k, (float)c->rope.factor);
-        snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a), gguf_w_u32(w, k, (uint32_t)c->rope.original_max_pos);
+        snprintf(k, sizeof k, "%s.rope.scaling.type", a), kiln_gguf_w_str(w, k, c->rope.type == KILN_ROPE_LINEAR ? "linear" : "yarn");
+        snprintf(k, sizeof k, "%s.rope.scaling.factor", a), kiln_gguf_w_f32(w, k, (float)c->rope.factor);
+        snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a), kiln_gguf_w_u32(w, k, (uint32_t)c->rope.original_max_pos);
     } else if (c->rope.type != KILN_ROPE_DEFAULT) {
-        gguf_writer_free(w);
+        kiln_gguf_writer_free(w);
         return kiln_errf(err, errlen, "quantize: this rope scaling type cannot be written to GGUF by kiln");
     }
-    if (c->bos >= 0) gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos);
-    if (c->n_eos) gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos[0]);
-    if (strncmp(src, "dummy:", 6)) gguf_w_tokenizer(w, src, c->vocab);
+    if (c->bos >= 0) kiln_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos);
+    if (c->n_eos) kiln_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos[0]);
+    if (strncmp(src, "dummy:", 6)) kiln_gguf_w_tokenizer(w, src, c->vocab);
 
     float *emb = tensor_f32(&m->embed);
     put_matrix(w, "token_embd.weight", emb, m->embed.rows, m->embed.cols, t, 0);
@@ -350,7 +350,7 @@ static int write_gguf(const struct kiln_model *m, const char *src, enum kiln_dty
             const char *nn[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
             for (int s = 0; s < 3; s++) {
                 /* one [E, rows, cols] tensor: quantize each expert, concatenate */
-                struct gguf_writer *tmp = gguf_writer_new();
+                struct gguf_writer *tmp = kiln_gguf_writer_new();
                 size_t tot = 0;
                 for (int e = 0; e < c->n_expert; e++) {
                     put_lin(tmp, "x.weight", &sets[s][e], t, 0);
@@ -361,9 +361,9 @@ static int write_gguf(const struct kiln_model *m, const char *src, enum kiln_dty
                 for (int e = 0; e < c->n_expert; e++) memcpy(d + o, tmp->t[e].data, tmp->t[e].nbytes), o += tmp->t[e].nbytes;
                 int64_t ne[3] = {sets[s][0].n_in, sets[s][0].n_out, c->n_expert};
                 snprintf(n, sizeof n, "blk.%d.%s", l, nn[s]);
-                gguf_w_tensor(w, n, tmp->t[0].type, 3, ne, d, tot);
+                kiln_gguf_w_tensor(w, n, tmp->t[0].type, 3, ne, d, tot);
                 free(d);
-                gguf_writer_free(tmp);
+                kiln_gguf_writer_free(tmp);
             }
         } else {
             put_lin(w, NM("ffn_gate.weight"), &L->gate, t, 0);
@@ -372,8 +372,8 @@ static int write_gguf(const struct kiln_model *m, const char *src, enum kiln_dty
         }
 #undef NM
     }
-    int rc = gguf_writer_save(w, out, err, errlen);
-    gguf_writer_free(w);
+    int rc = kiln_gguf_writer_save(w, out, err, errlen);
+    kiln_gguf_writer_free(w);
     return rc;
 }
 
@@ -469,7 +469,7 @@ static int copy_file(const char *src_dir, const char *out_dir, const char *name)
 
 static int write_hf(const struct kiln_model *m, const char *src, const char *to, int group, const char *out, char *err, size_t errlen) {
     const struct kiln_config *c = &m->cfg;
-    if (strncmp(src, "dummy:", 6) && gguf_is_file(src)) return kiln_errf(err, errlen, "quantize: --to %s needs a checkpoint folder as source", to);
+    if (strncmp(src, "dummy:", 6) && kiln_gguf_is_file(src)) return kiln_errf(err, errlen, "quantize: --to %s needs a checkpoint folder as source", to);
     int bits = strstr(to, "8") ? 8 : 4, pf = 32 / bits;
     if (mkdir(out, 0755) && errno != EEXIST) return kiln_errf(err, errlen, "%s: cannot create: %s", out, strerror(errno));
     struct stw s = {cJSON_CreateObject(), {0}};

@@ -490,10 +490,10 @@ static int load_gguf(struct kiln_model *m, const char *path, struct kiln_backend
     if (kiln_file_map(&st->files[0], path, err, errlen)) return -1;
     st->n_files = 1;
     struct gguf_file g;
-    if (gguf_parse(&g, st->files[0].data, st->files[0].size, path, err, errlen)) return -1;
-    int rc = gguf_to_config(&g, &m->cfg, err, errlen);
-    if (rc == 0) rc = gguf_to_st(&g, &m->cfg, st, 0, owned_alloc, m, err, errlen);
-    gguf_free(&g);
+    if (kiln_gguf_parse(&g, st->files[0].data, st->files[0].size, path, err, errlen)) return -1;
+    int rc = kiln_gguf_to_config(&g, &m->cfg, err, errlen);
+    if (rc == 0) rc = kiln_gguf_to_st(&g, &m->cfg, st, 0, owned_alloc, m, err, errlen);
+    kiln_gguf_free(&g);
     if (rc || st_finish(st, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", path);
     struct wsrc s = {.m = m, .where = path, .err = err, .errlen = errlen};
     return finish_load(m, &s, be, err, errlen);
@@ -502,7 +502,7 @@ static int load_gguf(struct kiln_model *m, const char *path, struct kiln_backend
 int model_load_dir(struct kiln_model *m, const char *dir, struct kiln_backend *be, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->path = kiln_strdup(dir);
-    if (gguf_is_file(dir)) {
+    if (kiln_gguf_is_file(dir)) {
         if (load_gguf(m, dir, be, err, errlen)) goto fail;
         return 0;
     }

@@ -1015,18 +1015,18 @@ static struct kiln_tokenizer *tok_load_gguf(const char *path, char *err, size_t 
     if (kiln_file_map(&f, path, err, errlen)) return NULL;
     struct gguf_file g;
     struct kiln_tokenizer *t = NULL;
-    if (gguf_parse(&g, f.data, f.size, path, err, errlen) == 0) {
+    if (kiln_gguf_parse(&g, f.data, f.size, path, err, errlen) == 0) {
         char *json = NULL;
         size_t len = 0;
-        if (gguf_tokenizer_json(&g, &json, &len, err, errlen) == 0) t = tok_load_json(json, len, err, errlen);
+        if (kiln_gguf_tokenizer_json(&g, &json, &len, err, errlen) == 0) t = tok_load_json(json, len, err, errlen);
         free(json);
         if (t) {
             int64_t id;
-            t->chat_template = gguf_get_str(&g, "tokenizer.chat_template");
-            if (gguf_get_int(&g, "tokenizer.ggml.eos_token_id", &id, NULL, 0) == 0) t->eos_token = token_text(t, id);
-            if (gguf_get_int(&g, "tokenizer.ggml.bos_token_id", &id, NULL, 0) == 0) t->bos_token = token_text(t, id);
+            t->chat_template = kiln_gguf_get_str(&g, "tokenizer.chat_template");
+            if (kiln_gguf_get_int(&g, "tokenizer.ggml.eos_token_id", &id, NULL, 0) == 0) t->eos_token = token_text(t, id);
+            if (kiln_gguf_get_int(&g, "tokenizer.ggml.bos_token_id", &id, NULL, 0) == 0) t->bos_token = token_text(t, id);
         }
-        gguf_free(&g);
+        kiln_gguf_free(&g);
     }
     kiln_file_unmap(&f);
     if (!t) kiln_err_prefix(err, errlen, "%s: ", path);
@@ -1034,7 +1034,7 @@ static struct kiln_tokenizer *tok_load_gguf(const char *path, char *err, size_t 
 }
 
 struct kiln_tokenizer *tok_load(const char *model_dir, char *err, size_t errlen) {
-    if (gguf_is_file(model_dir)) return tok_load_gguf(model_dir, err, errlen);
+    if (kiln_gguf_is_file(model_dir)) return tok_load_gguf(model_dir, err, errlen);
     char *path = kiln_path_join(model_dir, "tokenizer.json");
     struct kiln_file f; /* mapped, not read: no copy, and far fewer page faults */
     if (kiln_file_map(&f, path, err, errlen)) {

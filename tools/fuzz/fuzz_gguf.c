@@ -25,14 +25,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct gguf_file g;
     char err[512];
-    if (gguf_parse(&g, data, size, "fuzz.gguf", err, sizeof err)) return 0;
+    if (kiln_gguf_parse(&g, data, size, "fuzz.gguf", err, sizeof err)) return 0;
     for (int64_t i = 0; i < g.n_tensors; i++)
         if (g.t[i].data) assert(g.t[i].data >= data && g.t[i].data + g.t[i].nbytes <= data + size);
     struct kiln_config c;
-    if (gguf_to_config(&g, &c, err, sizeof err) == 0) {
+    if (kiln_gguf_to_config(&g, &c, err, sizeof err) == 0) {
         struct st_set s = {0};
         void **owned = calloc(1, sizeof(void *));
-        gguf_to_st(&g, &c, &s, 0, fz_alloc, &owned, err, sizeof err);
+        kiln_gguf_to_st(&g, &c, &s, 0, fz_alloc, &owned, err, sizeof err);
         for (int i = 0; i < s.n; i++) free(s.t[i].name);
         free(s.t);
         for (int i = 0; owned[i]; i++) free(owned[i]);
@@ -41,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     char *json = NULL;
     size_t len;
-    if (gguf_tokenizer_json(&g, &json, &len, err, sizeof err) == 0) free(json);
-    gguf_free(&g);
+    if (kiln_gguf_tokenizer_json(&g, &json, &len, err, sizeof err) == 0) free(json);
+    kiln_gguf_free(&g);
     return 0;
 }
