@@ -162,6 +162,10 @@ int main(int argc, char **argv) {
 
     printf("vs-llama: kiln %s, llama.cpp %s, %d threads, pp%d / tg%d, %d rounds (ABBA)\n", kmodel, gguf, threads, p, n, rounds);
     printf("kiln: %s kernels; llama.cpp: %s\n", cpu_isa_name(cpu_isa()), llama_print_system_info());
+    /* the same shapes on both sides, or the comparison means nothing */
+    const double kp = (double)kiln_engine_n_params(a.ke), lp = (double)llama_model_n_params(a.lm);
+    printf("parameters: kiln %.3f B, llama.cpp %.3f B; vocabularies %d / %d\n", kp / 1e9, lp / 1e9, kv, lv);
+    if (kp > 1.01 * lp || lp > 1.01 * kp || kv != lv) printf("vs-llama: warning: the two models differ in shape\n");
     for (int tg = 0; tg < 2; tg++) { /* one untimed run of each, as both benchmarks warm up */
         if (kiln_run(&a, tg) < 0 || llama_run(&a, tg) < 0) return 1;
     }
