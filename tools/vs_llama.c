@@ -40,6 +40,7 @@
 #include "backend/cpu/cpu.h"
 #include "base/base.h"
 #include "bench/bench.h"
+#include "bench/stats.h"
 #include "kiln.h"
 #include "llama.h"
 
@@ -51,20 +52,6 @@ struct arms {
     int32_t *ids; /* p + n + 1 random ids below the smaller vocabulary */
     int p, n, threads;
 };
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double quantile(const double *v, int n, double q) {
-    double *s = kiln_malloc(sizeof(double) * (size_t)n);
-    memcpy(s, v, sizeof(double) * (size_t)n);
-    qsort(s, (size_t)n, sizeof(double), cmp);
-    const double x = q * (n - 1), f = x - (int)x, r = s[(int)x] + (x > (int)x ? f * (s[(int)x + 1] - s[(int)x]) : 0);
-    free(s);
-    return r;
-}
 
 /* kiln: pp (tg = 0) or tg; tokens per second, or -1 on an error */
 static double kiln_run(struct arms *a, int tg) {
@@ -202,10 +189,12 @@ int main(int argc, char **argv) {
     printf("\n| test | kiln t/s (median) | llama.cpp t/s (median) | kiln / llama.cpp: median [quartiles] | kiln decode, %% of the probe |\n"
            "|---|---:|---:|---|---:|\n");
     for (int tg = 0; tg < 2; tg++) {
-        printf("| %s%d | %.2f | %.2f | %.3f [%.3f, %.3f] |", tg ? "tg" : "pp", tg ? n : p, quantile(r[tg][0], rounds, 0.5),
-               quantile(r[tg][1], rounds, 0.5), quantile(ratio[tg], rounds, 0.5), quantile(ratio[tg], rounds, 0.25),
-               quantile(ratio[tg], rounds, 0.75));
-        if (tg) printf(" %.1f [%.1f, %.1f] (%.3f GB per token) |\n", quantile(roof, rounds, 0.5), quantile(roof, rounds, 0.25), quantile(roof, rounds, 0.75), bytes / 1e9);
+        printf("| %s%d | %.2f | %.2f | %.3f [%.3f, %.3f] |", tg ? "tg" : "pp", tg ? n : p, bench_percentile(r[tg][0], rounds, 50),
+               bench_percentile(r[tg][1], rounds, 50), bench_percentile(ratio[tg], rounds, 50), bench_percentile(ratio[tg], rounds, 25),
+               bench_percentile(ratio[tg], rounds, 75));
+        if (tg)
+            printf(" %.1f [%.1f, %.1f] (%.3f GB per token) |\n", bench_percentile(roof, rounds, 50), bench_percentile(roof, rounds, 25),
+                   bench_percentile(roof, rounds, 75), bytes / 1e9);
         else printf(" |\n");
     }
     llama_free(a.lc);

@@ -61,6 +61,7 @@
 #include <string.h>
 
 #include "backend/cpu/gemv.h"
+#include "backend/cpu/qmatmul_internal.h"
 #include "base/base.h"
 
 /* L index of weight p of a block */
@@ -116,8 +117,7 @@ static int b12_vbmi = -1;
 
 static int have_vbmi(void) {
 #if defined(KILN_X86)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vbmi");
+    return qm_have_vbmi();
 #else
     return 0;
 #endif
