@@ -12,7 +12,9 @@
  * `isa` (cpu_set_isa: 0 scalar, 1 AVX2, 2 AVX-512 on x86), `gemv-pfd` (the
  * dense GEMV's prefetch distance in bytes, 0 none; `gemv-pfd-batch` the
  * same for 2+ activation rows; `b12-pfd` the AVX2 12-bit BF16 loop's at
- * batch 1), `gemv-rows` (the
+ * batch 1), `b12-vbmi` (the AVX-512 12-bit decode with VBMI, 0 / 1),
+ * `b12-pairs2` (the AVX2 12-bit loop's pairs of rows at batch 1, 0 / 1),
+ * `gemv-rows` (the
  * L1D bytes a row must overflow for its batch-1 loop to read four rows at
  * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
  * x86, `qm-pfd`,

@@ -975,7 +975,7 @@ static void gemv(struct kiln_backend *be, float *const *outs, const float *x, co
     struct mm_job j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     int64_t rows = 0;
-    cpu_gemv_streams(), cpu_gemv_pfd(), cpu_gemv_pfd_batch(), cpu_gemv_rows(), cpu_b12_pfd(); /* chosen here, on the calling thread, before the kernels read them */
+    cpu_gemv_streams(), cpu_gemv_pfd(), cpu_gemv_pfd_batch(), cpu_gemv_rows(), cpu_b12_pfd(), cpu_b12_pairs2(); /* chosen here, on the calling thread, before the kernels read them */
     for (int i = 0; i < count; i++) {
         const struct qlinear *w = ws[i];
         const int b12 = w->be != NULL;
