@@ -439,6 +439,40 @@ static void check_rows2(void) {
     be->destroy(be);
 }
 
+/* activations quantized to int8 blocks (qm_quant_token at this ISA: AVX2 /
+ * NEON vector code) give the scalar qm_quantize_act's blocks bit for bit:
+ * codes, d and code sum, row-major and in a GEMM's tiles of 4 tokens, on
+ * normal values of several scales, an all-zero block and blocks of exact
+ * halves (x / d = k + 0.5: rounded to even) */
+static void check_quant_act(struct kiln_rng *r, const char *isa) {
+    enum { K = 256, N = 5, NB = K / 32 };
+    float *x = kiln_malloc(sizeof(float) * N * K);
+    struct q8a *ref = kiln_malloc(sizeof(struct q8a) * N * NB), *got = kiln_malloc(sizeof(struct q8a) * 8 * NB);
+    for (int i = 0; i < N * K; i++) x[i] = kiln_rng_normal(r) * (i / 32 % 3 == 0 ? 1e-3f : i / 32 % 3 == 1 ? 1.0f : 300.0f);
+    for (int i = 0; i < 32; i++) x[64 + i] = 0;                                                  /* token 0, block 2: zeros */
+    for (int i = 0; i < 32; i++) x[K + 32 + i] = i == 5 ? 127.0f : (float)((i % 9) - 4) + 0.5f; /* token 1, block 1: d = 1, halves */
+    for (int i = 0; i < 32; i++) x[2 * K + i] = i == 0 ? -12.7f : 0.05f * (float)(i - 16);       /* token 2, block 0: d = 0.1 */
+    for (int t = 0; t < N; t++) qm_quantize_act(x + (size_t)t * K, ref + (size_t)t * NB, K);
+    for (int nt = 0; nt <= 4; nt += 4) {
+        memset(got, 0x55, sizeof(struct q8a) * 8 * NB);
+        for (int t = 0; t < (nt ? 8 : N); t++) qm_quant_token(x, got, t, N, K, nt, cpu_isa());
+        int bad = 0;
+        for (int t = 0; t < N; t++)
+            for (int b = 0; b < NB; b++) {
+                const struct q8a *g = nt ? &got[((size_t)(t / nt) * NB + b) * nt + t % nt] : &got[(size_t)t * NB + b];
+                bad += memcmp(g, &ref[(size_t)t * NB + b], sizeof *g) != 0;
+            }
+        CHECK(bad == 0, "%s activation quantization (tiles of %d): %d of %d blocks differ from the scalar", isa, nt, bad, N * NB);
+        if (nt) { /* the padding tokens of the last tile are zero blocks */
+            const struct q8a *pad = &got[((size_t)(7 / nt) * NB) * nt + 7 % nt];
+            CHECK(pad->d == 0 && pad->sum == 0 && pad->qs[0] == 0 && pad->qs[31] == 0, "%s: padding token not zeroed", isa);
+        }
+    }
+    CHECK(ref[NB + 1].qs[0] == -4 && ref[NB + 1].qs[1] == -2 && ref[NB + 1].qs[2] == -2 && ref[NB + 1].qs[5] == 127,
+          "scalar reference: halves not rounded to even (%d %d %d)", ref[NB + 1].qs[0], ref[NB + 1].qs[1], ref[NB + 1].qs[2]);
+    free(x), free(ref), free(got);
+}
+
 void test_cpukernels(void) {
     check_split();
     check_rows2();
@@ -487,6 +521,7 @@ void test_cpukernels(void) {
             check_attention_tiled(be, &r, name, 128, 8, 32, KILN_DTYPE_BF16, &worst);
         }
         check_swiglu_rope(be, &r, name);
+        check_quant_act(&r, name);
     }
     cpu_set_isa(saved);
     be->destroy(be);

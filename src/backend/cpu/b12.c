@@ -52,10 +52,18 @@
  * of 64 stay BF16, and so does a linear whose escapes would leave it less
  * than 10% smaller (cpu.c).
  *
- * Where: x86 (AVX2 or AVX-512 kernels; the scalar path decodes a block at
- * a time), dense BF16 linears, made at load (cpu.c's prepare); the stored
- * BF16 is then dropped (qlinear.repacked). KILN_CPU_B12=0 keeps BF16. The
- * prefill GEMM decodes its weight panels from the same bytes (matmul.c).
+ * On AArch64 the low bytes are in weight order instead (b12_pos), the
+ * codes' nibbles as above: vqtbl1q looks the codes up, vzip1q / vzip2q of
+ * L with the high bytes give bf16 words in order, shll #16 widens them
+ * (gemv1_b12_neon, with the NEON BF16 loop's accumulators: 8 x 4 lanes
+ * over steps of 32).
+ *
+ * Where: x86 (AVX2 or AVX-512 kernels) and AArch64 (NEON; the scalar path
+ * decodes a block at a time on both), dense BF16 linears, made at load
+ * (cpu.c's prepare); the stored BF16 is then dropped (qlinear.repacked).
+ * KILN_CPU_B12=0 keeps BF16. The prefill GEMM decodes its weight panels
+ * from the same bytes (matmul.c). The layout exists only in memory: it is
+ * made at every load, so x86 and AArch64 need not agree on it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -64,15 +72,21 @@
 #include "backend/cpu/qmatmul_internal.h"
 #include "base/base.h"
 
-/* L index of weight p of a block */
+/* L index of weight p of a block: x86's order (above); elsewhere weight
+ * order, which the NEON decode wants (vzip of L with the high bytes gives
+ * bf16 words in order) */
+#if defined(KILN_X86)
 static inline int b12_pos(int p) { return ((p >> 2) & 3) * 16 + ((p >> 5) & 1) * 8 + (p & 3) * 2 + ((p >> 4) & 1); }
+#else
+static inline int b12_pos(int p) { return p; }
+#endif
 
 static inline size_t b12_head(int nb) { return ((size_t)nb + 7) & ~(size_t)7; }
 
 size_t cpu_b12_row_bytes(int n_in) { return b12_head(n_in / B12_K) + (size_t)B12_BB * (size_t)(n_in / B12_K); }
 
 int cpu_b12_on(void) {
-#if defined(KILN_X86)
+#if defined(KILN_X86) || defined(KILN_NEON)
     const char *e = getenv("KILN_CPU_B12");
     return !(e && !strcmp(e, "0"));
 #else
@@ -211,11 +225,33 @@ KILN_AVX2 static int enc_block_avx2(const uint16_t *v, uint8_t *blk) {
 }
 #endif
 
+#if defined(KILN_NEON)
+/* enc_block on NEON: vld2q_u8 splits 16 bf16 into their low and high
+ * bytes, both in weight order (the AArch64 layout); the exponents' span by
+ * vminvq / vmaxvq; the codes of weights i and 32 + i share byte i of C */
+static int enc_block_neon(const uint16_t *v, uint8_t *blk) {
+    const uint8x16_t m7f = vdupq_n_u8(0x7F), s8 = vdupq_n_u8(8);
+    uint8x16x2_t q[4];
+    uint8x16_t e[4], code[4];
+    for (int k = 0; k < 4; k++) q[k] = vld2q_u8((const uint8_t *)(v + 16 * k)), e[k] = vandq_u8(q[k].val[1], m7f);
+    const int base = vminvq_u8(vminq_u8(vminq_u8(e[0], e[1]), vminq_u8(e[2], e[3])));
+    const int top = vmaxvq_u8(vmaxq_u8(vmaxq_u8(e[0], e[1]), vmaxq_u8(e[2], e[3])));
+    if (top - base > 7) return -1;
+    for (int k = 0; k < 4; k++) {
+        code[k] = vorrq_u8(vsubq_u8(e[k], vdupq_n_u8((uint8_t)base)), vandq_u8(vshrq_n_u8(q[k].val[1], 4), s8));
+        vst1q_u8(blk + 16 * k, q[k].val[0]);
+    }
+    vst1q_u8(blk + B12_K, vorrq_u8(code[0], vshlq_n_u8(code[2], 4)));
+    vst1q_u8(blk + B12_K + 16, vorrq_u8(code[1], vshlq_n_u8(code[3], 4)));
+    return base;
+}
+#endif
+
 struct pack_job {
     const uint16_t *w;
     struct cpu_b12 *b;
     int64_t *esc0; /* per row: its escapes' count (pass 0), then the index of its first (pass 1) */
-    int pass, avx2;
+    int pass, vec; /* vec: the vector encoder (the scalar one when the kernels are held to scalar: the tests) */
 };
 
 /* pass 0 encodes every block and counts the escapes; pass 1 copies the
@@ -231,11 +267,14 @@ static void pack_rows(void *arg, int64_t r0, int64_t r1, int tid) {
             int64_t n = 0;
             memset(row + nb, 0, b12_head(nb) - (size_t)nb);
             for (int k = 0; k < nb; k++) {
+                const uint16_t *v = w + (size_t)k * B12_K;
+                uint8_t *bk = blk + (size_t)k * B12_BB;
 #if defined(KILN_X86)
-                const int base = j->avx2 ? enc_block_avx2(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB)
-                                         : enc_block(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB);
+                const int base = j->vec ? enc_block_avx2(v, bk) : enc_block(v, bk);
+#elif defined(KILN_NEON)
+                const int base = j->vec ? enc_block_neon(v, bk) : enc_block(v, bk);
 #else
-                const int base = enc_block(w + (size_t)k * B12_K, blk + (size_t)k * B12_BB);
+                const int base = enc_block(v, bk);
 #endif
                 row[k] = base < 0 ? 0xFF : (uint8_t)base;
                 n += base < 0;
@@ -265,7 +304,9 @@ struct cpu_b12 *cpu_b12_pack(struct kiln_backend *be, const uint16_t *w, int n_o
     if (!(b->data = kiln_walloc(b->rb * (size_t)n_out))) goto fail;
     struct pack_job j = {.w = w, .b = b, .esc0 = esc0, .pass = 0};
 #if defined(KILN_X86)
-    j.avx2 = cpu_isa() >= CPU_ISA_AVX2; /* the scalar loop when the kernels are held to it (the tests) */
+    j.vec = cpu_isa() >= CPU_ISA_AVX2;
+#elif defined(KILN_NEON)
+    j.vec = cpu_isa() >= CPU_ISA_NEON;
 #endif
     cpu_parallel_for(be, n_out, 64, pack_rows, &j);
     for (int r = 0; r < n_out; r++) {
@@ -337,18 +378,18 @@ void cpu_b12_dot_scalar(const void *row_, const float *const *x, int nx, int n_i
     for (int j = 0; j < nx; j++) out[j] = s[j];
 }
 
-#if defined(KILN_X86)
-/* ==== AVX-512 ==== */
-
-#define AVX512 KILN_AVX512
-#define AVX2 KILN_AVX2
-
 /* the lines pfd bytes past a block's 96, into L1 (0: none) */
 static inline void pf_block(const uint8_t *blk, int pfd) {
     if (!pfd) return;
     _mm_prefetch((const char *)blk + pfd, _MM_HINT_T0);
     _mm_prefetch((const char *)blk + 64 + pfd, _MM_HINT_T0);
 }
+
+#if defined(KILN_X86)
+/* ==== AVX-512 ==== */
+
+#define AVX512 KILN_AVX512
+#define AVX2 KILN_AVX2
 
 /* the 16-byte table of high bytes by code, in each 128-bit lane */
 #define B12_TAB 0x03020100, 0x07060504, (int)0x83828180, (int)0x87868584
@@ -584,11 +625,105 @@ AVX2 static void f32_avx2(const uint8_t *row, int nb, int c0, int c1, float *dst
 }
 #endif /* KILN_X86 */
 
+#if defined(KILN_NEON)
+/* ==== NEON (AArch64) ==== */
+
+/* the 16 high bytes by code less the block's base (B12_TAB's bytes) */
+static const uint8_t b12_tab[16] = {0, 1, 2, 3, 4, 5, 6, 7, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87};
+
+/* weights 32 s + 4 u + 0-3 of a block as f[u] (u < 8): the codes of C's
+ * first 16 bytes c0 (weights 0-15 in the low nibbles, 32-47 in the high)
+ * and of the next 16 c1 (16-31, 48-63) looked up by vqtbl1q into high
+ * bytes, zipped with L's bytes into bf16 words in weight order, widened
+ * by shll #16: per 32 weights two and-or-shift, two tbl, four zip, eight
+ * shll */
+static inline __attribute__((always_inline)) void half_neon(const uint8_t *blk, uint8x16_t t, uint8x16_t c0, uint8x16_t c1, int s,
+                                                            float32x4_t f[8]) {
+    const uint8x16_t m = vdupq_n_u8(15);
+    const uint8x16_t h0 = vqtbl1q_u8(t, s ? vshrq_n_u8(c0, 4) : vandq_u8(c0, m));
+    const uint8x16_t h1 = vqtbl1q_u8(t, s ? vshrq_n_u8(c1, 4) : vandq_u8(c1, m));
+    const uint8x16_t l0 = vld1q_u8(blk + 32 * s), l1 = vld1q_u8(blk + 32 * s + 16);
+    const uint16x8_t w[4] = {vreinterpretq_u16_u8(vzip1q_u8(l0, h0)), vreinterpretq_u16_u8(vzip2q_u8(l0, h0)),
+                             vreinterpretq_u16_u8(vzip1q_u8(l1, h1)), vreinterpretq_u16_u8(vzip2q_u8(l1, h1))};
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        f[2 * k] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(w[k]), 16));
+        f[2 * k + 1] = vreinterpretq_f32_u32(vshll_high_n_u16(w[k], 16));
+    }
+}
+
+/* the same for an escaped block, from its 64 bf16 */
+static inline __attribute__((always_inline)) void half_esc_neon(const uint8_t *blk, int s, float32x4_t f[8]) {
+    const uint16_t *raw = esc_of(blk) + 32 * s;
+    _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) f[u] = kiln_bf16x4(raw + 4 * u);
+}
+
+/* Rows [r0, r1) for nx = 1 or 2 activation rows, one weight row at a time
+ * in CPU_FOR_ROWS order: the BF16 NEON loop (matmul.c, GEMV1_NEON) with
+ * each step of 32 weights decoded from 12 bits. Accumulator u takes
+ * weights 4 u + 0-3 of every step, the same products in the same order
+ * and the same reduction: the BF16 bits. */
+static inline __attribute__((always_inline)) void gemv_b12_neon_(const uint8_t *W, size_t rb, const float *x, int nx, int n_in,
+                                                                 int64_t r0, int64_t r1, const float *bias, float *out, int n_out) {
+    const int two = gemv_two(rb), pfd = cpu_b12_pfd(), nb = n_in / B12_K;
+    const size_t hd = b12_head(nb);
+    const uint8x16_t tab = vld1q_u8(b12_tab);
+    gemv_pf_start(W, rb, r0, r1, two, pfd);
+    CPU_FOR_ROWS(r, r0, r1, two) {
+        const uint8_t *row = W + (size_t)r * rb;
+        float32x4_t a0[8], a1[8]; /* activation rows 0 and 1 (two arrays: one 2-d array was partly kept on the stack) */
+        _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a0[u] = a1[u] = vdupq_n_f32(0);
+        for (int c = 0; c < nb; c++) {
+            const uint8_t *blk = row + hd + (size_t)c * B12_BB;
+            const int base = row[c];
+            pf_block(blk, pfd);
+            const uint8x16_t t = vaddq_u8(tab, vdupq_n_u8((uint8_t)base)), c0 = vld1q_u8(blk + B12_K), c1 = vld1q_u8(blk + B12_K + 16);
+            _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
+                float32x4_t f[8];
+                if (__builtin_expect(base == 0xFF, 0)) half_esc_neon(blk, s, f);
+                else half_neon(blk, t, c0, c1, s, f);
+                const float *x0 = x + (size_t)c * B12_K + 32 * s, *x1 = x0 + n_in;
+                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a0[u] = vfmaq_f32(a0[u], f[u], vld1q_f32(x0 + 4 * u));
+                if (nx == 2) _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) a1[u] = vfmaq_f32(a1[u], f[u], vld1q_f32(x1 + 4 * u));
+            }
+        }
+        const float t = 0; /* the BF16 loop's tail sum, empty here */
+        _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {
+            const float32x4_t *a = j ? a1 : a0;
+            const float32x4_t sum = vaddq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])),
+                                              vaddq_f32(vaddq_f32(a[4], a[5]), vaddq_f32(a[6], a[7])));
+            out[(size_t)j * n_out + r] = vaddvq_f32(sum) + t + (bias ? bias[r] : 0.0f);
+        }
+    }
+}
+
+static void gemv1_b12_neon(const uint8_t *W, size_t rb, const float *x, int nx, int n_in, int64_t r0, int64_t r1, const float *bias,
+                           float *out, int n_out) {
+    if (nx == 1) gemv_b12_neon_(W, rb, x, 1, n_in, r0, r1, bias, out, n_out);
+    else gemv_b12_neon_(W, rb, x, 2, n_in, r0, r1, bias, out, n_out);
+}
+
+static void f32_neon(const uint8_t *row, int nb, int c0, int c1, float *dst) {
+    for (int c = c0; c < c1; c++, dst += B12_K) {
+        const uint8_t *blk = row + b12_head(nb) + (size_t)c * B12_BB;
+        const int base = row[c];
+        const uint8x16_t t = vaddq_u8(vld1q_u8(b12_tab), vdupq_n_u8((uint8_t)base)), k0 = vld1q_u8(blk + B12_K), k1 = vld1q_u8(blk + B12_K + 16);
+        for (int s = 0; s < 2; s++) {
+            float32x4_t f[8];
+            if (base == 0xFF) half_esc_neon(blk, s, f);
+            else half_neon(blk, t, k0, k1, s, f);
+            for (int u = 0; u < 8; u++) vst1q_f32(dst + 32 * s + 4 * u, f[u]);
+        }
+    }
+}
+#endif /* KILN_NEON */
+
 void cpu_b12_decode_f32(const uint8_t *row, int n_in, int k0, int k, float *dst) {
     const int nb = n_in / B12_K, c0 = k0 / B12_K, c1 = (k0 + k) / B12_K;
 #if defined(KILN_X86)
     if (cpu_isa() == CPU_ISA_AVX512) return f32_avx512(row, nb, c0, c1, dst);
     if (cpu_isa() == CPU_ISA_AVX2) return f32_avx2(row, nb, c0, c1, dst);
+#elif defined(KILN_NEON)
+    if (cpu_isa() >= CPU_ISA_NEON) return f32_neon(row, nb, c0, c1, dst);
 #endif
     uint16_t w[B12_K];
     for (int c = c0; c < c1; c++, dst += B12_K) {
@@ -606,6 +741,10 @@ gemv1_fn cpu_b12_gemv1(void) {
         return gemv1_b12_avx512v;
     }
     return v == CPU_ISA_AVX512 ? gemv1_b12_avx512 : v == CPU_ISA_AVX2 ? gemv1_b12_avx2 : NULL;
+#elif defined(KILN_NEON)
+    const int v = cpu_isa();
+    cpu_isa_note(v, 0);
+    return v >= CPU_ISA_NEON ? gemv1_b12_neon : NULL;
 #else
     return NULL;
 #endif

@@ -61,6 +61,27 @@ AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride)
 
 #endif
 
+#if defined(KILN_NEON)
+/* Activations quantized with NEON, bit-identical to qm_quantize_act: amax
+ * by fmaxnm (a NaN is skipped, as fmaxf skips it), the same d and id,
+ * x * id rounded to nearest even by fcvtns (lrintf's default rounding),
+ * narrowed with saturation (|x * id| <= 127 once rounded, so as the
+ * scalar cast). Block b of the row goes to out[b * stride]. */
+void qm_quantize_act_neon(const float *x, struct q8a *b, int K, int stride) {
+    for (int o = 0; o < K; o += 32, b += stride) {
+        float32x4_t v[8], m = vdupq_n_f32(0);
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) v[i] = vld1q_f32(x + o + 4 * i), m = vmaxnmq_f32(m, vabsq_f32(v[i]));
+        const float amax = vmaxnmvq_f32(m), d = amax / 127, id = d > 0 ? 1 / d : 0;
+        int16x8_t h[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+            h[i] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i], id))), vqmovn_s32(vcvtnq_s32_f32(vmulq_n_f32(v[2 * i + 1], id))));
+        const int8x16_t q0 = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])), q1 = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+        vst1q_s8(b->qs, q0), vst1q_s8(b->qs + 16, q1);
+        b->d = d, b->sum = vaddlvq_s16(vaddq_s16(vaddq_s16(h[0], h[1]), vaddq_s16(h[2], h[3])));
+    }
+}
+#endif
+
 /* ==== row dots, scalar: the reference ==== */
 
 static inline float h2f(const uint8_t *p) { return kiln_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
@@ -541,6 +562,9 @@ struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int
 #if defined(KILN_X86)
     } else if (isa >= CPU_ISA_AVX2) {
         qm_quantize_act_avx2(x + (size_t)t * K, d, K, stride);
+#elif defined(KILN_NEON)
+    } else if (isa >= CPU_ISA_NEON) {
+        qm_quantize_act_neon(x + (size_t)t * K, d, K, stride);
 #endif
     } else {
         for (int b = 0; b < nb; b++) qm_quantize_act(x + (size_t)t * K + 32 * b, &d[(size_t)b * stride], 32);

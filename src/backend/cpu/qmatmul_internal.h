@@ -223,6 +223,9 @@ static inline int qm_isum_q8(const uint8_t *c, const int8_t *xq) {
  * the same blocks and puts block i at b[i * stride] (stride 1: row-major;
  * NT: a GEMM's tiles of NT tokens). */
 void qm_quantize_act(const float *x, struct q8a *b, int K);
+#if defined(KILN_NEON)
+void qm_quantize_act_neon(const float *x, struct q8a *b, int K, int stride);
+#endif
 #if defined(KILN_X86)
 AVX2 void qm_quantize_act_avx2(const float *x, struct q8a *b, int K, int stride);
 #endif
