@@ -1,8 +1,9 @@
 /*
  * qmatmul_int8_neon.c: the int8 GEMM on AArch64, for prefill (n >= QN_MIN
- * tokens) of GGUF Q8_0 / Q4_0 (qmatmul_int8.c) and GPTQ / AWQ 4-bit
- * (qmatmul_gptq.c) on int8 activations. Below QN_MIN, and for the other
- * formats, the row dots run. Empty off AArch64.
+ * tokens, qmatmul_internal.h, which says why 4) of GGUF Q8_0 / Q4_0
+ * (qmatmul_int8.c) and GPTQ / AWQ 4-bit (qmatmul_gptq.c) on int8
+ * activations. Below QN_MIN, and for the other formats, the row dots run.
+ * Empty off AArch64.
  *
  * Tile decomposition. Tokens come in tiles of QN_NT = 4 (the activations
  * quantized once per call into [tile][block][4], qm_quant_token with NT =

@@ -633,7 +633,13 @@ DP_ATTR static inline int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b
  * quantized by qm_quant_token with NT = QN_NT). The weights: GGUF Q8_0 /
  * Q4_0 rows W (rb bytes each; q4: Q4_0), or (G > 0) GPTQ / AWQ 4-bit rows
  * g with G groups of bpg blocks. */
-enum { QN_NT = 4, QN_MIN = 8 };
+/* QN_MIN from instruction counts (gcc 12 -O2; no ARM machine to time on),
+ * per 32-weight block and row: the row dots take 15 / 18 (dotprod Q8_0 /
+ * Q4_0) and 20.5 / 24 (neon) per token; the GEMM ~3.8 (dotprod) and 9.3 /
+ * 7.9 (neon) per token slot of a tile of 4, plus ~8-20 to pack the row
+ * once per call. From 4 tokens (one whole tile) it is 1.7-2.5x fewer;
+ * at 3 (a tile with a padding token) still ahead but narrowly, at 2 behind. */
+enum { QN_NT = 4, QN_MIN = 4 };
 struct qn_src {
     const uint8_t *W;
     size_t rb;
