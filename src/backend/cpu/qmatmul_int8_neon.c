@@ -8,7 +8,7 @@
  * Tile decomposition. Tokens come in tiles of QN_NT = 4 (the activations
  * quantized once per call into [tile][block][4], qm_quant_token with NT =
  * 4; a tile's padding tokens are zero blocks). Weight rows come in panels
- * of R rows, which a thread repacks once per call (pack) and then
+ * of R rows, which a thread repacks once per call (pack4 / pack8) and then
  * runs against every tile of tokens, so a weight row's codes are unpacked
  * once per call instead of once per token, each weight byte is read from
  * the panel once per 4 tokens and each activation code once per R rows.
