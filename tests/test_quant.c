@@ -301,11 +301,16 @@ static void test_qgemm(void) {
               {"gptq-int4", 40, 352, 0, 32, 1},  {"gptq-int4", 41 * 8, 352, 0, 64, 2}, {"gptq-int4", 24, 1024, 0, 128, 1},
               {"gptq-int4", 48, 2048, 0, 128, 2}, {"gptq-int4", 40, 640, 0, 128, 0},   {"awq", 40, 352, 0, 32, 0},
               {"awq", 24, 1024, 0, 128, 0},       {"gptq-int4", 16, 256, 0, 0, 1},     {"gptq-int4", 600, 1024, 0, 128, 1},
-              {"gptq-int4", 40, 1024, 1, 128, 2}};
+              {"gptq-int4", 40, 1024, 1, 128, 2},
+              /* row counts that leave every tail of the NEON GEMM's panels of 4 and 8 rows (qmatmul_int8_neon.c; GPTQ / AWQ
+               * rows come in multiples of 8: one panel, three, per-channel with act-order) */
+              {"q8_0", 31, 256, 0, 64, 0},       {"q4_0", 30, 384, 0, 64, 0},         {"q8_0", 6, 96, 0, 64, 0},
+              {"gptq-int4", 8, 384, 0, 128, 1},  {"gptq-int4", 24, 320, 0, 64, 0},    {"gptq-int4", 16, 256, 0, 0, 2}};
     /* 2-7: the decode of that many sequences (5: a pass of 4, then 1); 8 and 13 take the row dots on AVX2, 17 and 37 the
-     * int8 GEMM on every x86 ISA (qmatmul_int8.c igemm_min) */
-    static const int ns[] = {1, 2, 3, 5, 8, 13, 17, 37};
-    const int maxn = 37;
+     * int8 GEMM on every x86 ISA (qmatmul_int8.c igemm_min); on AArch64 the GEMM runs from 4 (QN_MIN) in tiles of 4
+     * tokens: 4 and 64 whole, 5, 13, 17, 37 one token in the last tile, 10 two, 7 three */
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 10, 13, 17, 37, 64};
+    const int maxn = 64;
     struct kiln_rng r;
     kiln_rng_seed(&r, 99);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {

@@ -34,8 +34,11 @@
  *   prefill (n >= 8), AVX2: the same sums, 8 rows x 4 tokens, maddubs of
  *     the u8 codes with broadcast s8 activations added in i16 over a block,
  *     one madd to i32 per block (gemm_g4_avx2, Q4_0's AVX2 GEMM shape).
- *   otherwise (scalar, 2..7 tokens, AVX2 decode): row dots, one block at
- *     a time.
+ *   prefill (n >= QN_MIN), AArch64 (neon, dotprod): the NEON int8 GEMM
+ *     (qmatmul_int8_neon.c: 4 or 8 rows x 4 tokens; per block cvt(isum) x
+ *     s dx, per group b x SX).
+ *   otherwise (scalar, 2..7 tokens, AVX2 decode, NEON below QN_MIN): row
+ *     dots, one block at a time.
  *
  * Every CPU and every forced ISA takes this path for these weights (the
  * numerics are the int8 ones everywhere; KILN_QACT=f32 gives the exact
@@ -78,6 +81,9 @@ struct gjob {
     int n, K, N, nb, G, gs, isa, vnni;
     int NT, ntile;
     void **scr; /* per-thread panels (cpu_scratch_threads) */
+#if defined(KILN_NEON)
+    float *xd; /* the NEON GEMM: the tiles' activation scales (qm_neon_gemm) */
+#endif
 };
 
 /* reference: row r against token row a (nb blocks), sx = that token's SX_g */
@@ -775,8 +781,18 @@ static void g_quant(void *arg, int64_t t0, int64_t t1, int tid) {
     (void)tid;
 }
 
-/* n at or above which the VNNI GEMM runs */
+/* n at or above which the VNNI / AVX2 GEMM runs */
 #define GGEMM_MIN 8
+
+/* whether a call of n tokens runs a GEMM (else the row dots): x86 from
+ * AVX2, AArch64 from NEON (qmatmul_int8_neon.c, QN_MIN) */
+static int gact_gemm(int isa, int n) {
+#if defined(KILN_NEON)
+    return isa >= CPU_ISA_NEON && n >= QN_MIN;
+#else
+    return isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
+#endif
+}
 
 /* everything of a call before its parallel part (x quantized into the
  * backend's buffer, SX, the VNNI decode vectors); returns whether it is
@@ -806,20 +822,24 @@ static int gact_setup(struct kiln_backend *be, struct gjob *jp, float *out, cons
         return 2;
     }
 #endif
-    const int gemm = j.isa >= CPU_ISA_AVX2 && n >= GGEMM_MIN;
-    if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT;
+    const int gemm = gact_gemm(j.isa, n);
+    if (gemm) j.NT = j.vnni ? 8 : 4, j.ntile = (n + j.NT - 1) / j.NT; /* NEON: QN_NT = 4 */
     const int nrow = gemm ? j.ntile * j.NT : n, dec = j.vnni && n == 1, nu = (j.nb + 3) / 4;
     /* AVX2 decode by block pairs: groups of an even number of blocks; one
      * sequence without VNNI (with it: dec), or 2-7 of them on any AVX2 CPU */
     j.dec2 = !gemm && (n > 1 || !j.vnni) && j.isa >= CPU_ISA_AVX2 && j.gs % 64 == 0 && j.nb % 2 == 0;
     cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, j.vnni && (gemm || dec) ? CPU_USED_VNNI : 0);
-    const size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
+    size_t sz[4] = {sizeof *j.xa * (size_t)nrow * j.nb, sizeof(float) * 2 * (size_t)nrow * j.G,
                           dec ? 128 * (size_t)nu : j.dec2 ? 32 * (size_t)j.nb * n : 0, dec ? 64 * (size_t)nu : j.dec2 ? 16 * (size_t)j.nb * n : 0};
+#if defined(KILN_NEON)
+    sz[2] = gemm ? sizeof(float) * (size_t)nrow * j.nb : 0; /* xd */
+#endif
     void *ptr[4];
     if (qm_buf_get(be, sz, ptr, 4)) return -1; /* reported by cpu_error */
     j.xa = ptr[0], j.sx = ptr[1];
 #if defined(KILN_NEON)
-    cpu_isa_note(j.isa, 0); /* gdot_neon / gdot_dotprod */
+    cpu_isa_note(j.isa, 0); /* gdot_neon / gdot_dotprod, or the GEMM */
+    j.xd = ptr[2];
 #endif
 #if defined(KILN_X86)
     if (dec) j.act4 = ptr[2], j.dx4 = ptr[3];
@@ -879,9 +899,15 @@ void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const s
         x = xperm;
     }
     struct gjob j;
-    const int gemm = gact_setup(be, &j, out, x, w, n); /* never the GEMM without AVX2 */
+    const int gemm = gact_setup(be, &j, out, x, w, n); /* never the GEMM without AVX2 or NEON */
     if (gemm < 0) {
         /* reported by cpu_error */
+#if defined(KILN_NEON)
+    } else if (gemm) {
+        struct qn_gemm q = {.src = {.g = j.g, .G = j.G, .bpg = j.gs / 32}, .xa = j.xa, .xd = j.xd, .sx = j.sx, .out = j.out, .bias = j.bias,
+                            .N = j.N, .n = n, .nb = j.nb, .ntile = j.ntile, .dp = j.isa >= CPU_ISA_DOTPROD};
+        qm_neon_gemm(be, &q);
+#endif
 #if defined(KILN_X86)
     } else if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes */
@@ -909,7 +935,7 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     /* GPTQ / AWQ int8 rows: x quantized once (same K, same groups), all rows in one job */
     struct gjob g[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
-    if (n >= GGEMM_MIN) return 0;
+    if (n >= GGEMM_MIN || gact_gemm(cpu_isa(), n)) return 0;
     for (int i = 0; i < count; i++) {
         const struct qprep *p = ws[i]->be;
         if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || ws[i]->n_in != ws[0]->n_in ||

@@ -6,7 +6,7 @@
  * dots every kernel is held to, the NEON ones (Q8_0 / Q4_0), and the driver:
  * which kernel runs, the per-call activation vectors the decode kernels
  * read, the row dots or the GEMM on the pool. The AVX2 / AVX-512 kernels
- * are in qmatmul_int8_x86.c.
+ * are in qmatmul_int8_x86.c, the NEON GEMM in qmatmul_int8_neon.c.
  */
 #include <math.h>
 
@@ -552,6 +552,9 @@ struct ijob {
     /* GEMM */
     int R, NT, mode, ntile;
     void **scr; /* per-thread panels (cpu_scratch_threads) */
+#if defined(KILN_NEON)
+    struct qn_gemm qn; /* the NEON GEMM (qmatmul_int8_neon.c) */
+#endif
 };
 
 struct q8a *qm_quant_token(const float *x, struct q8a *xa, int64_t t, int n, int K, int NT, int isa) {
@@ -821,6 +824,15 @@ static int int8_gemm(int isa, enum kiln_dtype t, int n) {
 }
 #endif
 
+#if defined(KILN_NEON)
+/* whether an int8 matmul of n activation rows of dtype t runs the NEON
+ * GEMM (else the row dots); int8_setup and qm_int8_multi ask the same.
+ * QN_MIN: see qmatmul_int8_neon.c */
+static int neon_gemm(int isa, enum kiln_dtype t, int n) {
+    return isa >= CPU_ISA_NEON && n >= QN_MIN && (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0);
+}
+#endif
+
 /* everything of an int8 matmul before its parallel part: the kernels for
  * w's dtype, the activations quantized (once, into the backend's buffer)
  * and, for the VNNI decode, the per-block vectors; returns whether it is
@@ -833,8 +845,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
 #if !defined(KILN_X86)
-    /* row dots at every n (no int8 GEMM here yet); NEON Q8_0 / Q4_0 and
-     * K-format dots (sdot with dotprod), the scalar one for Q4_1 */
+    /* row dots (NEON Q8_0 / Q4_0 and K-format dots, sdot with dotprod; the
+     * scalar one for Q4_1), or for Q8_0 / Q4_0 from QN_MIN tokens the NEON
+     * GEMM */
     switch (w->w.dtype) {
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
@@ -851,6 +864,19 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_K) j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q6_K) j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon;
     cpu_isa_note(w->w.dtype == KILN_DTYPE_Q4_1 ? CPU_ISA_SCALAR : j.isa, 0);
+    if (neon_gemm(j.isa, w->w.dtype, n)) {
+        /* the GEMM: x quantized into tiles of QN_NT tokens, their scales beside */
+        j.NT = QN_NT, j.ntile = (n + QN_NT - 1) / QN_NT;
+        j.qn = (struct qn_gemm){.src = {.W = w->w.data, .rb = j.rb, .q4 = w->w.dtype == KILN_DTYPE_Q4_0}, .out = out, .bias = j.bias, .N = N,
+                                .n = n, .nb = nb, .ntile = j.ntile, .dp = j.isa >= CPU_ISA_DOTPROD};
+        const size_t nx = (size_t)j.ntile * QN_NT * nb, sz[2] = {sizeof *j.xa * nx, sizeof(float) * nx};
+        void *ptr[2];
+        if (qm_buf_get(be, sz, ptr, 2)) return -1;
+        j.xa = ptr[0], j.qn.xa = j.xa, j.qn.xd = ptr[1];
+        cpu_parallel_for(be, (int64_t)j.ntile * QN_NT, (16384 + K - 1) / K, i_quant, &j);
+        *jp = j;
+        return 1;
+    }
 #endif
     j.dot1 = j.dot;
     const size_t sz = sizeof *j.xa * (size_t)n * nb;
@@ -1016,6 +1042,12 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     struct ijob j;
     const int gemm = int8_setup(be, &j, out, x, w, n);
     if (gemm < 0) return; /* reported by cpu_error */
+#if defined(KILN_NEON)
+    if (gemm) {
+        qm_neon_gemm(be, &j.qn);
+        return;
+    }
+#endif
 #if defined(KILN_X86)
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
@@ -1047,6 +1079,8 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     const int isa = cpu_isa();
 #if defined(KILN_X86)
     if (int8_gemm(isa, ws[0]->w.dtype, n)) return 0;
+#elif defined(KILN_NEON)
+    if (neon_gemm(isa, ws[0]->w.dtype, n)) return 0;
 #else
     (void)isa;
 #endif

@@ -12,6 +12,8 @@
  *                       scalar and NEON row dots, the driver
  *   qmatmul_int8_x86.c  ... and its AVX2 / AVX-512 VNNI kernels (row dots,
  *                       GEMM, decode); empty off x86
+ *   qmatmul_int8_neon.c the int8 GEMM on AArch64 (Q8_0, Q4_0, GPTQ / AWQ
+ *                       4-bit prefill); empty elsewhere
  *   qmatmul_gptq.c      GPTQ / AWQ 4-bit with int8 activations, every ISA
  *
  * Names: cpu_* is the backend's (cpu.h), qm_* is shared between these files
@@ -628,6 +630,41 @@ static inline int32x4_t i8dot_neon(int32x4_t acc, int8x16_t a, int8x16_t b) {
     return vpadalq_s16(acc, vmull_high_s8(a, b));
 }
 DP_ATTR static inline int32x4_t i8dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+
+/* The NEON int8 GEMM (qmatmul_int8_neon.c; its header comment has the
+ * tiles): from QN_MIN tokens, tokens in tiles of QN_NT (the activations
+ * quantized by qm_quant_token with NT = QN_NT). The weights: GGUF Q8_0 /
+ * Q4_0 rows W (rb bytes each; q4: Q4_0), or (G > 0) GPTQ / AWQ 4-bit rows
+ * g with G groups of bpg blocks. */
+/* QN_MIN from instruction counts (gcc 12 -O2; no ARM machine to time on),
+ * per 32-weight block and row: the row dots take 15 / 18 (dotprod Q8_0 /
+ * Q4_0) and 20.5 / 24 (neon) per token; the GEMM ~3.8 (dotprod) and 9.3 /
+ * 7.9 (neon) per token slot of a tile of 4, plus ~8-20 to pack the row
+ * once per call. From 4 tokens (one whole tile) it is 1.7-2.5x fewer;
+ * at 3 (a tile with a padding token) still ahead but narrowly, at 2 behind. */
+enum { QN_NT = 4, QN_MIN = 4 };
+struct qn_src {
+    const uint8_t *W;
+    size_t rb;
+    int q4;
+    const struct qgrp *g;
+    int G, bpg;
+};
+struct qn_gemm {
+    struct qn_src src;
+    const struct q8a *xa; /* [ntile][nb][QN_NT] */
+    float *xd;            /* [ntile][nb][QN_NT]: filled by qm_neon_gemm */
+    const float *sx;      /* GPTQ: SX_g per token, [ntile][G][QN_NT] */
+    float *out;           /* [n][N] */
+    const float *bias;    /* [N] or NULL */
+    int64_t N;
+    int n, nb, ntile, dp; /* dp: the sdot kernel (CPU_ISA_DOTPROD), else smull */
+    void **scr;
+};
+/* out = x W^T (+ bias) for the job's n tokens, on the pool (the per-thread
+ * panels from cpu_scratch_threads: when they cannot be had, nothing is
+ * done and cpu_error reports it) */
+void qm_neon_gemm(struct kiln_backend *be, struct qn_gemm *j);
 #endif /* KILN_NEON */
 
 #endif
