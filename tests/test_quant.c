@@ -224,6 +224,64 @@ static void test_kernels(void) {
  * multiple of the 8/16/32-row panels, tokens not a multiple of the 4/6/8/12
  * token tiles, K of several blocks, bias on and off). The int8 sums are
  * exact, so paths differ only in the f32 order of the per-block terms. */
+/* FP8 weights one at a time, bit for bit: every code but e4m3's two NaNs
+ * in each row (K = 304: blocks of 128, 128 and 48, so each step width of
+ * the vector kernels and a tail), each block with its own scale, against
+ * one-hot activations, so each output is one weight times 1 plus zeros:
+ * the dequantized weight itself (lut[q] * s) on every ISA, through the
+ * fused decode (n = 1..4, every k) and the GEMM on dequantized panels
+ * (n = K). The vector kernels build the weight from the code's f16 image
+ * and s x 256 instead of the table. */
+static void test_fp8_codes(void) {
+    char err[512];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    CHECK(be != NULL, "%s", err);
+    if (!be) return;
+    const int saved = cpu_isa(), N = 11, K = 304;
+    void **owned = kiln_calloc(1, sizeof(void *));
+    struct qlinear w = {.n_out = N, .n_in = K};
+    int rc = quant_dummy_linear(&w, "fp8", 0, 77, 0.05f, test_alloc, &owned, err, sizeof err);
+    CHECK(rc == 0, "fp8: %s", err);
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 5);
+    if (rc == 0) {
+        uint8_t *q = (uint8_t *)w.w.data;
+        for (int o = 0; o < N; o++)
+            for (int k = 0; k < K; k++) {
+                const uint8_t c = (uint8_t)(k + 37 * o);
+                q[(size_t)o * K + k] = (c & 0x7f) == 0x7f ? c ^ 1 : c;
+            }
+        float *s = (float *)w.scales.data;
+        for (int i = 0; i < w.scales.rows * w.scales.cols; i++) s[i] = 0.01f * (1.0f + kiln_rng_uniform(&r)) * (i & 1 ? 37.0f : 1.0f);
+    }
+    if (rc == 0 && be->prepare_linear(be, &w, err, sizeof err) == 0) {
+        float *W = kiln_malloc(sizeof(float) * N * K), *x = kiln_calloc((size_t)K * K, sizeof(float)), *out = kiln_malloc(sizeof(float) * K * N);
+        quant_dequant_linear(&w, W);
+        for (int k = 0; k < K; k++) x[(size_t)k * K + k] = 1.0f; /* row t: one-hot at t */
+        for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
+            cpu_set_isa(isa);
+            static const int ns[] = {1, 2, 3, 4, 304};
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int bad = 0;
+                for (int t0 = 0; t0 < K; t0 += ns[ni]) {
+                    const int n = K - t0 < ns[ni] ? K - t0 : ns[ni];
+                    memset(out, 0xff, sizeof(float) * n * N);
+                    be->matmul(be, out, x + (size_t)t0 * K, &w, n);
+                    for (int t = 0; t < n; t++)
+                        for (int o = 0; o < N; o++) bad += !(out[(size_t)t * N + o] == W[(size_t)o * K + t0 + t]);
+                }
+                CHECK(bad == 0, "%s fp8 one-hot n=%d: %d of %d weights not the dequantized ones bit for bit", cpu_isa_name(isa), ns[ni], bad, N * K);
+            }
+        }
+        be->release_linear(be, &w);
+        free(W), free(x), free(out);
+    }
+    for (int i = 0; owned[i]; i++) free(owned[i]);
+    free(owned);
+    cpu_set_isa(saved);
+    be->destroy(be);
+}
+
 /* The K formats at the int16 limits of the GEMMs (qm_gemm_qk_avx2,
  * qm_gemm_q6k_avx2): every code at its extreme (Q4_K 15, Q5_K 31, Q6_K 31
  * and -32) against activations all at +127 or all at -127, where an int16
@@ -292,6 +350,9 @@ static void test_qgemm(void) {
               {"fp8", 29, 300, 0, 64, 3}, {"fp8", 21, 256, 0, 64, 4},
               /* 8-bit GPTQ: per-channel K 300 and groups of 96 (each step width of the AVX-512 kernel, and its tail) */
               {"gptq-int8", 24, 300, 0, 0, 0}, {"gptq-int8", 16, 384, 0, 96, 0},
+              /* 8-bit groups of 80 (32 + 32 + 16: the NEON kernels' 16-weight step); 4-bit groups of 48 (the exact path
+               * by default: every other group starts mid-chunk, so the scalar head and tail of a group run) */
+              {"gptq-int8", 20, 320, 0, 80, 0}, {"gptq-int4", 24, 336, 0, 48, 0},
               {"gptq-int4", 40, 384, 0, 128, 0}, {"awq", 24, 512, 0, 256, 0},     {"q4_0", 45, 1056, 0, 64, 0},
               /* enough rows that decode runs split across the 2 threads (runs per thread, stealing) */
               {"q8_0", 1000, 256, 0, 64, 0},    {"q4_0", 1900, 256, 0, 64, 0},    {"gptq-int4", 600, 256, 0, 128, 0},
@@ -306,8 +367,9 @@ static void test_qgemm(void) {
                * rows come in multiples of 8: one panel, three, per-channel with act-order) */
               {"q8_0", 31, 256, 0, 64, 0},       {"q4_0", 30, 384, 0, 64, 0},         {"q8_0", 6, 96, 0, 64, 0},
               {"gptq-int4", 8, 384, 0, 128, 1},  {"gptq-int4", 24, 320, 0, 64, 0},    {"gptq-int4", 16, 256, 0, 0, 2}};
-    /* 2-7: the decode of that many sequences (5: a pass of 4, then 1); 8 and 13 take the row dots on AVX2, 17 and 37 the
-     * int8 GEMM on every x86 ISA (qmatmul_int8.c igemm_min); on AArch64 the GEMM runs from 4 (QN_MIN) in tiles of 4
+    /* 2-7: the decode of that many sequences (5: a pass of 4, then 1; 1-4 the exact path's fused kernels); 8 and 13 take
+     * the row dots on AVX2 (the exact path: its GEMM), 17 and 37 the int8 GEMM on every x86 ISA (qmatmul_int8.c
+     * igemm_min); on AArch64 the GEMM runs from 4 (QN_MIN) in tiles of 4
      * tokens: 4 and 64 whole, 5, 13, 17, 37 one token in the last tile, 10 two, 7 three */
     static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 10, 13, 17, 37, 64};
     const int maxn = 64;
@@ -559,7 +621,7 @@ static void test_qmulti(void) {
     CHECK(be != NULL, "%s", err);
     if (!be || !be->matmul_multi) return;
     const int saved = cpu_isa();
-    static const char *fmts[] = {"q8_0", "q4_0", "q4_k", "gptq-int4", "awq", "fp8", "bf16"};
+    static const char *fmts[] = {"q8_0", "q4_0", "q4_k", "gptq-int4", "awq", "fp8", "gptq-int8", "bf16"};
     static const int Ns[3] = {712, 136, 264};
     const int K = 512;
     struct kiln_rng r;
@@ -1219,6 +1281,7 @@ void test_quant(void) {
     test_roundtrip();
     test_kernels();
     test_qgemm();
+    test_fp8_codes();
     test_kq_extremes();
     test_x16();
     test_qmulti();

@@ -267,6 +267,19 @@ void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct
 int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count,
                       int n);
 
+#if defined(KILN_NEON)
+/* matmul.c's NEON f32 GEMM, for the other GEMMs over f32 weight panels (the
+ * exact quantized path's prefill, qmatmul_exact.c): x packed in tiles of
+ * CPU_NEON_MR tokens ([k][MR], zero padded), weights in panels of
+ * CPU_NEON_NR rows ([k][NR]). cpu_neon_pack_f32: nr <= NR rows of K f32
+ * (one after the other) into such a panel, rows past nr zero;
+ * cpu_neon_ukr: c[t][0..nr) = sum_k xp[k][t] wp[k][0..nr) + bias for the
+ * tile's first mr tokens (c's rows ldc apart). */
+enum { CPU_NEON_MR = 8, CPU_NEON_NR = 12 };
+void cpu_neon_pack_f32(float *wp, const float *rows, int K, int nr);
+void cpu_neon_ukr(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias);
+#endif
+
 /* converts one row of n stored elements to f32 */
 void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n);
 

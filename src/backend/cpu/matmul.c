@@ -624,7 +624,10 @@ void cpu_row_to_f32(float *dst, const void *src, enum kiln_dtype t, int64_t n) {
 
 /* ==== GEMM: packing ==== */
 
-enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, MRNEON = 8, NRNEON = 12, PACK_KB = 16 };
+enum { MR512 = 12, NR512 = 32, MR256 = 6, NR256 = 16, PACK_KB = 16 };
+#if defined(KILN_NEON)
+enum { MRNEON = CPU_NEON_MR, NRNEON = CPU_NEON_NR };
+#endif
 
 /* x rows [t0, t0+mr) -> xp[k][MR] (rows past mr are zero). k outer: xp is
  * written once, front to back, while the mr rows are read as mr sequential
@@ -790,10 +793,14 @@ static void pack_w_neon(float *wp, const uint8_t *W, enum kiln_dtype t, size_t r
         for (int j = 0; j < NR; j++) cpu_row_to_f32(wp + (size_t)k0 * NR + j, W + (size_t)(o0 + j) * rb + (size_t)k0 * dtype_size(t), t, 1);
 }
 
+void cpu_neon_pack_f32(float *wp, const float *rows, int K, int nr) {
+    pack_w_neon(wp, (const uint8_t *)rows, KILN_DTYPE_F32, sizeof(float) * (size_t)K, K, 0, nr, NRNEON);
+}
+
 /* c[r][0..nr) = sum_k xp[k][r] * wp[k][0..12) + bias, rows r < mr: 8 x 12
  * in 24 accumulators, per k 3 weight loads, 2 activation loads and 24
  * lane-indexed FMAs (no broadcasts) */
-static void ukr_neon(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
+void cpu_neon_ukr(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
     float32x4_t acc[MRNEON][3];
 #pragma GCC unroll 8
     for (int r = 0; r < MRNEON; r++) acc[r][0] = acc[r][1] = acc[r][2] = vdupq_n_f32(0);
@@ -909,7 +916,7 @@ static void gemm_panels(void *arg, int64_t b, int64_t e, int tid) {
             const float *xp = j->xp + (size_t)tb * MR * n_in;
             float *c = j->out + (size_t)t0 * n_out + o0;
 #if defined(KILN_NEON)
-            ukr_neon(xp, wp, n_in, c, n_out, mr, nr, bo);
+            cpu_neon_ukr(xp, wp, n_in, c, n_out, mr, nr, bo);
 #elif defined(KILN_X86)
             if (j->isa == CPU_ISA_AVX512) ukr_avx512(xp, wp, n_in, c, n_out, mr, nr, bo);
             else ukr_avx2(xp, wp, n_in, c, n_out, mr, nr, bo);

@@ -15,12 +15,13 @@
  *           products: equal to the dequantized weights' matmul up to f32
  *           summation order.
  *             decode (n <= 4): fused dequantize + FMA per row, no scratch,
- *               one run of rows per thread (AVX-512 one-row kernel for 4-bit
- *               GPTQ/AWQ; g128 in order: lut128_rows_512);
+ *               one run of rows per thread (AVX2, NEON; AVX-512 one-row
+ *               kernel for 4-bit GPTQ/AWQ; g128 in order: lut128_rows_512);
  *             prefill (n >= 8): a GEMM: NR weight rows dequantized once into
- *               an f32 panel [k][NR] (8 x 8 transposes), x packed once in
- *               tiles of MR tokens, an MR x NR register-tiled microkernel
- *               (AVX-512 12 x 32, AVX2 6 x 16);
+ *               an f32 panel [k][NR] (8 x 8 transposes; NEON 4 x 4), x packed
+ *               once in tiles of MR tokens, an MR x NR register-tiled
+ *               microkernel (AVX-512 12 x 32, AVX2 6 x 16, NEON 8 x 12:
+ *               matmul.c's);
  *             otherwise (scalar, n 5..7): one row dequantized to scratch and
  *               matmul.c's f32 dots.
  *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way; GPTQ

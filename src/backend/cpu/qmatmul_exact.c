@@ -3,10 +3,12 @@
  * header comment, "exact"): FP8 blocks, GPTQ / AWQ groups the int8 path does
  * not take, GGUF blocks without an int8 kernel (Q5_0, Q5_1), and everything
  * under KILN_QACT=f32. f32 activations times the weights dequantized to f32
- * as stored: decode (n <= 4) fuses the dequantization into the FMAs (AVX2;
- * AVX-512 one-row and lookup kernels for 4-bit groups), prefill (n >= 8) is
- * a GEMM over dequantized f32 panels (AVX2, AVX-512), and the rest (scalar,
- * NEON, n 5..7) dequantizes a row to scratch for matmul.c's f32 dot.
+ * as stored: decode (n <= 4) fuses the dequantization into the FMAs (AVX2,
+ * NEON; AVX-512 one-row and lookup kernels for 4-bit groups), prefill
+ * (n >= 8) is a GEMM over dequantized f32 panels (AVX2, AVX-512 here; NEON
+ * with matmul.c's microkernel and panel packing, cpu_neon_*), and the rest
+ * (scalar, n 5..7, GGUF decode) dequantizes a row to scratch (vector
+ * dequantization from AVX2 / NEON) for matmul.c's f32 dot.
  */
 #include "backend/cpu/qmatmul_internal.h"
 
@@ -46,6 +48,17 @@ static void row_grp(const struct qgrp *g, int r, float *y) {
         for (; k < e; k++) y[k] = s * qgrp_code(g, r, k) + b;
     }
 }
+
+/* The fused decode kernels (x86, NEON) are called through one of these: nx (1..4
+ * activation rows) as a constant in each copy, so the accumulators stay in
+ * registers */
+#define BY_NX(CALL)         \
+    switch (nx) {           \
+    case 1: CALL(1); break; \
+    case 2: CALL(2); break; \
+    case 3: CALL(3); break; \
+    default: CALL(4); break; \
+    }
 
 #if defined(KILN_X86)
 /* AVX2 row dequantization. FP8: e4m3 bits moved into an f16 (sign, then
@@ -155,16 +168,6 @@ AVX2 static inline __attribute__((always_inline)) void fused_grp_avx2_(const str
         out[j] = kiln_hsum8(t) + tail[j];
     }
 }
-/* The fused decode kernels below are called through one of these: nx (1..4
- * activation rows) as a constant in each copy, so the accumulators stay in
- * registers */
-#define BY_NX(CALL)         \
-    switch (nx) {           \
-    case 1: CALL(1); break; \
-    case 2: CALL(2); break; \
-    case 3: CALL(3); break; \
-    default: CALL(4); break; \
-    }
 AVX2 static void fused_grp_avx2(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
 #define C(N) fused_grp_avx2_(g, r, x, N, out)
     BY_NX(C)
@@ -471,6 +474,181 @@ AVX512 static void lut_order_512(float *xl, const float *x, int K) {
 
 #endif /* KILN_X86 */
 
+#if defined(KILN_NEON)
+/* ==== NEON (AArch64) ====
+ *
+ * The same weights as the x86 kernels, 4 per float32x4_t, lane l of vector
+ * i holding weight 4 i + l of the step:
+ * - FP8: a code sign-extended to 16 bits and shifted left by 7 (sshll #7)
+ *   has the sign in bits 15 and 14 and the exponent and mantissa in 13..7;
+ *   with bit 14 cleared it is the f16 of the code's value / 256 (normals
+ *   and subnormals alike, e4m3's bias 7 against f16's 15), which fcvtl
+ *   widens exactly. Times s x 256 (exact unless s >= 2^120 overflows) it
+ *   is qm_fp8_lut[q] * s, the scalar weight bit for bit (test_fp8_codes;
+ *   the codes 0x7f / 0xff, e4m3's NaNs, come out as +-480 s, as on x86).
+ * - GPTQ / AWQ: codes widened u8 -> u16 -> u32 (uxtl), converted (ucvtf),
+ *   w = s * q + b as one FMA, the x86 vector kernels' weight (GCC compiles
+ *   the scalar code's s * q + b unfused, -std=c11 contracting nothing: the
+ *   two are at most one rounding of w apart). 4-bit: a 16-byte chunk holds 32 weights, byte i weights i (low
+ *   nibble) and 16 + i (high).
+ * 32 weights (8 vectors) per step; decode FMAs them into 8 accumulators
+ * spread over the nx activation rows (8 per row at nx = 1, 4 at 2, 2 at 3
+ * and 4), so at every nx there are 8 independent FMA chains. */
+
+/* 16 FP8 codes at q -> w[0..4), sc = s x 256 */
+static inline __attribute__((always_inline)) void fp8x16_neon(const uint8_t *q, float32x4_t sc, float32x4_t *w) {
+    const int8x16_t c = vld1q_s8((const int8_t *)q);
+    const int16x8_t b14 = vdupq_n_s16(0x4000);
+    const float16x8_t h0 = vreinterpretq_f16_s16(vbicq_s16(vshll_n_s8(vget_low_s8(c), 7), b14));
+    const float16x8_t h1 = vreinterpretq_f16_s16(vbicq_s16(vshll_high_n_s8(c, 7), b14));
+    w[0] = vmulq_f32(vcvt_f32_f16(vget_low_f16(h0)), sc);
+    w[1] = vmulq_f32(vcvt_high_f32_f16(h0), sc);
+    w[2] = vmulq_f32(vcvt_f32_f16(vget_low_f16(h1)), sc);
+    w[3] = vmulq_f32(vcvt_high_f32_f16(h1), sc);
+}
+
+/* 16 unsigned codes -> w[0..4) = s * q + b */
+static inline __attribute__((always_inline)) void grp16_neon(uint8x16_t c, float32x4_t vs, float32x4_t vb, float32x4_t *w) {
+    const uint16x8_t lo = vmovl_u8(vget_low_u8(c)), hi = vmovl_high_u8(c);
+    w[0] = vfmaq_f32(vb, vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))), vs);
+    w[1] = vfmaq_f32(vb, vcvtq_f32_u32(vmovl_high_u16(lo)), vs);
+    w[2] = vfmaq_f32(vb, vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))), vs);
+    w[3] = vfmaq_f32(vb, vcvtq_f32_u32(vmovl_high_u16(hi)), vs);
+}
+
+/* the 32 weights of a 4-bit chunk c16 -> w[0..8) */
+static inline __attribute__((always_inline)) void grp4x32_neon(const uint8_t *c16, float32x4_t vs, float32x4_t vb, float32x4_t *w) {
+    const uint8x16_t c = vld1q_u8(c16);
+    grp16_neon(vandq_u8(c, vdupq_n_u8(15)), vs, vb, w);
+    grp16_neon(vshrq_n_u8(c, 4), vs, vb, w + 4);
+}
+
+/* acc[j][i % na] += v[i] x[j][k + 4 i], i < nv, for the nx rows */
+static inline __attribute__((always_inline)) void fma_rows_neon(float32x4_t (*acc)[8], const float32x4_t *v, int nv, const float *const *x,
+                                                                int k, int nx, int na) {
+    _Pragma("GCC unroll 8") for (int i = 0; i < nv; i++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) acc[j][i % na] = vfmaq_f32(acc[j][i % na], v[i], vld1q_f32(x[j] + k + 4 * i));
+}
+
+/* Each kernel below serves two uses, told apart by nx (a constant in every
+ * copy, so the other branch compiles away): nx = 0, the row dequantized
+ * into y[K] (the GEMM's panels, the row dots); nx = 1..4, decode: the
+ * weights FMAd into nx activation rows, out[j] their sums. put_neon
+ * takes nv vectors of weights k.., put1_neon one scalar weight (tails). */
+static inline __attribute__((always_inline)) void put_neon(float *y, float32x4_t (*acc)[8], const float32x4_t *v, int nv,
+                                                           const float *const *x, int k, int nx, int na) {
+    if (!nx) {
+        _Pragma("GCC unroll 8") for (int i = 0; i < nv; i++) vst1q_f32(y + k + 4 * i, v[i]);
+    } else {
+        fma_rows_neon(acc, v, nv, x, k, nx, na);
+    }
+}
+static inline __attribute__((always_inline)) void put1_neon(float *y, float *tail, float w, const float *const *x, int k, int nx) {
+    if (!nx) y[k] = w;
+    else
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) tail[j] += w * x[j][k];
+}
+
+/* accumulators per activation row: 8, 4, 2, 2 (at most 8 in all) */
+#define ACC_NEON(nx) ((nx) <= 1 ? 8 : (nx) == 2 ? 4 : 2)
+
+/* zeroes the accumulators; the sums of the nx rows into out */
+static inline __attribute__((always_inline)) void acc_init_neon(float32x4_t (*acc)[8], float *tail, int nx, int na) {
+    _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {
+        tail[j] = 0;
+        _Pragma("GCC unroll 8") for (int i = 0; i < na; i++) acc[j][i] = vdupq_n_f32(0);
+    }
+}
+static inline __attribute__((always_inline)) void acc_sum_neon(float32x4_t (*acc)[8], const float *tail, int nx, int na, float *out) {
+    _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {
+        _Pragma("GCC unroll 8") for (int i = 1; i < na; i++) acc[j][0] = vaddq_f32(acc[j][0], acc[j][i]);
+        out[j] = vaddvq_f32(acc[j][0]) + tail[j];
+    }
+}
+
+/* FP8 row r: per block 32 codes per step (two fp8x16_neon), then 16, then
+ * the table's weight for the block's tail */
+static inline __attribute__((always_inline)) void fp8_neon_(const struct qlinear *w, const struct qprep *p, int r, float *y,
+                                                            const float *const *x, int nx, float *out) {
+    const uint8_t *q = (const uint8_t *)w->w.data + (size_t)r * w->n_in;
+    const float *s = p->fp8_scale + (size_t)(r / w->block_n) * w->scales.cols;
+    const int na = ACC_NEON(nx);
+    float32x4_t acc[4][8];
+    float tail[4];
+    acc_init_neon(acc, tail, nx, na);
+    for (int k0 = 0, b = 0; k0 < w->n_in; k0 += w->block_k, b++) {
+        const int k1 = k0 + w->block_k < w->n_in ? k0 + w->block_k : w->n_in;
+        const float32x4_t sc = vdupq_n_f32(s[b] * 256.0f);
+        float32x4_t v[8];
+        int k = k0;
+        for (; k + 32 <= k1; k += 32) {
+            fp8x16_neon(q + k, sc, v);
+            fp8x16_neon(q + k + 16, sc, v + 4);
+            put_neon(y, acc, v, 8, x, k, nx, na);
+        }
+        for (; k + 16 <= k1; k += 16) {
+            fp8x16_neon(q + k, sc, v);
+            put_neon(y, acc, v, 4, x, k, nx, na);
+        }
+        for (; k < k1; k++) put1_neon(y, tail, qm_fp8_lut[q[k]] * s[b], x, k, nx);
+    }
+    if (nx) acc_sum_neon(acc, tail, nx, na, out);
+}
+
+/* GPTQ / AWQ row r (4-bit and 8-bit): per group 32 weights per step (8-bit
+ * then 16), the scalar weight s * q + b for the tails (4-bit: up to the
+ * group's first whole 32-weight chunk, and after its last) */
+static inline __attribute__((always_inline)) void grp_neon_(const struct qgrp *g, int r, float *y, const float *const *x, int nx, float *out) {
+    const uint8_t *q = g->q + (size_t)r * g->row_bytes;
+    const float *sb = g->sb + (size_t)r * g->n_group * 2;
+    const int na = ACC_NEON(nx);
+    float32x4_t acc[4][8];
+    float tail[4];
+    acc_init_neon(acc, tail, nx, na);
+    for (int gi = 0; gi < g->n_group; gi++) {
+        int k = g->gstart[gi];
+        const int e = g->gstart[gi + 1];
+        const float s = sb[2 * gi], b = sb[2 * gi + 1];
+        const float32x4_t vs = vdupq_n_f32(s), vb = vdupq_n_f32(b);
+        float32x4_t v[8];
+        if (g->bits == 8) {
+            for (; k + 32 <= e; k += 32) {
+                grp16_neon(vld1q_u8(q + k), vs, vb, v);
+                grp16_neon(vld1q_u8(q + k + 16), vs, vb, v + 4);
+                put_neon(y, acc, v, 8, x, k, nx, na);
+            }
+            for (; k + 16 <= e; k += 16) {
+                grp16_neon(vld1q_u8(q + k), vs, vb, v);
+                put_neon(y, acc, v, 4, x, k, nx, na);
+            }
+        } else {
+            for (; k < e && (k & 31); k++) put1_neon(y, tail, s * qgrp_code(g, r, k) + b, x, k, nx);
+            for (; k + 32 <= e; k += 32) {
+                grp4x32_neon(q + (k >> 5) * 16, vs, vb, v);
+                put_neon(y, acc, v, 8, x, k, nx, na);
+            }
+        }
+        for (; k < e; k++) put1_neon(y, tail, s * qgrp_code(g, r, k) + b, x, k, nx);
+    }
+    if (nx) acc_sum_neon(acc, tail, nx, na, out);
+}
+
+static void row_fp8_neon(const struct qlinear *w, const struct qprep *p, int r, float *y) { fp8_neon_(w, p, r, y, NULL, 0, NULL); }
+static void row_grp_neon(const struct qgrp *g, int r, float *y) { grp_neon_(g, r, y, NULL, 0, NULL); }
+
+/* decode, nx (1..4) a constant in each copy */
+static void fused_fp8_neon(const struct qlinear *w, const struct qprep *p, int r, const float *const *x, int nx, float *out) {
+#define C(N) fp8_neon_(w, p, r, NULL, x, N, out)
+    BY_NX(C)
+#undef C
+}
+static void fused_grp_neon(const struct qgrp *g, int r, const float *const *x, int nx, float *out) {
+#define C(N) grp_neon_(g, r, NULL, x, N, out)
+    BY_NX(C)
+#undef C
+}
+#endif /* KILN_NEON */
+
 /* ==== exact path on the worker pool ==== */
 
 struct xjob {
@@ -490,50 +668,72 @@ struct xjob {
     void **scr;        /* per-thread scratch (cpu_scratch_threads) */
 };
 
+/* The vector kernels of this build: from XVEC up (AVX2 on x86, NEON on
+ * AArch64) rows dequantize with row_*_v, decode (n <= 4) takes the fused
+ * kernels and prefill (n >= XGEMM_MIN) the GEMM (KILN_XVEC); elsewhere
+ * every level is scalar. */
+#if defined(KILN_X86)
+#define KILN_XVEC 1
+enum { XVEC = CPU_ISA_AVX2 };
+#define row_fp8_v row_fp8_avx2
+#define row_grp_v row_grp_avx2
+#elif defined(KILN_NEON)
+#define KILN_XVEC 1
+enum { XVEC = CPU_ISA_NEON };
+#define row_fp8_v row_fp8_neon
+#define row_grp_v row_grp_neon
+#else
+enum { XVEC = CPU_ISA_LAST + 1 }; /* never */
+#define row_fp8_v row_fp8
+#define row_grp_v row_grp
+#endif
+
 /* dequantizes row r of any exact-path format into y[K] */
 static void dequant_row(const struct xjob *j, int r, float *y) {
-#if defined(KILN_X86)
-    const int v = j->isa >= CPU_ISA_AVX2;
+    const int v = j->isa >= XVEC;
     switch (j->w->fmt) {
-    case KILN_WFMT_FP8: (v ? row_fp8_avx2 : row_fp8)(j->w, j->p, r, y); break;
+    case KILN_WFMT_FP8: (v ? row_fp8_v : row_fp8)(j->w, j->p, r, y); break;
     case KILN_WFMT_GPTQ:
-    case KILN_WFMT_AWQ: (v ? row_grp_avx2 : row_grp)(&j->p->grp, r, y); break;
-#else
-    switch (j->w->fmt) {
-    case KILN_WFMT_FP8: row_fp8(j->w, j->p, r, y); break;
-    case KILN_WFMT_GPTQ:
-    case KILN_WFMT_AWQ: row_grp(&j->p->grp, r, y); break;
-#endif
+    case KILN_WFMT_AWQ: (v ? row_grp_v : row_grp)(&j->p->grp, r, y); break;
     default: quant_dequant_row(j->w->w.dtype, (const uint8_t *)j->w->w.data + (size_t)r * j->rb, y, j->K); break;
     }
 }
 
-#if defined(KILN_X86)
+#if defined(KILN_XVEC)
 static void x_fused_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
     const float *xs[4];
     for (int t = 0; t < j->n; t++) xs[t] = j->x + (size_t)t * j->K;
-    const int fp8 = j->w->fmt == KILN_WFMT_FP8, g8 = !fp8 && j->p->grp.bits == 8, pfd = j->pfd;
+    const int fp8 = j->w->fmt == KILN_WFMT_FP8;
+#if defined(KILN_X86)
+    const int g8 = !fp8 && j->p->grp.bits == 8, pfd = j->pfd;
     const int k512 = j->xl || (j->isa >= CPU_ISA_AVX512 && (fp8 || g8 || (j->n == 1 && j->p->grp.bits == 4)));
     cpu_isa_note(k512 ? CPU_ISA_AVX512 : CPU_ISA_AVX2, 0);
     if (j->lut128) {
         lut128_rows_512(&j->p->grp, r0, r1, j->xl, j->bias, j->out);
         return;
     }
+#else
+    cpu_isa_note(CPU_ISA_NEON, 0);
+#endif
     CPU_FOR_ROWS(r, r0, r1, j->two) {
         float o[4];
+#if defined(KILN_X86)
         if (j->xl) o[0] = fused_grp1_lut_512(&j->p->grp, (int)r, j->xl);
         else if (fp8 && k512) fused_fp8_512(j->w, j->p, (int)r, xs, j->n, o, pfd);
         else if (fp8) fused_fp8_avx2(j->w, j->p, (int)r, xs, j->n, o);
         else if (g8 && k512) fused_grp8_512(&j->p->grp, (int)r, xs, j->n, o, pfd);
         else if (k512) o[0] = fused_grp1_q4_512(&j->p->grp, (int)r, xs[0]);
         else fused_grp_avx2(&j->p->grp, (int)r, xs, j->n, o);
+#else
+        if (fp8) fused_fp8_neon(j->w, j->p, (int)r, xs, j->n, o);
+        else fused_grp_neon(&j->p->grp, (int)r, xs, j->n, o);
+#endif
         for (int t = 0; t < j->n; t++) j->out[(size_t)t * j->N + r] = o[t] + (j->bias ? j->bias[r] : 0.0f);
     }
     (void)tid;
 }
-
-#endif /* KILN_X86 */
+#endif /* KILN_XVEC */
 
 static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     const struct xjob *j = arg;
@@ -553,11 +753,12 @@ static void x_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     }
 }
 
-#if defined(KILN_X86)
+#if defined(KILN_XVEC)
 /* GEMM: x packed once in tiles of MR tokens ([k][MR], zero padded); per NR
  * output rows the weights are dequantized once into an f32 panel [k][NR]
  * (per-thread scratch, L2), then an MR x NR register-tiled microkernel runs
- * over every token tile (AVX-512 12 x 32, AVX2 6 x 16, as matmul.c's). */
+ * over every token tile (AVX-512 12 x 32, AVX2 6 x 16, as matmul.c's; NEON
+ * matmul.c's own 8 x 12 kernel and panel packing, cpu_neon_*). */
 static void x_pack(void *arg, int64_t b, int64_t e, int tid) {
     const struct xjob *j = arg;
     const int K = j->K, MR = j->MR;
@@ -576,6 +777,7 @@ static void x_pack(void *arg, int64_t b, int64_t e, int tid) {
     (void)tid;
 }
 
+#if defined(KILN_X86)
 AVX512 static void ukr_f32_512(const float *xp, const float *wp, int K, float *c, size_t ldc, int mr, int nr, const float *bias) {
     __m512 a0[12], a1[12];
     #pragma GCC unroll 16
@@ -638,12 +840,20 @@ AVX2 static void transpose_rows8(float *d, int ld, const float *y, int K) {
         for (int i = 0; i < 8; i++) d[(size_t)k * ld + i] = y[(size_t)i * K + k];
 }
 
+#endif /* KILN_X86 */
+
 static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     const struct xjob *j = arg;
     const int K = j->K, NR = j->NR, MR = j->MR;
     float *wp = j->scr[tid], *y = wp + (size_t)K * NR;
     for (int64_t pi = p0; pi < p1; pi++) {
         const int r0 = (int)pi * NR, nr = j->N - r0 < NR ? j->N - r0 : NR;
+#if defined(KILN_NEON)
+        /* the nr rows dequantized one after another (y holds NR rows),
+         * then 4 x 4-transposed into the panel by matmul.c's packing */
+        for (int i = 0; i < nr; i++) dequant_row(j, r0 + i, y + (size_t)i * K);
+        cpu_neon_pack_f32(wp, y, K, nr);
+#else
         for (int i0 = 0; i0 < NR; i0 += 8) {
             /* 8 rows dequantized, then transposed 8 x 8 into the panel */
             for (int i = 0; i < 8; i++) {
@@ -653,28 +863,58 @@ static void x_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             }
             transpose_rows8(wp + i0, NR, y, K);
         }
+#endif
         const float *bias = j->bias ? j->bias + r0 : NULL;
         for (int tile = 0; tile < j->ntile; tile++) {
             int t0 = tile * MR, mr = j->n - t0 < MR ? j->n - t0 : MR;
             float *c = j->out + (size_t)t0 * j->N + r0;
             const float *xp = j->xp + (size_t)tile * K * MR;
+#if defined(KILN_NEON)
+            cpu_neon_ukr(xp, wp, K, c, j->N, mr, nr, bias);
+#else
             if (j->isa >= CPU_ISA_AVX512) ukr_f32_512(xp, wp, K, c, j->N, mr, nr, bias);
             else ukr_f32_avx2(xp, wp, K, c, j->N, mr, nr, bias);
+#endif
         }
     }
 }
 
-#endif /* KILN_X86 */
+/* the GEMM's tile shape for isa, and the floats of a thread's scratch (the
+ * panel, then the dequantized rows it is made from: 8 on x86, NR on NEON) */
+static size_t x_gemm_shape(struct xjob *j) {
+#if defined(KILN_NEON)
+    j->MR = CPU_NEON_MR, j->NR = CPU_NEON_NR;
+    return (size_t)j->K * 2 * j->NR;
+#else
+    j->MR = j->isa >= CPU_ISA_AVX512 ? 12 : 6, j->NR = j->isa >= CPU_ISA_AVX512 ? 32 : 16;
+    return (size_t)j->K * (j->NR + 8);
+#endif
+}
 
 /* n at or above which the exact path runs the GEMM (below: row dots) */
 #define XGEMM_MIN 8
 
 /* the decode paths of the exact numerics: fused dequantize + FMA per row
- * (n <= 4), and with it the lookup kernels of 4-bit groups (n = 1) */
-#if defined(KILN_X86)
-static int exact_fused(const struct xjob *j) { return j->isa >= CPU_ISA_AVX2 && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
+ * (n <= 4), and with it (x86) the lookup kernels of 4-bit groups (n = 1) */
+static int exact_fused(const struct xjob *j) { return j->isa >= XVEC && j->n <= 4 && j->w->fmt != KILN_WFMT_GGUF; }
 static int exact_lut(const struct xjob *j) {
+#if defined(KILN_X86)
     return j->n == 1 && j->isa >= CPU_ISA_AVX512 && j->w->fmt != KILN_WFMT_FP8 && lut_ok(&j->p->grp);
+#else
+    (void)j;
+    return 0;
+#endif
+}
+
+/* the fused decode's row order and prefetch, read on the calling thread:
+ * x86 the int8 kernels' (cpu_qm_two / cpu_qm_pfd); NEON two streams
+ * (CPU_FOR_ROWS2's order) and no software prefetch */
+static void x_decode_settings(struct xjob *j) {
+#if defined(KILN_X86)
+    j->two = cpu_qm_two(), j->pfd = cpu_qm_pfd();
+#else
+    j->two = 1, j->pfd = 0;
+#endif
 }
 
 /* bytes the fused decode reads per row: FP8 codes, or GPTQ / AWQ codes and group scale pairs */
@@ -682,7 +922,7 @@ static size_t x_row_bytes(const struct qlinear *w) {
     return w->fmt == KILN_WFMT_FP8 ? (size_t)w->n_in : qm_grp_row_bytes(&((const struct qprep *)w->be)->grp);
 }
 
-#endif
+#endif /* KILN_XVEC */
 
 void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     const struct qprep *p = w->be;
@@ -698,25 +938,28 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
                      .isa = cpu_isa(), .rb = w->fmt == KILN_WFMT_GGUF ? quant_row_bytes(w->w.dtype, K) : 0};
     /* rows per chunk: ~64 KiB of dequantized weights */
     int64_t chunk = (64 << 10) / ((int64_t)K * 4) + 1;
-#if defined(KILN_X86)
+#if defined(KILN_XVEC)
     if (exact_fused(&j)) { /* decode: fused, no scratch but the reordered x of the lookup kernels */
-        j.two = cpu_qm_two(), j.pfd = cpu_qm_pfd();
+        x_decode_settings(&j);
         float *xl = NULL;
         const size_t sz = sizeof(float) * (size_t)K;
         if (!exact_lut(&j) || !qm_buf_get(be, &sz, (void **)&xl, 1)) {
+#if defined(KILN_X86)
             if (xl) {
                 lut_order_512(xl, x, K);
                 j.xl = xl;
                 j.lut128 = lut128_ok(&p->grp);
             }
+#endif
             cpu_parallel_for_split(be, N, cpu_split_chunk(be, N, x_row_bytes(w)), x_fused_rows, &j);
         }
-    } else if (j.isa >= CPU_ISA_AVX2 && n >= XGEMM_MIN) {
-        cpu_isa_note(j.isa, 0); /* x_pack, the dequantized panels, ukr_f32_* */
-        j.MR = j.isa >= CPU_ISA_AVX512 ? 12 : 6, j.NR = j.isa >= CPU_ISA_AVX512 ? 32 : 16;
+    } else if (j.isa >= XVEC && n >= XGEMM_MIN) {
+        /* x_pack, the dequantized panels, the microkernel (NEON at either AArch64 level: no sdot) */
+        cpu_isa_note((int)XVEC == (int)CPU_ISA_NEON ? CPU_ISA_NEON : j.isa, 0);
+        const size_t scr = x_gemm_shape(&j);
         j.ntile = (n + j.MR - 1) / j.MR;
         j.xp = cpu_scratch_alloc(be, sizeof(float) * (size_t)j.ntile * j.MR * K);
-        j.scr = j.xp ? cpu_scratch_threads(be, sizeof(float) * ((size_t)K * j.NR + 8 * (size_t)K)) : NULL;
+        j.scr = j.xp ? cpu_scratch_threads(be, sizeof(float) * scr) : NULL;
         if (j.scr) {
             cpu_parallel_for(be, j.ntile, 1, x_pack, &j);
             cpu_parallel_for(be, (N + j.NR - 1) / j.NR, 1, x_gemm_panels, &j);
@@ -725,7 +968,7 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
         cpu_scratch_threads_free(be, j.scr);
     } else
 #endif
-    { /* row dots on dequantized rows (NEON: matmul.c's dot) */
+    { /* row dots on dequantized rows (scalar, n 5..7, GGUF below XGEMM_MIN): matmul.c's dot */
         if ((j.scr = cpu_scratch_threads(be, sizeof(float) * (size_t)K))) cpu_parallel_for(be, N, chunk, x_rows, &j);
         cpu_scratch_threads_free(be, j.scr);
     }
@@ -733,22 +976,26 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
 }
 
 int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n) {
-#if !defined(KILN_X86)
+#if !defined(KILN_XVEC)
     return 0; /* the exact decode has only row dots here: one by one */
 #else
     /* the exact decode: x reordered once for the lookup kernels */
     struct xjob j[MULTI_MAX];
     struct cpu_task t[MULTI_MAX];
     const int K = ws[0]->n_in;
+#if defined(KILN_X86)
     float *xl = NULL;
+#endif
     for (int i = 0; i < count; i++) {
         const struct qprep *p = ws[i]->be;
         if ((ws[i]->fmt == KILN_WFMT_GPTQ || ws[i]->fmt == KILN_WFMT_AWQ) && (p->grp.perm || p->gact)) return 0;
         j[i] = (struct xjob){.w = ws[i], .p = p, .out = outs[i], .x = x, .bias = ws[i]->bias.data ? cpu_vec(&ws[i]->bias) : NULL,
-                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa(), .two = cpu_qm_two(), .pfd = cpu_qm_pfd()};
+                             .n = n, .K = K, .N = ws[i]->n_out, .isa = cpu_isa()};
+        x_decode_settings(&j[i]);
         if (!exact_fused(&j[i])) return 0;
     }
     for (int i = 0; i < count; i++) {
+#if defined(KILN_X86)
         if (exact_lut(&j[i])) {
             if (!xl) {
                 const size_t sz = sizeof(float) * (size_t)K;
@@ -758,6 +1005,7 @@ int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, 
             j[i].xl = xl;
             j[i].lut128 = lut128_ok(&j[i].p->grp);
         }
+#endif
         t[i] = (struct cpu_task){x_fused_rows, &j[i], ws[i]->n_out};
     }
     cpu_parallel_for_split_tasks(be, t, count, x_row_bytes(ws[0]));
