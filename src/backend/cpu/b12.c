@@ -483,7 +483,8 @@ ROWS_B12_AVX512(rows_b12_avx512v, AVX512V, dec_avx512v)
 
 /* weights 8h + 0-7, 16-23, 32-39, 48-55 of a block (h = 0: the first 32
  * bytes of L and the low nibbles; h = 1 the second, the high nibbles) */
-AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *blk, int base, __m256 f[2][4]) {
+/* PIN: the codes and low bytes pinned in registers (below) */
+AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *blk, int base, __m256 f[2][4], const int PIN) {
     if (__builtin_expect(base == 0xFF, 0)) {
         const uint16_t *raw = esc_of(blk);
         for (int h = 0; h < 2; h++)
@@ -492,10 +493,20 @@ AVX2 static inline __attribute__((always_inline)) void dec_avx2(const uint8_t *b
         return;
     }
     const __m256i t = _mm256_add_epi8(_mm256_setr_epi32(B12_TAB, B12_TAB), _mm256_set1_epi8((char)base));
-    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K)), m = _mm256_set1_epi8(15), hm = _mm256_set1_epi32((int)0xFFFF0000);
+    /* Without the empty asm gcc loads the codes and each half's low bytes
+     * twice from memory (once per vpand / vpunpck that reads them): 15 loads
+     * per block and row instead of 12 at batch 1, where the loop is short of
+     * load slots. Pinned: from L2 (two Zen 4 cores, AVX2) 46 -> 48 Gweights/s
+     * at K 2,048, 44 -> 45.5 at K 6,144; at two activation rows (more x
+     * loads than weight loads) no gain, 49.6 -> 48.9, so only at one. */
+    __m256i c = _mm256_loadu_si256((const __m256i *)(blk + B12_K));
+    if (PIN) __asm__("" : "+x"(c));
+    const __m256i m = _mm256_set1_epi8(15), hm = _mm256_set1_epi32((int)0xFFFF0000);
     const __m256i codes[2] = {_mm256_and_si256(c, m), _mm256_and_si256(_mm256_srli_epi16(c, 4), m)};
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        const __m256i hi = _mm256_shuffle_epi8(t, codes[h]), l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+        const __m256i hi = _mm256_shuffle_epi8(t, codes[h]);
+        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+        if (PIN) __asm__("" : "+x"(l));
         const __m256i w0 = _mm256_unpacklo_epi8(l, hi), w1 = _mm256_unpackhi_epi8(l, hi);
         f[h][0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
         f[h][1] = _mm256_castsi256_ps(_mm256_and_si256(w0, hm));
@@ -529,17 +540,19 @@ AVX2 static inline __attribute__((always_inline)) void rows2_b12_avx2(const uint
             pf_block(blk, pfd);
             if (__builtin_expect(base == 0xFF, 0)) {
                 __m256 f[2][4];
-                dec_avx2(blk, base, f);
+                dec_avx2(blk, base, f, 0);
                 _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++)
                     _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
                         a[q][u] = _mm256_fmadd_ps(f[u & 1][2 * s + (u >> 1)], _mm256_loadu_ps(xc + 32 * s + 8 * u), a[q][u]);
                 continue;
             }
             const __m256i t = _mm256_add_epi8(tab, _mm256_set1_epi8((char)base));
-            const __m256i cb = _mm256_loadu_si256((const __m256i *)(blk + B12_K));
+            __m256i cb = _mm256_loadu_si256((const __m256i *)(blk + B12_K));
+            __asm__("" : "+x"(cb)); /* loaded once, as in dec_avx2 */
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                 const __m256i hi = _mm256_shuffle_epi8(t, _mm256_and_si256(h ? _mm256_srli_epi16(cb, 4) : cb, m));
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+                __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+                __asm__("" : "+x"(l));
                 const __m256i w0 = _mm256_unpacklo_epi8(l, hi), w1 = _mm256_unpackhi_epi8(l, hi);
                 a[q][h] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(xc + 8 * h), a[q][h]);
                 a[q][h + 2] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w0, hm)), _mm256_loadu_ps(xc + 8 * h + 16), a[q][h + 2]);
@@ -560,6 +573,10 @@ AVX2 static inline __attribute__((always_inline)) void rows2_b12_avx2(const uint
 AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8_t *W, size_t rb, const float *x, int nx, int R,
                                                                       int n_in, int64_t r, const float *bias, float *out,
                                                                       int n_out, int pfd, int64_t sd) {
+    /* R = 4 at batch 1 (rows past the L1 cache) spills accumulators (16 of
+     * them, and the decode), yet ran 1.7B's decode 1.06x faster than two
+     * adjacent pairs through rows2_b12_avx2 (0.944 [0.933, 0.954] the other
+     * way, thirty-fourth session): it reads x once per four rows */
     if (R == 2 && nx == 1) return rows2_b12_avx2(W, rb, x, n_in, r, bias, out, pfd, sd);
     const int nb = n_in / B12_K;
     const size_t hd = b12_head(nb);
@@ -574,7 +591,7 @@ AVX2 static inline __attribute__((always_inline)) void rows_b12_avx2(const uint8
             const uint8_t *blk = w[q] + hd + (size_t)c * B12_BB;
             pf_block(blk, pfd);
             __m256 f[2][4];
-            dec_avx2(blk, w[q][c], f);
+            dec_avx2(blk, w[q][c], f, nx == 1);
             _Pragma("GCC unroll 2") for (int j = 0; j < nx; j++) {
                 const float *xj = x + (size_t)j * n_in + (size_t)c * B12_K;
                 /* weight 8u + 32s + 0-7 is f[u & 1][2 s + (u >> 1)] */
@@ -618,7 +635,7 @@ AVX512 static void f32_avx512(const uint8_t *row, int nb, int c0, int c1, float 
 AVX2 static void f32_avx2(const uint8_t *row, int nb, int c0, int c1, float *dst) {
     for (int c = c0; c < c1; c++, dst += B12_K) {
         __m256 f[2][4];
-        dec_avx2(row + b12_head(nb) + (size_t)c * B12_BB, row[c], f);
+        dec_avx2(row + b12_head(nb) + (size_t)c * B12_BB, row[c], f, 0);
         for (int h = 0; h < 2; h++)
             for (int v = 0; v < 4; v++) _mm256_storeu_ps(dst + 16 * v + 8 * h, f[h][v]);
     }
