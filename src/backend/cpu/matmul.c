@@ -489,26 +489,36 @@ GEMV1(gemv1_f16_avx2, AVX2, rows_f16_avx2, 2, cpu_gemv_pfd(), 0)
 static inline float32x4_t load4_f32(const float *p) { return vld1q_f32(p); }
 
 /* dot of one weight row with 1..4 activation rows: 8 weights per step, two
- * accumulators per activation row (as DOT_AVX2) */
+ * accumulators per activation row (as DOT_AVX2); instantiated per nx so
+ * that the accumulators stay in registers (with nx a variable gcc kept
+ * them on the stack: a load and a store per 8 weights) */
 #define DOT_NEON(NAME, WT, LOAD, SCALAR)                                                            \
-    static void NAME(const void *row, const float *const *x, int nx, int n_in, float *out) {        \
-        const WT *w = row;                                                                          \
+    static inline __attribute__((always_inline)) void NAME##_(const WT *w, const float *const *x,   \
+                                                              int nx, int n_in, float *out) {      \
         int i = 0, n8 = n_in & ~7;                                                                  \
         float32x4_t a[4][2];                                                                        \
-        for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = vdupq_n_f32(0);                             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = vdupq_n_f32(0);     \
         for (; i < n8; i += 8) {                                                                    \
             float32x4_t w0 = LOAD(w + i), w1 = LOAD(w + i + 4);                                     \
-            for (int j = 0; j < nx; j++) {                                                          \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {                                  \
                 a[j][0] = vfmaq_f32(a[j][0], w0, vld1q_f32(x[j] + i));                              \
                 a[j][1] = vfmaq_f32(a[j][1], w1, vld1q_f32(x[j] + i + 4));                          \
             }                                                                                       \
         }                                                                                           \
-        for (int j = 0; j < nx; j++) {                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nx; j++) {                                      \
             float s = vaddvq_f32(vaddq_f32(a[j][0], a[j][1]));                                      \
             float t;                                                                                \
             const float *xt = x[j] + i;                                                             \
             SCALAR((const void *)(w + i), &xt, 1, n_in - i, &t);                                    \
             out[j] = s + t;                                                                         \
+        }                                                                                           \
+    }                                                                                               \
+    static void NAME(const void *row, const float *const *x, int nx, int n_in, float *out) {        \
+        switch (nx) {                                                                               \
+        case 1: NAME##_(row, x, 1, n_in, out); break;                                               \
+        case 2: NAME##_(row, x, 2, n_in, out); break;                                               \
+        case 3: NAME##_(row, x, 3, n_in, out); break;                                               \
+        default: NAME##_(row, x, 4, n_in, out); break;                                              \
         }                                                                                           \
     }
 
