@@ -343,6 +343,7 @@ static void test_qgemm(void) {
         const char *fmt;
         int N, K, f32act, group, asym; /* asym: 1 random zero points, 2 and act-order (a random g_idx); FP8: 3 random codes, 4 random subnormal codes */
     } cs[] = {{"q8_0", 37, 320, 0, 64, 0},      {"q4_0", 37, 320, 0, 64, 0},      {"q8_0", 53, 96, 0, 64, 0},  {"q4_0", 16, 64, 0, 64, 0},
+              {"q4_1", 37, 320, 0, 64, 0},      {"q4_1", 6, 96, 0, 64, 0},
               {"q4_k", 21, 512, 0, 64, 0},      {"q5_k", 21, 512, 0, 64, 0},      {"q6_k", 21, 512, 0, 64, 0},
               {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},

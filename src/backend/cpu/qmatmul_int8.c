@@ -503,6 +503,24 @@ QK45_NEON(dot_q4_k_dotprod, DP_ATTR, i8dot_dp, 0)
 QK45_NEON(dot_q5_k_dotprod, DP_ATTR, i8dot_dp, 1)
 QK6_NEON(dot_q6_k_dotprod, DP_ATTR, i8dot_dp)
 
+/* Q4_1 (d, m, 16 bytes of nibbles; w = d q + m): the block's integer dot
+ * in vector lanes, the f32 part written as dot_q4_1_scalar writes it, so
+ * bit-identical to it */
+#define Q41_NEON(NAME, ATTR, IDOT)                                                                                 \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                       \
+        const uint8x16_t m4 = vdupq_n_u8(15);                                                                      \
+        float acc = 0;                                                                                             \
+        for (int i = 0; i < nb; i++, w += 20) {                                                                    \
+            const uint8x16_t c = vld1q_u8(w + 4);                                                                  \
+            const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(c, m4)), vld1q_s8(a[i].qs)), \
+                                      vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(a[i].qs + 16));              \
+            acc += a[i].d * (h2f(w) * (float)vaddvq_s32(sv) + h2f(w + 2) * (float)a[i].sum);                       \
+        }                                                                                                          \
+        return acc;                                                                                                \
+    }
+
+Q41_NEON(dot_q4_1_neon, , i8dot_neon)
+Q41_NEON(dot_q4_1_dotprod, DP_ATTR, i8dot_dp)
 QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
 QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
 QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
@@ -859,11 +877,12 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #if defined(KILN_NEON)
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_1) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_1_dotprod : dot_q4_1_neon;
     const int dp = j.isa >= CPU_ISA_DOTPROD;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_K) j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_K) j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q6_K) j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon;
-    cpu_isa_note(w->w.dtype == KILN_DTYPE_Q4_1 ? CPU_ISA_SCALAR : j.isa, 0);
+    cpu_isa_note(j.isa, 0);
     if (neon_gemm(j.isa, w->w.dtype, n)) {
         /* the GEMM: x quantized into tiles of QN_NT tokens, their scales beside */
         j.NT = QN_NT, j.ntile = (n + QN_NT - 1) / QN_NT;
