@@ -10,7 +10,8 @@
  * round by round (ABBA: kiln first in odd rounds, llama.cpp first in even
  * ones), and each round gives a ratio of two runs a few seconds apart; the
  * report is the median ratio over the rounds with its quartiles, next to
- * each engine's median rate.
+ * each engine's median rate. With -w W the tg pair of a round runs
+ * interleaved instead, W decode steps of each engine in turn (tg_windows).
  *
  * Each engine does what its own benchmark does. pp: a prompt of p random
  * token ids in a fresh sequence (llama.cpp: one llama_decode of the batch,
@@ -91,6 +92,43 @@ static double llama_run(struct arms *a, int tg) {
     return a->n / (kiln_now() - t0);
 }
 
+/* tg with the two engines' decode steps interleaved (-w): windows of w
+ * steps, kiln's and llama.cpp's in turn, the one that opens a window pair
+ * alternating (first, then by window), each engine's rate its n steps
+ * over the sum of its windows' times. Each engine decodes its own
+ * sequence, both after one untimed token. On a host whose bandwidth moves
+ * within seconds, a window pair of ~1 s sees one state of it where two
+ * whole tg runs (~10 s on 1.7B) often see two. 0, or -1 on an error. */
+static int tg_windows(struct arms *a, int w, int first, double *rk, double *rl) {
+    char err[256];
+    kiln_seq *s = kiln_seq_new(a->ke, err, sizeof err);
+    if (!s) return fprintf(stderr, "vs-llama: kiln: %s\n", err), -1;
+    int rc = kiln_seq_eval(s, a->ids, 1, a->logits, 0, err, sizeof err);
+    llama_memory_clear(llama_get_memory(a->lc), false);
+    llama_set_n_threads(a->lc, a->threads, a->threads);
+    if (llama_decode(a->lc, llama_batch_get_one(a->ids, 1))) rc = -2;
+    llama_synchronize(a->lc);
+    double t[2] = {0, 0};
+    for (int i0 = 0, win = 0; i0 < a->n && !rc; i0 += w, win++) {
+        const int i1 = i0 + w < a->n ? i0 + w : a->n;
+        for (int k = 0; k < 2 && !rc; k++) {
+            const int e = (first + win + k) & 1; /* 0 kiln, 1 llama.cpp */
+            const double t0 = kiln_now();
+            for (int i = i0; i < i1 && !rc; i++) {
+                if (!e) rc = kiln_seq_eval(s, a->ids + 1 + i, 1, a->logits, 0, err, sizeof err);
+                else if (llama_decode(a->lc, llama_batch_get_one(a->ids + 1 + i, 1))) rc = -2;
+                else llama_synchronize(a->lc);
+            }
+            t[e] += kiln_now() - t0;
+        }
+    }
+    kiln_seq_free(s);
+    if (rc == -2) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
+    if (rc) return fprintf(stderr, "vs-llama: kiln: %s\n", err), -1;
+    *rk = a->n / t[0], *rl = a->n / t[1];
+    return 0;
+}
+
 static void quiet(enum ggml_log_level level, const char *text, void *user) {
     (void)user;
     if (level >= GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
@@ -102,7 +140,7 @@ static bool no_progress(float progress, void *user) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: vs-llama KILN_MODEL GGUF [-t threads] [-p prompt] [-n gen] [-r rounds] [--kv-dtype f16] [--dummy [--quant Q]]\n");
+    fprintf(stderr, "usage: vs-llama KILN_MODEL GGUF [-t threads] [-p prompt] [-n gen] [-r rounds] [-w window] [--kv-dtype f16] [--dummy [--quant Q]]\n");
     return 2;
 }
 
@@ -110,7 +148,7 @@ int main(int argc, char **argv) {
     if (argc < 3) return usage();
     struct kiln_engine_opts o = {.backend = "cpu", .kv_dtype = "f16"};
     const char *kmodel = argv[1], *gguf = argv[2];
-    int threads = 2, p = 512, n = 128, rounds = 8, dummy = 0;
+    int threads = 2, p = 512, n = 128, rounds = 8, dummy = 0, win = 0;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--dummy")) dummy = 1;
         else if (i + 1 >= argc) return usage();
@@ -118,11 +156,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-p")) p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n")) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r")) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-w")) win = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv-dtype")) o.kv_dtype = argv[++i];
         else if (!strcmp(argv[i], "--quant")) o.quant = argv[++i];
         else return usage();
     }
-    if (threads < 1 || p < 1 || n < 1 || rounds < 1) return usage();
+    if (threads < 1 || p < 1 || n < 1 || rounds < 1 || win < 0) return usage();
     if (dummy) o.dummy = kmodel;
     else o.model = kmodel;
     o.n_threads = threads, o.max_total_tokens = p + n + 16, o.prefill_chunk = p;
@@ -147,7 +186,9 @@ int main(int argc, char **argv) {
     kiln_rng_seed(&rng, 1234);
     for (int i = 0; i < p + n + 1; i++) a.ids[i] = (int32_t)(kiln_rng_next(&rng) % (uint64_t)(kv < lv ? kv : lv));
 
-    printf("vs-llama: kiln %s, llama.cpp %s, %d threads, pp%d / tg%d, %d rounds (ABBA)\n", kmodel, gguf, threads, p, n, rounds);
+    printf("vs-llama: kiln %s, llama.cpp %s, %d threads, pp%d / tg%d, %d rounds (ABBA)", kmodel, gguf, threads, p, n, rounds);
+    if (win) printf(", tg interleaved in windows of %d steps", win);
+    printf("\n");
     printf("kiln: %s kernels; llama.cpp: %s\n", cpu_isa_name(cpu_isa()), llama_print_system_info());
     /* the same shapes on both sides, or the comparison means nothing */
     const double kp = (double)kiln_engine_n_params(a.ke), lp = (double)llama_model_n_params(a.lm);
@@ -169,12 +210,15 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < rounds; i++)
         for (int tg = 0; tg < 2; tg++) {
-            for (int k = 0; k < 2; k++) {
-                const int e = (i + k) & 1; /* 0 kiln, 1 llama.cpp */
-                const double v = e ? llama_run(&a, tg) : kiln_run(&a, tg);
-                if (v < 0) return 1;
-                r[tg][e][i] = v;
-            }
+            if (tg && win) {
+                if (tg_windows(&a, win, i & 1, &r[1][0][i], &r[1][1][i])) return 1;
+            } else
+                for (int k = 0; k < 2; k++) {
+                    const int e = (i + k) & 1; /* 0 kiln, 1 llama.cpp */
+                    const double v = e ? llama_run(&a, tg) : kiln_run(&a, tg);
+                    if (v < 0) return 1;
+                    r[tg][e][i] = v;
+                }
             ratio[tg][i] = r[tg][0][i] / r[tg][1][i];
             printf("round %d %s%d: kiln %.2f, llama.cpp %.2f tok/s, ratio %.3f", i + 1, tg ? "tg" : "pp", tg ? n : p, r[tg][0][i],
                    r[tg][1][i], ratio[tg][i]);
