@@ -75,6 +75,13 @@ static double kiln_run(struct arms *a, int tg) {
     return rate;
 }
 
+/* llama.cpp decodes token ids[i] alone and waits for it: 0, or -1 */
+static int llama_step(struct arms *a, int i) {
+    if (llama_decode(a->lc, llama_batch_get_one(a->ids + i, 1))) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
+    llama_synchronize(a->lc);
+    return 0;
+}
+
 static double llama_run(struct arms *a, int tg) {
     llama_memory_clear(llama_get_memory(a->lc), false);
     llama_set_n_threads(a->lc, a->threads, a->threads);
@@ -86,8 +93,7 @@ static double llama_run(struct arms *a, int tg) {
     }
     for (int i = 0; i <= a->n; i++) {
         if (i == 1) t0 = kiln_now();
-        if (llama_decode(a->lc, llama_batch_get_one(a->ids + i, 1))) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
-        llama_synchronize(a->lc);
+        if (llama_step(a, i)) return -1;
     }
     return a->n / (kiln_now() - t0);
 }
@@ -106,8 +112,7 @@ static int tg_windows(struct arms *a, int w, int first, double *rk, double *rl) 
     int rc = kiln_seq_eval(s, a->ids, 1, a->logits, 0, err, sizeof err);
     llama_memory_clear(llama_get_memory(a->lc), false);
     llama_set_n_threads(a->lc, a->threads, a->threads);
-    if (llama_decode(a->lc, llama_batch_get_one(a->ids, 1))) rc = -2;
-    llama_synchronize(a->lc);
+    if (!rc && llama_step(a, 0)) rc = -2;
     double t[2] = {0, 0};
     for (int i0 = 0, win = 0; i0 < a->n && !rc; i0 += w, win++) {
         const int i1 = i0 + w < a->n ? i0 + w : a->n;
@@ -116,14 +121,13 @@ static int tg_windows(struct arms *a, int w, int first, double *rk, double *rl) 
             const double t0 = kiln_now();
             for (int i = i0; i < i1 && !rc; i++) {
                 if (!e) rc = kiln_seq_eval(s, a->ids + 1 + i, 1, a->logits, 0, err, sizeof err);
-                else if (llama_decode(a->lc, llama_batch_get_one(a->ids + 1 + i, 1))) rc = -2;
-                else llama_synchronize(a->lc);
+                else if (llama_step(a, 1 + i)) rc = -2;
             }
             t[e] += kiln_now() - t0;
         }
     }
     kiln_seq_free(s);
-    if (rc == -2) return fprintf(stderr, "vs-llama: llama_decode failed\n"), -1;
+    if (rc == -2) return -1; /* llama_step said why */
     if (rc) return fprintf(stderr, "vs-llama: kiln: %s\n", err), -1;
     *rk = a->n / t[0], *rl = a->n / t[1];
     return 0;

@@ -863,9 +863,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     struct ijob j = {.w = w, .out = out, .x = x, .bias = w->bias.data ? cpu_vec(&w->bias) : NULL, .n = n, .K = K, .N = N,
                      .nb = nb, .nblk = nb, .isa = cpu_isa(), .rb = quant_row_bytes(w->w.dtype, K)};
 #if !defined(KILN_X86)
-    /* row dots (NEON Q8_0 / Q4_0 and K-format dots, sdot with dotprod; the
-     * scalar one for Q4_1), or for Q8_0 / Q4_0 from QN_MIN tokens the NEON
-     * GEMM */
+    /* row dots (NEON Q8_0 / Q4_0 / Q4_1 and K-format dots, sdot with
+     * dotprod; the scalar ones when held to scalar), or for Q8_0 / Q4_0
+     * from QN_MIN tokens the NEON GEMM */
     switch (w->w.dtype) {
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
