@@ -32,11 +32,14 @@
  *           stored codes with the activation codes, scaled per block. Costs
  *           ~0.5% relative error per dot from rounding x: the tests bound it
  *           separately. KILN_QACT=f32 forces the exact path.
- *             Q4_0 / Q8_0 on x86 (Q4_K with VNNI): the weight copied once
- *               at load into groups of 16 rows (qmatmul_internal.h), one kernel family
- *               for every n (16 rows x up to 8 tokens per pass, VNNI or
- *               AVX2; the scalar one gives the same bits); KILN_CPU_X16=0
- *               keeps the stored blocks and the kernels below.
+ *             Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K on x86 (the K formats from
+ *               AVX2): the weight copied once at load into groups of 16
+ *               rows (qmatmul_internal.h), one kernel family for every n
+ *               (16 rows x up to 8 tokens per pass, VNNI or AVX2; the
+ *               scalar one gives the same bits; Q4_K / Q5_K prefill without
+ *               VNNI: the AVX2 GEMM on panels cut from the groups, the same
+ *               bits); KILN_CPU_X16=0 keeps the stored blocks and the
+ *               kernels below.
  *             decode (n = 1): one row at a time, 4+ independent accumulators,
  *               software prefetch, one contiguous run of rows per thread
  *               (cpu_parallel_for_split); AVX-512 VNNI kernels for Q8_0 / Q4_0
@@ -110,13 +113,15 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
     case KILN_WFMT_GGUF:
         p->int8_act = want_int8(w->w.dtype);
 #if defined(KILN_X86)
-        /* Q4_K (and Q5_K, its kernel) only where the CPU has VNNI: on AVX2 the grouped kernel decoded
-         * 2% slower and prefilled 25% slower than the per-row kernels and
-         * their 8 x 4 GEMM (0.6B, Zen 4 held to AVX2; docs/cpu.md). Q6_K on
-         * AVX2 too: decode 4-9% faster there, prefill even to 15% slower */
+        /* Q4_K (and Q5_K, its kernel) from AVX2: decode on the group
+         * kernels, prefill without VNNI on the 8 x 4 GEMM over panels cut
+         * from the groups (qm_pack_i8_x16k; held to AVX2, decode-ab against
+         * the stored rows: 0.6B / 1.7B Q4_K_M 1.062 / 1.088, Q5_K_M 1.040 /
+         * 1.028, pp512 even; docs/cpu.md). Q6_K on AVX2 too: decode 4-9%
+         * faster there, prefill even to 15% slower */
         if (p->int8_act && x16_on() &&
             (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q6_K ||
-             ((w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && cpu_isa() >= CPU_ISA_AVX512 && qm_have_vnni()))) {
+             ((w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && cpu_isa() >= CPU_ISA_AVX2))) {
             p->x16 = w->w.dtype == KILN_DTYPE_Q4_K   ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 0)
                      : w->w.dtype == KILN_DTYPE_Q5_K ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 1)
                      : w->w.dtype == KILN_DTYPE_Q6_K ? qm_x16q6_pack(w->w.data, w->n_out, w->n_in)

@@ -564,6 +564,7 @@ struct ijob {
     const __m256i *x2m[DECM_MAX];
     const float *xdm[DECM_MAX], *csm[DECM_MAX];
     const uint8_t *x16; /* Q4_0 / Q8_0 in groups of 16 rows (i_x16), or NULL */
+    const uint8_t *kx16; /* the AVX2 GEMM's Q4_K / Q5_K groups, whose panels qm_pack_i8_x16k cuts, or NULL */
     int64_t ng;         /* ... its groups */
     int32_t *c8;        /* ... -8 (Q8_0: -128) x each activation block's code sum, in xa's order */
 #endif
@@ -768,7 +769,8 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
     uint8_t *P = j->scr[tid];
     for (int64_t pi = p0; pi < p1; pi++) {
         const int r0 = (int)pi * j->R, nr = j->N - r0 < j->R ? j->N - r0 : j->R;
-        qm_pack_i8(P, j->w->w.data, j->rb, r0, nr, j->nb, j->R, j->mode);
+        if (j->kx16) qm_pack_i8_x16k(P, j->kx16, j->rb, j->ng, r0, nr, j->nb, j->mode == PK_Q5K);
+        else qm_pack_i8(P, j->w->w.data, j->rb, r0, nr, j->nb, j->R, j->mode);
         const float *bias = j->bias ? j->bias + r0 : NULL;
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
@@ -904,7 +906,14 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     *jp = j;
     return 0;
 #else
-    if (((const struct qprep *)w->be)->x16) {
+    /* Q4_K / Q5_K in groups without VNNI: from the GEMM's number of tokens
+     * the AVX2 GEMM, on panels cut from the groups (the same bits as the
+     * group kernel, whose 2-token tiles prefilled 25% slower) */
+    const uint8_t *gx16 = ((const struct qprep *)w->be)->x16;
+    if (gx16 && (w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && !(j.isa >= CPU_ISA_AVX512 && qm_have_vnni()) &&
+        int8_gemm(j.isa, w->w.dtype, n))
+        j.kx16 = gx16, j.ng = N / X16_R, gx16 = NULL;
+    if (gx16) {
         /* Q4_0 in groups of 16 rows: every n on one kernel, tokens in tiles
          * of NT (VNNI 8, AVX2 2; fewer when n is) */
         const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();

@@ -348,6 +348,13 @@ AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
  * 128 (Q8_0 as u8) or 8 (Q4_0), or the K formats (qm_gemm_qk_vnni,
  * qm_gemm_q6k_vnni); AVX2: R = 8, NT = 4. */
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode);
+/* the same AVX2 panel (R = 8, PK_Q4K / PK_Q5K) cut from a Q4_K / Q5_K
+ * linear in groups of 16 rows (qm_x16k_pack's copy G, ng groups, then the
+ * rows past them as stored, rb bytes each): r0 a multiple of 8, so a panel
+ * is half a group or stored rows. Its scales are the products the group
+ * kernels form (d sc, dmin m in f32), so qm_gemm_qk_avx2 over it gives
+ * their bits. */
+AVX2 void qm_pack_i8_x16k(uint8_t *P, const uint8_t *G, size_t rb, int64_t ng, int r0, int nr, int nb, int q5);
 VNNI void qm_gemm_qk_vnni(const uint8_t *P, const struct q8a *xt, int nb, float *out, size_t ldo, int nr, int nt, const float *bias);
 /* hs: per block and token of the tile, 32 x the sums of the activation
  * codes of its two halves (the offset of the u8 codes) */
