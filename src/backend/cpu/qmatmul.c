@@ -10,7 +10,7 @@
  * and Q8_0 into groups of 16 rows):
  *
  *   exact   (FP8, GPTQ/AWQ 8-bit or with groups the int8 path cannot take;
- *           GGUF Q5_0/Q5_1; anything with KILN_QACT=f32)
+ *           anything with KILN_QACT=f32)
  *           f32 activations, weights dequantized to f32 (w = s * q + b), f32
  *           products: equal to the dequantized weights' matmul up to f32
  *           summation order.
@@ -24,7 +24,7 @@
  *               matmul.c's);
  *             otherwise (scalar, n 5..7): one row dequantized to scratch and
  *               matmul.c's f32 dots.
- *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, the llama.cpp way; GPTQ
+ *   int8    (GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, the llama.cpp way; GPTQ
  *           and AWQ 4-bit with groups of 32, 64 or k x 128: a file of its
  *           own, qmatmul_gptq.c)
  *           activations quantized once per call to int8 blocks of 32 (f32
@@ -68,8 +68,8 @@ static int qact_f32(void) {
 
 static int want_int8(enum kiln_dtype t) {
     if (qact_f32()) return 0;
-    return t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q4_1 || t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K ||
-           t == KILN_DTYPE_Q6_K;
+    return t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q4_1 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_Q5_1 ||
+           t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K;
 }
 
 #if defined(KILN_X86)

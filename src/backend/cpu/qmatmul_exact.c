@@ -1,8 +1,8 @@
 /*
  * qmatmul_exact.c: the exact path of the quantized matmul (qmatmul.c's
  * header comment, "exact"): FP8 blocks, GPTQ / AWQ groups the int8 path does
- * not take, GGUF blocks without an int8 kernel (Q5_0, Q5_1), and everything
- * under KILN_QACT=f32. f32 activations times the weights dequantized to f32
+ * not take, and everything (every GGUF block type too) under KILN_QACT=f32.
+ * f32 activations times the weights dequantized to f32
  * as stored: decode (n <= 4) fuses the dequantization into the FMAs (AVX2,
  * NEON; AVX-512 one-row and lookup kernels for 4-bit groups), prefill
  * (n >= 8) is a GEMM over dequantized f32 panels (AVX2, AVX-512 here; NEON

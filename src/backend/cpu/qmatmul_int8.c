@@ -1,6 +1,6 @@
 /*
  * qmatmul_int8.c: the int8 path of the quantized matmul for GGUF blocks
- * (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; qmatmul.c's header comment, "int8"):
+ * (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; qmatmul.c's header comment, "int8"):
  * the activations quantized once per call to int8 blocks of 32 (the GPTQ
  * path, qmatmul_gptq.c, quantizes with the same functions), the scalar row
  * dots every kernel is held to, the NEON ones (Q8_0 / Q4_0), and the driver:
@@ -324,6 +324,20 @@ static float dot_q4_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     return acc;
 }
 
+/* Q5_0 (d, qh, 16 bytes of nibbles; w = d (q - 16)) and Q5_1 (d, m, qh,
+ * nibbles; w = d q + m): as Q4_0 and Q4_1 with 5-bit codes */
+static float dot_q5_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 22) acc += h2f(w) * a[i].d * (float)(qm_isum_q5(w + 2, w + 6, a[i].qs) - 16 * a[i].sum);
+    return acc;
+}
+
+static float dot_q5_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 24) acc += a[i].d * (h2f(w) * (float)qm_isum_q5(w + 4, w + 8, a[i].qs) + h2f(w + 2) * (float)a[i].sum);
+    return acc;
+}
+
 static float dot_q5_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
     float acc = 0;
     for (int i = 0; i < nsb; i++, w += 176, a += 8) {
@@ -521,6 +535,35 @@ QK6_NEON(dot_q6_k_dotprod, DP_ATTR, i8dot_dp)
 
 Q41_NEON(dot_q4_1_neon, , i8dot_neon)
 Q41_NEON(dot_q4_1_dotprod, DP_ATTR, i8dot_dp)
+
+/* Q5_0 / Q5_1 (ONE: Q5_1, the block's m at w + 2): Q4_0's / Q4_1's nibbles,
+ * bit 4 from the block's qh (vtst of its byte i / 8 against bit i % 8);
+ * the integer dot in vector lanes and the f32 part as the scalar dots
+ * write it, so bit-identical to them */
+#define Q5_NEON(NAME, ATTR, IDOT, ONE)                                                                             \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                       \
+        const uint8x16_t m4 = vdupq_n_u8(15), b16 = vdupq_n_u8(16);                                                \
+        const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));                           \
+        const int bb = ONE ? 24 : 22, o = ONE ? 4 : 2;                                                             \
+        float acc = 0;                                                                                             \
+        for (int i = 0; i < nb; i++, w += bb) {                                                                    \
+            const uint8_t *qh = w + o;                                                                             \
+            const uint8x16_t c = vld1q_u8(w + o + 4);                                                              \
+            const uint8x16_t h0 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), bit), b16);   \
+            const uint8x16_t h1 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), bit), b16);   \
+            const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(vorrq_u8(vandq_u8(c, m4), h0)),     \
+                                           vld1q_s8(a[i].qs)),                                                     \
+                                      vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(c, 4), h1)), vld1q_s8(a[i].qs + 16));\
+            if (ONE) acc += a[i].d * (h2f(w) * (float)vaddvq_s32(sv) + h2f(w + 2) * (float)a[i].sum);             \
+            else acc += h2f(w) * a[i].d * (float)(vaddvq_s32(sv) - 16 * a[i].sum);                                 \
+        }                                                                                                          \
+        return acc;                                                                                                \
+    }
+
+Q5_NEON(dot_q5_0_neon, , i8dot_neon, 0)
+Q5_NEON(dot_q5_0_dotprod, DP_ATTR, i8dot_dp, 0)
+Q5_NEON(dot_q5_1_neon, , i8dot_neon, 1)
+Q5_NEON(dot_q5_1_dotprod, DP_ATTR, i8dot_dp, 1)
 QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
 QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
 QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
@@ -780,7 +823,7 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             else if (j->R == 16 && j->mode >= PK_Q4K) qm_gemm_qk_vnni(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q6K) qm_gemm_q6k_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
-            else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode == PK_Q5K, c, j->N, nr, nt, bias);
+            else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode != PK_Q4K, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else qm_gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
         }
@@ -840,7 +883,8 @@ static int kgemm_on(void) {
 static int int8_gemm(int isa, enum kiln_dtype t, int n) {
     const int vnni = isa >= CPU_ISA_AVX512 && qm_have_vnni();
     const int kq = t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K;
-    return isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, t) && (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || (kq && kgemm_on()));
+    return isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, t) &&
+           (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_Q5_1 || (kq && kgemm_on()));
 }
 #endif
 
@@ -872,6 +916,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar; break;
     case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar; break;
+    case KILN_DTYPE_Q5_0: j.dot = dot_q5_0_scalar; break;
+    case KILN_DTYPE_Q5_1: j.dot = dot_q5_1_scalar; break;
     case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break;
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
@@ -880,6 +926,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_1) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_1_dotprod : dot_q4_1_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q5_0_dotprod : dot_q5_0_neon;
+    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_1) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q5_1_dotprod : dot_q5_1_neon;
     const int dp = j.isa >= CPU_ISA_DOTPROD;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_K) j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon;
     if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_K) j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon;
@@ -948,6 +996,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q8_0: j.dot = dot_q8_0_scalar, j.dotx = qm_dot_q8_0_avx2; break;
     case KILN_DTYPE_Q4_0: j.dot = dot_q4_0_scalar, j.dotx = qm_dot_q4_0_avx2; break;
     case KILN_DTYPE_Q4_1: j.dot = dot_q4_1_scalar, j.dotx = qm_dot_q4_1_avx2; break;
+    case KILN_DTYPE_Q5_0: j.dot = dot_q5_0_scalar, j.dotx = qm_dot_q5_0_avx2; break;
+    case KILN_DTYPE_Q5_1: j.dot = dot_q5_1_scalar, j.dotx = qm_dot_q5_1_avx2; break;
     case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break; /* on AVX2: qm_*_qk (j.deck) */
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = qm_dot_q6_k_avx2, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break; /* Q4_K; on AVX2: qm_*_qk (j.deck) */
@@ -961,6 +1011,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     if (gemm) {
         j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
+                 : w->w.dtype == KILN_DTYPE_Q5_0 ? PK_Q50 : w->w.dtype == KILN_DTYPE_Q5_1 ? PK_Q51
                  : w->w.dtype == KILN_DTYPE_Q6_K ? (vnni ? PK_Q6KU : PK_Q6K) : vnni ? PK_Q8_U8 : PK_Q8_S8;
         j.ntile = (n + j.NT - 1) / j.NT;
     }

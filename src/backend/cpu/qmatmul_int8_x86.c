@@ -98,6 +98,59 @@ AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q4_1_avx2)
 
+/* Q5_0 / Q5_1's 32 codes (0..31) in weight order: Q4_0's nibbles, and
+ * bit i of qh as bit 4 of byte i (byte i of a broadcast of qh picks qh's
+ * byte i / 8, and cmpeq tests its bit i % 8) */
+AVX2 static inline __m256i q5_codes(const uint8_t *qh, const uint8_t *qs) {
+    const __m128i m4 = _mm_set1_epi8(15), b = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qm_q5_qh(qh)), sel);
+    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(16)));
+}
+
+/* Q5_0: Q4_0's dot with 5-bit codes, -16 x the activation sum */
+AVX2 static inline __attribute__((always_inline)) void dot_q5_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    float off[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += 22) {
+        const __m256i qw = q5_codes(w + 2, w + 6);
+        const float d = h2f_c(w);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            const __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
+            const float dd = d * a[j][i].d;
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dd), s, acc[j]);
+            off[j] += dd * (float)a[j][i].sum;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 16 * off[j];
+}
+QDOTX_BY_NX(dot_q5_0_avx2)
+
+/* Q5_1: Q4_1's dot with 5-bit codes */
+AVX2 static inline __attribute__((always_inline)) void dot_q5_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    float off[NX] = {0};
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += 24) {
+        const __m256i qw = q5_codes(w + 4, w + 8);
+        const float d = h2f_c(w), m = h2f_c(w + 2);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++) {
+            const __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
+            off[j] += m * a[j][i].d * (float)a[j][i].sum;
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
+}
+QDOTX_BY_NX(dot_q5_1_avx2)
+
 /* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)
  * once, and a 32-weight block's pair of scales reaches its lanes by one
  * vpermps shared by the nx rows (lanes 0-3 of the madd sum weights 0-15,
@@ -212,6 +265,10 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
                 if (q6) {
                     c = q6k_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, &ks[i], &km[i]);
                     if (mode == PK_Q6KU) c = _mm256_add_epi8(c, _mm256_set1_epi8(32)); /* back to 0..63 */
+                } else if (mode == PK_Q50 || mode == PK_Q51) { /* blocks of 22 / 24 bytes */
+                    const uint8_t *q5 = rp[i] + (size_t)(mode == PK_Q51 ? 24 : 22) * b, *qh = q5 + (mode == PK_Q51 ? 4 : 2);
+                    c = q5_codes(qh, qh + 4);
+                    ks[i] = h2f_c(q5), km[i] = mode == PK_Q51 ? -h2f_c(q5 + 2) : 16 * ks[i];
                 } else if (kq) {
                     c = qk_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, mode == PK_Q5K, &ks[i], &km[i]);
                 } else if (mode == PK_Q4) {

@@ -214,6 +214,16 @@ static inline int qm_isum_q4(const uint8_t *c, const int8_t *xq) {
     for (int i = 0; i < 16; i++) s += (c[i] & 15) * xq[i] + (c[i] >> 4) * xq[16 + i];
     return s;
 }
+/* Q5_0 / Q5_1: code i (0..31) is Q4_0's nibble i plus bit i of the
+ * block's 32-bit qh (little-endian) as its bit 4 */
+static inline uint32_t qm_q5_qh(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline int qm_isum_q5(const uint8_t *qh, const uint8_t *c, const int8_t *xq) {
+    const uint32_t h = qm_q5_qh(qh);
+    int s = 0;
+    for (int i = 0; i < 16; i++)
+        s += ((c[i] & 15) | (int)(h >> i & 1) << 4) * xq[i] + ((c[i] >> 4) | (int)(h >> (16 + i) & 1) << 4) * xq[16 + i];
+    return s;
+}
 static inline int qm_isum_q8(const uint8_t *c, const int8_t *xq) {
     int s = 0;
     for (int i = 0; i < 32; i++) s += (int8_t)c[i] * xq[i];
@@ -323,10 +333,12 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
 
 /* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
  * u8 = w + 128 (VNNI), Q4_0 nibbles, Q4_K / Q5_K codes (0..15 / 0..31) of
- * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2), Q6_K
- * codes - 32 (s8) with the scales of their two halves (qm_gemm_q6k_avx2),
- * or as stored, 0..63 (u8, qm_gemm_q6k_vnni) */
-enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q6K = 5, PK_Q6KU = 6 };
+ * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2; Q5_0
+ * and Q5_1 blocks go into the same panel, w = d q - min with min 16 d or
+ * -m), Q6_K codes - 32 (s8) with the scales of their two halves
+ * (qm_gemm_q6k_avx2), or as stored, 0..63 (u8, qm_gemm_q6k_vnni). Modes
+ * PK_Q4K .. PK_Q51 share qm_gemm_qk_*'s panel. */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q50 = 5, PK_Q51 = 6, PK_Q6K = 7, PK_Q6KU = 8 };
 /* bytes of one block of 32 in a panel of R rows: 32 R codes, R scales (and
  * for the K formats R mins, or for Q6_K R scales of the second half) */
 #define PK_BLOCK(mode, R) ((size_t)(R) * ((mode) >= PK_Q4K ? 40 : 36))
@@ -339,6 +351,8 @@ enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q6K = 5
 AVX2 void qm_dot_q8_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q4_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q5_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q5_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
 /* The int8 GEMM: qm_pack_i8 repacks R rows from r0 (nr real ones) of W
