@@ -823,7 +823,7 @@ static void i_gemm_panels(void *arg, int64_t p0, int64_t p1, int tid) {
             else if (j->R == 16 && j->mode >= PK_Q4K) qm_gemm_qk_vnni(P, xt, j->nb, c, j->N, nr, nt, bias);
             else if (j->R == 16) qm_gemm_i8_vnni(P, xt, j->nb, j->mode == PK_Q4 ? 8 : 128, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q6K) qm_gemm_q6k_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
-            else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode != PK_Q4K, c, j->N, nr, nt, bias);
+            else if (j->mode >= PK_Q4K) qm_gemm_qk_avx2(P, xt, j->nb, j->mode >= PK_Q5K, c, j->N, nr, nt, bias);
             else if (j->mode == PK_Q4) qm_gemm_q4_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
             else qm_gemm_q8_0_avx2(P, xt, j->nb, c, j->N, nr, nt, bias);
         }
@@ -884,7 +884,8 @@ static int int8_gemm(int isa, enum kiln_dtype t, int n) {
     const int vnni = isa >= CPU_ISA_AVX512 && qm_have_vnni();
     const int kq = t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K;
     return isa >= CPU_ISA_AVX2 && n >= igemm_min(vnni, t) &&
-           (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_Q5_1 || (kq && kgemm_on()));
+           (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q4_1 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_Q5_1 ||
+            (kq && kgemm_on()));
 }
 #endif
 
@@ -1011,7 +1012,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     if (gemm) {
         j.R = vnni ? 16 : 8, j.NT = vnni ? 8 : 4;
         j.mode = w->w.dtype == KILN_DTYPE_Q4_0 ? PK_Q4 : w->w.dtype == KILN_DTYPE_Q4_K ? PK_Q4K : w->w.dtype == KILN_DTYPE_Q5_K ? PK_Q5K
-                 : w->w.dtype == KILN_DTYPE_Q5_0 ? PK_Q50 : w->w.dtype == KILN_DTYPE_Q5_1 ? PK_Q51
+                 : w->w.dtype == KILN_DTYPE_Q5_0 ? PK_Q50 : w->w.dtype == KILN_DTYPE_Q5_1 ? PK_Q51 : w->w.dtype == KILN_DTYPE_Q4_1 ? PK_Q41
                  : w->w.dtype == KILN_DTYPE_Q6_K ? (vnni ? PK_Q6KU : PK_Q6K) : vnni ? PK_Q8_U8 : PK_Q8_S8;
         j.ntile = (n + j.NT - 1) / j.NT;
     }

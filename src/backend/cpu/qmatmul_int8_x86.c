@@ -265,6 +265,11 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
                 if (q6) {
                     c = q6k_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, &ks[i], &km[i]);
                     if (mode == PK_Q6KU) c = _mm256_add_epi8(c, _mm256_set1_epi8(32)); /* back to 0..63 */
+                } else if (mode == PK_Q41) { /* Q4_0's nibbles, blocks of 20 bytes */
+                    const uint8_t *q4 = rp[i] + (size_t)20 * b;
+                    const __m128i h = _mm_loadu_si128((const __m128i *)(q4 + 4));
+                    c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
+                    ks[i] = h2f_c(q4), km[i] = -h2f_c(q4 + 2);
                 } else if (mode == PK_Q50 || mode == PK_Q51) { /* blocks of 22 / 24 bytes */
                     const uint8_t *q5 = rp[i] + (size_t)(mode == PK_Q51 ? 24 : 22) * b, *qh = q5 + (mode == PK_Q51 ? 4 : 2);
                     c = q5_codes(qh, qh + 4);

@@ -333,12 +333,13 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *d, int *m) {
 
 /* the int8 GEMM's panel modes (qm_pack_i8): Q8_0 codes as s8 (AVX2) or as
  * u8 = w + 128 (VNNI), Q4_0 nibbles, Q4_K / Q5_K codes (0..15 / 0..31) of
- * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2; Q5_0
- * and Q5_1 blocks go into the same panel, w = d q - min with min 16 d or
- * -m), Q6_K codes - 32 (s8) with the scales of their two halves
+ * each 32-weight sub-block with its scale and min (qm_gemm_qk_avx2; Q4_1,
+ * Q5_0 and Q5_1 blocks go into the same panel, w = d q - min with min -m
+ * or 16 d), Q6_K codes - 32 (s8) with the scales of their two halves
  * (qm_gemm_q6k_avx2), or as stored, 0..63 (u8, qm_gemm_q6k_vnni). Modes
- * PK_Q4K .. PK_Q51 share qm_gemm_qk_*'s panel. */
-enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q5K = 4, PK_Q50 = 5, PK_Q51 = 6, PK_Q6K = 7, PK_Q6KU = 8 };
+ * PK_Q4K .. PK_Q51 share qm_gemm_qk_*'s panel, codes up to 31 from
+ * PK_Q5K. */
+enum { PK_Q8_S8 = 0, PK_Q8_U8 = 1, PK_Q4 = 2, PK_Q4K = 3, PK_Q41 = 4, PK_Q5K = 5, PK_Q50 = 6, PK_Q51 = 7, PK_Q6K = 8, PK_Q6KU = 9 };
 /* bytes of one block of 32 in a panel of R rows: 32 R codes, R scales (and
  * for the K formats R mins, or for Q6_K R scales of the second half) */
 #define PK_BLOCK(mode, R) ((size_t)(R) * ((mode) >= PK_Q4K ? 40 : 36))
