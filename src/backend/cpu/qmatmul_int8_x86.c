@@ -55,49 +55,6 @@ AVX2 static inline __attribute__((always_inline)) void dot_q8_0_avx2_(const uint
 }
 QDOTX_BY_NX(dot_q8_0_avx2)
 
-AVX2 static inline __attribute__((always_inline)) void dot_q4_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
-    __m256 acc[NX];
-    float off[NX] = {0};
-    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(15);
-    for (int i = 0; i < nb; i++, w += 18) {
-        __m128i b = _mm_loadu_si128((const __m128i *)(w + 2));
-        __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
-        float d = h2f_c(w);
-        #pragma GCC unroll 4
-        for (int j = 0; j < nx; j++) {
-            __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
-            float dd = d * a[j][i].d;
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dd), s, acc[j]);
-            off[j] += dd * (float)a[j][i].sum;
-        }
-    }
-    #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 8 * off[j];
-}
-QDOTX_BY_NX(dot_q4_0_avx2)
-
-AVX2 static inline __attribute__((always_inline)) void dot_q4_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
-    __m256 acc[NX];
-    float off[NX] = {0};
-    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(15);
-    for (int i = 0; i < nb; i++, w += 20) {
-        __m128i b = _mm_loadu_si128((const __m128i *)(w + 4));
-        __m256i qw = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
-        float d = h2f_c(w), m = h2f_c(w + 2);
-        #pragma GCC unroll 4
-        for (int j = 0; j < nx; j++) {
-            __m256 s = dot_u8s8(qw, _mm256_loadu_si256((const __m256i *)a[j][i].qs));
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), s, acc[j]);
-            off[j] += m * a[j][i].d * (float)a[j][i].sum;
-        }
-    }
-    #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
-}
-QDOTX_BY_NX(dot_q4_1_avx2)
-
 /* Q5_0 / Q5_1's 32 codes (0..31) in weight order: Q4_0's nibbles, and
  * bit i of qh as bit 4 of byte i (byte i of a broadcast of qh picks qh's
  * byte i / 8, and cmpeq tests its bit i % 8) */
@@ -110,13 +67,24 @@ AVX2 static inline __m256i q5_codes(const uint8_t *qh, const uint8_t *qs) {
     return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(16)));
 }
 
-/* Q5_0: Q4_0's dot with 5-bit codes, -16 x the activation sum */
-AVX2 static inline __attribute__((always_inline)) void dot_q5_0_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+/* the 32 codes of a type-0 / type-1 block whose codes start at q: Q4_0's
+ * nibbles, or with FIVE Q5's (its qh the 4 bytes before) */
+AVX2 static inline __attribute__((always_inline)) __m256i q45_codes(const uint8_t *q, const int five) {
+    if (five) return q5_codes(q - 4, q);
+    const __m128i m4 = _mm_set1_epi8(15), b = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+}
+
+/* Q4_0 / Q5_0 (FIVE): w = d (q - 8) or d (q - 16), blocks of 18 / 22
+ * bytes: the integer dot of the codes, the offset taken off once at the
+ * end as 8 or 16 x the sum of d xd x the activation code sum */
+AVX2 static inline __attribute__((always_inline)) void dot_t0_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out,
+                                                               const int five) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++, w += 22) {
-        const __m256i qw = q5_codes(w + 2, w + 6);
+    for (int i = 0; i < nb; i++, w += five ? 22 : 18) {
+        const __m256i qw = q45_codes(w + (five ? 6 : 2), five);
         const float d = h2f_c(w);
         #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
@@ -127,17 +95,17 @@ AVX2 static inline __attribute__((always_inline)) void dot_q5_0_avx2_(const uint
         }
     }
     #pragma GCC unroll 4
-    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - 16 * off[j];
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - (five ? 16 : 8) * off[j];
 }
-QDOTX_BY_NX(dot_q5_0_avx2)
 
-/* Q5_1: Q4_1's dot with 5-bit codes */
-AVX2 static inline __attribute__((always_inline)) void dot_q5_1_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+/* Q4_1 / Q5_1 (FIVE): w = d q + m, blocks of 20 / 24 bytes */
+AVX2 static inline __attribute__((always_inline)) void dot_t1_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out,
+                                                               const int five) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++, w += 24) {
-        const __m256i qw = q5_codes(w + 4, w + 8);
+    for (int i = 0; i < nb; i++, w += five ? 24 : 20) {
+        const __m256i qw = q45_codes(w + (five ? 8 : 4), five);
         const float d = h2f_c(w), m = h2f_c(w + 2);
         #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
@@ -149,7 +117,18 @@ AVX2 static inline __attribute__((always_inline)) void dot_q5_1_avx2_(const uint
     #pragma GCC unroll 4
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) + off[j];
 }
-QDOTX_BY_NX(dot_q5_1_avx2)
+
+#define DOT_T(name, kern, five)                                                                                         \
+    AVX2 static inline __attribute__((always_inline)) void name##_(const uint8_t *w, const struct q8a *const *a, int nx, \
+                                                                    int nb, float *out) {                               \
+        kern(w, a, nx, nb, out, five);                                                                                  \
+    }                                                                                                                   \
+    QDOTX_BY_NX(name)
+DOT_T(dot_q4_0_avx2, dot_t0_, 0)
+DOT_T(dot_q5_0_avx2, dot_t0_, 1)
+DOT_T(dot_q4_1_avx2, dot_t1_, 0)
+DOT_T(dot_q5_1_avx2, dot_t1_, 1)
+#undef DOT_T
 
 /* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)
  * once, and a 32-weight block's pair of scales reaches its lanes by one
