@@ -517,53 +517,37 @@ QK45_NEON(dot_q4_k_dotprod, DP_ATTR, i8dot_dp, 0)
 QK45_NEON(dot_q5_k_dotprod, DP_ATTR, i8dot_dp, 1)
 QK6_NEON(dot_q6_k_dotprod, DP_ATTR, i8dot_dp)
 
-/* Q4_1 (d, m, 16 bytes of nibbles; w = d q + m): the block's integer dot
- * in vector lanes, the f32 part written as dot_q4_1_scalar writes it, so
- * bit-identical to it */
-#define Q41_NEON(NAME, ATTR, IDOT)                                                                                 \
-    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                       \
-        const uint8x16_t m4 = vdupq_n_u8(15);                                                                      \
-        float acc = 0;                                                                                             \
-        for (int i = 0; i < nb; i++, w += 20) {                                                                    \
-            const uint8x16_t c = vld1q_u8(w + 4);                                                                  \
-            const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(vandq_u8(c, m4)), vld1q_s8(a[i].qs)), \
-                                      vreinterpretq_s8_u8(vshrq_n_u8(c, 4)), vld1q_s8(a[i].qs + 16));              \
-            acc += a[i].d * (h2f(w) * (float)vaddvq_s32(sv) + h2f(w + 2) * (float)a[i].sum);                       \
-        }                                                                                                          \
-        return acc;                                                                                                \
-    }
-
-Q41_NEON(dot_q4_1_neon, , i8dot_neon)
-Q41_NEON(dot_q4_1_dotprod, DP_ATTR, i8dot_dp)
-
-/* Q5_0 / Q5_1 (ONE: Q5_1, the block's m at w + 2): Q4_0's / Q4_1's nibbles,
- * bit 4 from the block's qh (vtst of its byte i / 8 against bit i % 8);
- * the integer dot in vector lanes and the f32 part as the scalar dots
+/* Q4_1 / Q5_0 / Q5_1 (T1: type 1, w = d q + m; FIVE: 5-bit codes, bit 4
+ * from the block's qh by vtst of its byte i / 8 against bit i % 8): the
+ * block's integer dot in vector lanes, the f32 part as the scalar dots
  * write it, so bit-identical to them */
-#define Q5_NEON(NAME, ATTR, IDOT, ONE)                                                                             \
+#define Q45_NEON(NAME, ATTR, IDOT, T1, FIVE)                                                                       \
     ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                       \
         const uint8x16_t m4 = vdupq_n_u8(15), b16 = vdupq_n_u8(16);                                                \
         const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));                           \
-        const int bb = ONE ? 24 : 22, o = ONE ? 4 : 2;                                                             \
         float acc = 0;                                                                                             \
-        for (int i = 0; i < nb; i++, w += bb) {                                                                    \
-            const uint8_t *qh = w + o;                                                                             \
-            const uint8x16_t c = vld1q_u8(w + o + 4);                                                              \
-            const uint8x16_t h0 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), bit), b16);   \
-            const uint8x16_t h1 = vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), bit), b16);   \
-            const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(vorrq_u8(vandq_u8(c, m4), h0)),     \
-                                           vld1q_s8(a[i].qs)),                                                     \
-                                      vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(c, 4), h1)), vld1q_s8(a[i].qs + 16));\
-            if (ONE) acc += a[i].d * (h2f(w) * (float)vaddvq_s32(sv) + h2f(w + 2) * (float)a[i].sum);             \
+        for (int i = 0; i < nb; i++, w += qm_q45_bytes(T1, FIVE)) {                                                \
+            const uint8_t *qs = w + qm_q45_codes_at(T1, FIVE), *qh = qs - 4;                                       \
+            const uint8x16_t c = vld1q_u8(qs);                                                                     \
+            uint8x16_t lo = vandq_u8(c, m4), hi = vshrq_n_u8(c, 4);                                                \
+            if (FIVE) {                                                                                            \
+                lo = vorrq_u8(lo, vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[0]), vdup_n_u8(qh[1])), bit), b16));  \
+                hi = vorrq_u8(hi, vandq_u8(vtstq_u8(vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3])), bit), b16));  \
+            }                                                                                                      \
+            const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vreinterpretq_s8_u8(lo), vld1q_s8(a[i].qs)),            \
+                                      vreinterpretq_s8_u8(hi), vld1q_s8(a[i].qs + 16));                            \
+            if (T1) acc += a[i].d * (h2f(w) * (float)vaddvq_s32(sv) + h2f(w + 2) * (float)a[i].sum);              \
             else acc += h2f(w) * a[i].d * (float)(vaddvq_s32(sv) - 16 * a[i].sum);                                 \
         }                                                                                                          \
         return acc;                                                                                                \
     }
 
-Q5_NEON(dot_q5_0_neon, , i8dot_neon, 0)
-Q5_NEON(dot_q5_0_dotprod, DP_ATTR, i8dot_dp, 0)
-Q5_NEON(dot_q5_1_neon, , i8dot_neon, 1)
-Q5_NEON(dot_q5_1_dotprod, DP_ATTR, i8dot_dp, 1)
+Q45_NEON(dot_q4_1_neon, , i8dot_neon, 1, 0)
+Q45_NEON(dot_q4_1_dotprod, DP_ATTR, i8dot_dp, 1, 0)
+Q45_NEON(dot_q5_0_neon, , i8dot_neon, 0, 1)
+Q45_NEON(dot_q5_0_dotprod, DP_ATTR, i8dot_dp, 0, 1)
+Q45_NEON(dot_q5_1_neon, , i8dot_neon, 1, 1)
+Q45_NEON(dot_q5_1_dotprod, DP_ATTR, i8dot_dp, 1, 1)
 QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
 QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
 QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
@@ -924,15 +908,20 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
     }
 #if defined(KILN_NEON)
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q8_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q8_0_dotprod : dot_q8_0_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_0_dotprod : dot_q4_0_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_1) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q4_1_dotprod : dot_q4_1_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_0) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q5_0_dotprod : dot_q5_0_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_1) j.dot = j.isa >= CPU_ISA_DOTPROD ? dot_q5_1_dotprod : dot_q5_1_neon;
-    const int dp = j.isa >= CPU_ISA_DOTPROD;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q4_K) j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q5_K) j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon;
-    if (j.isa >= CPU_ISA_NEON && w->w.dtype == KILN_DTYPE_Q6_K) j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon;
+    if (j.isa >= CPU_ISA_NEON) {
+        const int dp = j.isa >= CPU_ISA_DOTPROD;
+        switch (w->w.dtype) {
+        case KILN_DTYPE_Q8_0: j.dot = dp ? dot_q8_0_dotprod : dot_q8_0_neon; break;
+        case KILN_DTYPE_Q4_0: j.dot = dp ? dot_q4_0_dotprod : dot_q4_0_neon; break;
+        case KILN_DTYPE_Q4_1: j.dot = dp ? dot_q4_1_dotprod : dot_q4_1_neon; break;
+        case KILN_DTYPE_Q5_0: j.dot = dp ? dot_q5_0_dotprod : dot_q5_0_neon; break;
+        case KILN_DTYPE_Q5_1: j.dot = dp ? dot_q5_1_dotprod : dot_q5_1_neon; break;
+        case KILN_DTYPE_Q4_K: j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon; break;
+        case KILN_DTYPE_Q5_K: j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon; break;
+        case KILN_DTYPE_Q6_K: j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon; break;
+        default: break;
+        }
+    }
     cpu_isa_note(j.isa, 0);
     if (neon_gemm(j.isa, w->w.dtype, n)) {
         /* the GEMM: x quantized into tiles of QN_NT tokens, their scales beside */

@@ -75,16 +75,16 @@ AVX2 static inline __attribute__((always_inline)) __m256i q45_codes(const uint8_
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
 }
 
-/* Q4_0 / Q5_0 (FIVE): w = d (q - 8) or d (q - 16), blocks of 18 / 22
- * bytes: the integer dot of the codes, the offset taken off once at the
- * end as 8 or 16 x the sum of d xd x the activation code sum */
+/* Q4_0 / Q5_0 (FIVE): w = d (q - 8) or d (q - 16): the integer dot of
+ * the codes, the offset taken off once at the end as 8 or 16 x the sum of
+ * d xd x the activation code sum */
 AVX2 static inline __attribute__((always_inline)) void dot_t0_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out,
                                                                const int five) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++, w += five ? 22 : 18) {
-        const __m256i qw = q45_codes(w + (five ? 6 : 2), five);
+    for (int i = 0; i < nb; i++, w += qm_q45_bytes(0, five)) {
+        const __m256i qw = q45_codes(w + qm_q45_codes_at(0, five), five);
         const float d = h2f_c(w);
         #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
@@ -98,14 +98,14 @@ AVX2 static inline __attribute__((always_inline)) void dot_t0_(const uint8_t *w,
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]) - (five ? 16 : 8) * off[j];
 }
 
-/* Q4_1 / Q5_1 (FIVE): w = d q + m, blocks of 20 / 24 bytes */
+/* Q4_1 / Q5_1 (FIVE): w = d q + m */
 AVX2 static inline __attribute__((always_inline)) void dot_t1_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out,
                                                                const int five) {
     __m256 acc[NX];
     float off[NX] = {0};
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    for (int i = 0; i < nb; i++, w += five ? 24 : 20) {
-        const __m256i qw = q45_codes(w + (five ? 8 : 4), five);
+    for (int i = 0; i < nb; i++, w += qm_q45_bytes(1, five)) {
+        const __m256i qw = q45_codes(w + qm_q45_codes_at(1, five), five);
         const float d = h2f_c(w), m = h2f_c(w + 2);
         #pragma GCC unroll 4
         for (int j = 0; j < nx; j++) {
@@ -230,7 +230,6 @@ AVX2 static inline __m256i q6k_sub_codes(const uint8_t *q, int j, float *d0, flo
 AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, int nb, int R, int mode) {
     const size_t bs = PK_BLOCK(mode, R);
     const int blk = mode == PK_Q4 ? 18 : 34, kq = mode >= PK_Q4K, q6 = mode >= PK_Q6K, sbb = q6 ? 210 : mode == PK_Q5K ? 176 : 144;
-    const __m128i m4 = _mm_set1_epi8(15);
     const __m256i x80 = _mm256_set1_epi8((char)0x80);
     for (int i0 = 0; i0 < R; i0 += 8) {
         const uint8_t *rp[8];
@@ -244,20 +243,15 @@ AVX2 void qm_pack_i8(uint8_t *P, const uint8_t *W, size_t rb, int r0, int nr, in
                 if (q6) {
                     c = q6k_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, &ks[i], &km[i]);
                     if (mode == PK_Q6KU) c = _mm256_add_epi8(c, _mm256_set1_epi8(32)); /* back to 0..63 */
-                } else if (mode == PK_Q41) { /* Q4_0's nibbles, blocks of 20 bytes */
-                    const uint8_t *q4 = rp[i] + (size_t)20 * b;
-                    const __m128i h = _mm_loadu_si128((const __m128i *)(q4 + 4));
-                    c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
-                    ks[i] = h2f_c(q4), km[i] = -h2f_c(q4 + 2);
-                } else if (mode == PK_Q50 || mode == PK_Q51) { /* blocks of 22 / 24 bytes */
-                    const uint8_t *q5 = rp[i] + (size_t)(mode == PK_Q51 ? 24 : 22) * b, *qh = q5 + (mode == PK_Q51 ? 4 : 2);
-                    c = q5_codes(qh, qh + 4);
-                    ks[i] = h2f_c(q5), km[i] = mode == PK_Q51 ? -h2f_c(q5 + 2) : 16 * ks[i];
+                } else if (mode == PK_Q41 || mode == PK_Q50 || mode == PK_Q51) { /* w = d q - min: min -m (type 1) or 16 d */
+                    const int t1 = mode != PK_Q50, five = mode != PK_Q41;
+                    const uint8_t *qb = rp[i] + (size_t)qm_q45_bytes(t1, five) * b;
+                    c = q45_codes(qb + qm_q45_codes_at(t1, five), five);
+                    ks[i] = h2f_c(qb), km[i] = t1 ? -h2f_c(qb + 2) : 16 * ks[i];
                 } else if (kq) {
                     c = qk_sub_codes(rp[i] + (size_t)sbb * (b / 8), b % 8, mode == PK_Q5K, &ks[i], &km[i]);
                 } else if (mode == PK_Q4) {
-                    __m128i h = _mm_loadu_si128((const __m128i *)(q + 2));
-                    c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(h, 4), m4), _mm_and_si128(h, m4));
+                    c = q45_codes(q + 2, 0);
                 } else {
                     c = _mm256_loadu_si256((const __m256i *)(q + 2));
                     if (mode == PK_Q8_U8) c = _mm256_xor_si256(c, x80);

@@ -214,6 +214,11 @@ static inline int qm_isum_q4(const uint8_t *c, const int8_t *xq) {
     for (int i = 0; i < 16; i++) s += (c[i] & 15) * xq[i] + (c[i] >> 4) * xq[16 + i];
     return s;
 }
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks of 32 (T1: d and m, else d; FIVE: a
+ * 4-byte qh before the 16 bytes of nibbles): a block's bytes, and the
+ * offset of its nibbles */
+static inline int qm_q45_bytes(int t1, int five) { return 18 + 2 * t1 + 4 * five; }
+static inline int qm_q45_codes_at(int t1, int five) { return 2 + 2 * t1 + 4 * five; }
 /* Q5_0 / Q5_1: code i (0..31) is Q4_0's nibble i plus bit i of the
  * block's 32-bit qh (little-endian) as its bit 4 */
 static inline uint32_t qm_q5_qh(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
