@@ -649,7 +649,7 @@ VNNI static inline __attribute__((always_inline)) void g16_vnni_(const uint8_t *
             if (!P) G16_PF(p);
             const struct q8a *x = xt + (size_t)b * NT;
             __m512i s[8];
-            x16_isum_vnni(P ? P + 512 * (size_t)b : p, P != NULL, x, NULL, T, s);
+            x16_isum_vnni(P ? P + 512 * (size_t)b : p, P != NULL, NULL, x, NULL, T, s);
             #pragma GCC unroll 8
             for (int t = 0; t < T; t++) Tv[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_set1_ps(x[t].d), Tv[t]);
         }
@@ -694,7 +694,7 @@ AVX2 static inline __attribute__((always_inline)) void g16_avx2_(const uint8_t *
             if (!P) G16_PF(p);
             const struct q8a *x = xt + (size_t)b * NT;
             __m256i s[2][2];
-            x16_isum_avx2(P ? P + 512 * (size_t)b : p, P != NULL, x, NULL, T, s);
+            x16_isum_avx2(P ? P + 512 * (size_t)b : p, P != NULL, 0, NULL, x, NULL, T, s);
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++)
                 #pragma GCC unroll 2

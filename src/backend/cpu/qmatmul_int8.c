@@ -106,8 +106,10 @@ static float dot_q4_0_scalar(const uint8_t *w, const struct q8a *a, int nb) {
 /* ==== Q4_0 in groups of 16 rows (qmatmul_internal.h): the copy, and the
  * scalar kernels the AVX2 / VNNI ones (qmatmul_int8_x86.c) equal ==== */
 
-uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs) {
-    const int nb = K / 32, nc = (bs - 2) / 4, BB = 32 + 64 * nc;
+uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int fmt) {
+    const int q8 = fmt == X16_Q8, t1 = x16_t1(fmt), five = x16_five(fmt);
+    const int bs = q8 ? 34 : qm_q45_bytes(t1, five), at = q8 ? 2 : qm_q45_codes_at(t1, five), nc = q8 ? 8 : 4;
+    const int nb = K / 32, BB = x16_bb(fmt), C = q8 ? 32 : x16t_codes(t1);
     const size_t rb = (size_t)nb * bs;
     const int64_t ng = N / X16_R;
     uint8_t *P = kiln_walloc(rb * (size_t)N);
@@ -119,42 +121,69 @@ uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs) {
             for (int r = 0; r < X16_R; r++) {
                 const uint8_t *blk = W + (size_t)(X16_R * g + r) * rb + (size_t)bs * b;
                 memcpy(p + 2 * r, blk, 2);
-                for (int c = 0; c < nc; c++) memcpy(p + 32 + 64 * c + 4 * r, blk + 2 + 4 * c, 4);
+                if (t1) memcpy(p + 32 + 2 * r, blk + 2, 2);
+                for (int c = 0; c < nc; c++) memcpy(p + C + 64 * c + 4 * r, blk + at + 4 * c, 4);
+                if (five) { /* weight 4k + j's fifth bit to bit k of byte j, weight 16 + 4k + j's to bit 4 + k */
+                    const uint32_t h = qm_q5_qh(blk + at - 4);
+                    for (int jj = 0; jj < 4; jj++) {
+                        uint8_t v = 0;
+                        for (int k = 0; k < 4; k++) v |= (uint8_t)((h >> (4 * k + jj) & 1) << k | (h >> (16 + 4 * k + jj) & 1) << (4 + k));
+                        p[C + 256 + 4 * r + jj] = v;
+                    }
+                }
             }
         }
     memcpy(P + (size_t)ng * X16_R * rb, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb); /* the rows past the groups, as stored */
     return P;
 }
 
-/* group G (Q8_0 when q8, else Q4_0) against nt tokens of the tile xt
- * (qm_x16_vnni's contract): each row's block gathered from its chunks into
- * the stored code order, then the reference block sums */
-static void x16_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nb, int q8, float *out, size_t ldo, const float *bias) {
-    const int BB = q8 ? Q8X_BB : Q4X_BB, nc = q8 ? 8 : 4;
+/* one block's sum of a row (stored codes at c, Q5: qh at c - 4) against
+ * activation block x, and its d, as the group kernels form them: the
+ * integer sum with Q4_0's / Q5_0's offset, then fma with d xd, for type-1
+ * then fma with m and xd x code sum (xs) */
+static float x16_block(float acc, int fmt, float d, float m, const uint8_t *c, const struct q8a *x, float xs) {
+    const int five = x16_five(fmt);
+    const int s = fmt == X16_Q8 ? qm_isum_q8(c, x->qs)
+                  : five        ? qm_isum_q5(c - 4, c, x->qs) - (fmt == X16_Q50 ? 16 * x->sum : 0)
+                                : qm_isum_q4(c, x->qs) - (fmt == X16_Q4 ? 8 * x->sum : 0);
+    acc = fmaf((float)s, d * x->d, acc);
+    return x16_t1(fmt) ? fmaf(m, xs, acc) : acc;
+}
+
+/* group G (format fmt) against nt tokens of the tile xt (qm_x16_vnni's
+ * contract): each row's block gathered from its chunks into the stored
+ * order, then the reference block sums */
+static void x16_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out, size_t ldo,
+                       const float *bias) {
+    const int BB = x16_bb(fmt), nc = fmt == X16_Q8 ? 8 : 4, t1 = x16_t1(fmt), five = x16_five(fmt), C = fmt == X16_Q8 ? 32 : x16t_codes(t1);
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < X16_R; r++) {
             float acc = 0;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *p = G + (size_t)BB * b;
-                const struct q8a *x = &xt[(size_t)b * NT + t];
-                uint8_t c[32];
-                for (int k = 0; k < nc; k++) memcpy(c + 4 * k, p + 32 + 64 * k + 4 * r, 4);
-                const int s = q8 ? qm_isum_q8(c, x->qs) : qm_isum_q4(c, x->qs) - 8 * x->sum;
-                acc = fmaf((float)s, h2f(p + 2 * r) * x->d, acc);
+                uint8_t c[36]; /* Q5: the row's qh, then its codes */
+                for (int k = 0; k < nc; k++) memcpy(c + 4 + 4 * k, p + C + 64 * k + 4 * r, 4);
+                if (five) { /* the stored qh back from the regrouped bits */
+                    uint32_t h = 0;
+                    for (int jj = 0; jj < 4; jj++)
+                        for (int k = 0; k < 8; k++) h |= (uint32_t)(p[C + 256 + 4 * r + jj] >> k & 1) << (k < 4 ? 4 * k + jj : 16 + 4 * (k - 4) + jj);
+                    for (int i = 0; i < 4; i++) c[i] = (uint8_t)(h >> 8 * i);
+                }
+                const size_t xi = (size_t)b * NT + t;
+                acc = x16_block(acc, fmt, h2f(p + 2 * r), t1 ? h2f(p + 32 + 2 * r) : 0.0f, c + 4, &xt[xi], t1 ? ((const float *)c8)[xi] : 0.0f);
             }
             out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
         }
 }
 
 /* a row past the groups (stored blocks) against token x of a tile (its
- * blocks NT apart), with the groups' arithmetic */
-static float x16_tail(const uint8_t *w, const struct q8a *x, int NT, int nb, int q8) {
+ * blocks NT apart, xs: type-1's per-block xd x code sum, NT apart), with
+ * the groups' arithmetic */
+static float x16_tail(const uint8_t *w, const struct q8a *x, const float *xs, int NT, int nb, int fmt) {
+    const int t1 = x16_t1(fmt), five = x16_five(fmt), bs = fmt == X16_Q8 ? 34 : qm_q45_bytes(t1, five);
+    const int at = fmt == X16_Q8 ? 2 : qm_q45_codes_at(t1, five);
     float acc = 0;
-    for (int b = 0; b < nb; b++, w += q8 ? 34 : 18) {
-        const struct q8a *xb = &x[(size_t)b * NT];
-        const int s = q8 ? qm_isum_q8(w + 2, xb->qs) : qm_isum_q4(w + 2, xb->qs) - 8 * xb->sum;
-        acc = fmaf((float)s, h2f(w) * xb->d, acc);
-    }
+    for (int b = 0; b < nb; b++, w += bs) acc = x16_block(acc, fmt, h2f(w), t1 ? h2f(w + 2) : 0.0f, w + at, &x[(size_t)b * NT], t1 ? xs[(size_t)b * NT] : 0.0f);
     return acc;
 }
 
@@ -709,14 +738,21 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 }
 
 #if defined(KILN_X86)
-/* Q4_0, Q8_0, Q4_K, Q6_K in groups of 16 rows: items are the groups, then
- * one for the rows past them; each group meets every tile of tokens in turn
- * (nt <= NT). A tile's per-block vectors: c8 (Q4_0, Q8_0), xs (Q4_K) or h6
- * (Q6_K, two per block), all in j->c8's space. */
+/* Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K in groups of 16 rows:
+ * items are the groups, then one for the rows past them; each group meets
+ * every tile of tokens in turn (nt <= NT). A tile's per-block vectors: c8
+ * (Q4_0, Q8_0, Q5_0), xs (Q4_1, Q5_1, Q4_K, Q5_K) or h6 (Q6_K, two per
+ * block), all in j->c8's space. */
+
+/* the X16_* format of a type-0 / type-1 dtype or Q8_0 */
+static int x16_fmt(enum kiln_dtype t) {
+    return t == KILN_DTYPE_Q8_0 ? X16_Q8 : t == KILN_DTYPE_Q4_1 ? X16_Q41 : t == KILN_DTYPE_Q5_0 ? X16_Q50 : t == KILN_DTYPE_Q5_1 ? X16_Q51 : X16_Q4;
+}
+
 static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int nt, float *o,
                       const float *bias) {
     const enum kiln_dtype dt = j->w->w.dtype;
-    const int q8 = dt == KILN_DTYPE_Q8_0, vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16, nsb = j->nb / 8;
+    const int fmt = x16_fmt(dt), vnni = j->isa >= CPU_ISA_AVX512 && j->R == 16, nsb = j->nb / 8;
     const float *xs = (const float *)c8;
     if (dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K) {
         const int q5 = dt == KILN_DTYPE_Q5_K;
@@ -731,27 +767,28 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
             for (int t = 0; t < nt; t += 2)
                 qm_x16q6_avx2(G, P, xt + t, c8 + 2 * t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
         else q6x_scalar(G, xt, c8, j->NT, nt, nsb, o, j->N, bias);
-    } else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, q8, o, j->N, bias);
+    } else if (vnni) qm_x16_vnni(G, P, xt, c8, j->NT, nt, j->nb, fmt, o, j->N, bias);
     else if (j->isa >= CPU_ISA_AVX2)
         for (int t = 0; t < nt; t += 2)
-            qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, q8, o + (size_t)t * j->N, j->N, bias);
-    else x16_scalar(G, xt, j->NT, nt, j->nb, q8, o, j->N, bias);
+            qm_x16_avx2(G, P, xt + t, c8 + t, j->NT, nt - t < 2 ? nt - t : 2, j->nb, fmt, o + (size_t)t * j->N, j->N, bias);
+    else x16_scalar(G, xt, c8, j->NT, nt, j->nb, fmt, o, j->N, bias);
 }
 
 /* the bytes of one group of 16 rows of dtype t, nb blocks of 32 */
 static size_t x16_group_bytes(enum kiln_dtype t, int nb) {
     return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q5_K ? (size_t)(nb / 8) * Q5X_BB
            : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB
-           : (size_t)nb * (t == KILN_DTYPE_Q8_0 ? Q8X_BB : Q4X_BB);
+           : (size_t)nb * x16_bb(x16_fmt(t));
 }
 
 static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
     const enum kiln_dtype dt = j->w->w.dtype;
-    const int q8 = dt == KILN_DTYPE_Q8_0, BB = q8 ? Q8X_BB : Q4X_BB, pv = dt == KILN_DTYPE_Q6_K ? 2 : 1; /* per-block values in c8 */
+    const int fmt = x16_fmt(dt), q8 = fmt == X16_Q8, BB = x16_bb(fmt), pv = dt == KILN_DTYPE_Q6_K ? 2 : 1; /* per-block values in c8 */
+    const int C = q8 ? 32 : x16t_codes(x16_t1(fmt)); /* where a block's codes start */
     const size_t GB = x16_group_bytes(dt, j->nb);
     const uint8_t *tail = j->x16 + (size_t)j->ng * GB; /* the rows past the groups, as stored */
-    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped, Q5_K / Q6_K: assembled) once */
+    uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped, Q5_*, Q6_K: assembled) once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
         if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K)) { /* 512 bytes per 32-weight block, as below */
@@ -762,8 +799,10 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
             }
         } else if (P && u < j->ng)
             for (int b = 0; b < j->nb; b++) {
-                if (q8) x16_flip(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
-                else x16_unpack(G + (size_t)BB * b + 32, P + 512 * (size_t)b);
+                const uint8_t *c = G + (size_t)BB * b + C;
+                if (q8) x16_flip(c, P + 512 * (size_t)b);
+                else if (x16_five(fmt)) x16_unpack5(c, c + 256, P + 512 * (size_t)b);
+                else x16_unpack(c, P + 512 * (size_t)b);
             }
         for (int tile = 0; tile < j->ntile; tile++) {
             const int t0 = tile * j->NT, nt = j->n - t0 < j->NT ? j->n - t0 : j->NT;
@@ -780,7 +819,7 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
                     const float v = dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K
                                         ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q5_K)
                                     : dt == KILN_DTYPE_Q6_K ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8)
-                                                            : x16_tail(row, xt + t, j->NT, j->nb, q8);
+                                                            : x16_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb, fmt);
                     j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
                 }
             }
@@ -966,7 +1005,9 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
         j.xa = ptr[0], j.c8 = ptr[1];
         cpu_parallel_for(be, (int64_t)j.ntile * j.NT, (16384 + K - 1) / K, i_quant, &j);
-        if (w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) { /* the mins' term: xd x code sum per block, as f32 in c8's space */
+        const enum kiln_dtype dt = w->w.dtype;
+        if (dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q4_1 || dt == KILN_DTYPE_Q5_1) {
+            /* the mins' term: xd x code sum per block, as f32 in c8's space */
             float *xs = (float *)j.c8;
             for (size_t i = 0; i < nx; i++) xs[i] = j.xa[i].d * (float)j.xa[i].sum;
         } else if (q6) { /* the offset of the codes: -32 x the code sum of each half block */
@@ -976,7 +1017,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
                 j.c8[2 * i] = -32 * s0, j.c8[2 * i + 1] = -32 * (j.xa[i].sum - s0);
             }
         } else {
-            const int off = w->w.dtype == KILN_DTYPE_Q8_0 ? 128 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
+            const int off = dt == KILN_DTYPE_Q8_0 ? 128 : dt == KILN_DTYPE_Q5_0 ? 16 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
             for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
         }
         *jp = j;
@@ -1121,7 +1162,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
         const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
-                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
+                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 ||
+                           w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
                            (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
         if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */

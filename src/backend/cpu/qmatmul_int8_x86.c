@@ -1186,9 +1186,13 @@ AVX2 static inline __attribute__((always_inline)) void x16_out_avx2(__m256 (*acc
         for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ldo + 8 * e, _mm256_add_ps(acc[t][e], bv));
     }
 }
+/* fmt (X16_*) a constant: Q4_0 / Q5_0 take the offset from c8 (-8 / -16 x
+ * the code sum), type-1 Q4_1 / Q5_1 read c8 as f32 xd x code sum for the
+ * term of m */
 VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
-                                                                 int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
-    const int BB = q8 ? Q8X_BB : Q4X_BB;
+                                                                 int nb, int T, int fmt, float *out, size_t ldo, const float *bias) {
+    const int q8 = fmt == X16_Q8, t1 = x16_t1(fmt), five = x16_five(fmt), BB = x16_bb(fmt), C = q8 ? 32 : x16t_codes(t1);
+    const float *xs = (const float *)c8;
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -1196,13 +1200,16 @@ VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *
         const uint8_t *p = G + (size_t)BB * b;
         if (!P) X16_PF(p, BB);
         const struct q8a *x = xt + (size_t)b * NT;
-        const uint8_t *c = P ? P + 512 * (size_t)b : p + 32;
+        const uint8_t *c = P ? P + 512 * (size_t)b : p + C;
         __m512i s[8];
         if (q8) x16_isum8_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum q x */
-        else x16_isum_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s);     /* sum (q - 8) x */
+        else x16_isum_vnni(c, P != NULL, five ? p + C + 256 : NULL, x, t1 ? NULL : c8 + (size_t)b * NT, T, s); /* sum (q - 8) x, ... */
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
+        for (int t = 0; t < T; t++) {
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
+            if (t1) acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))), _mm512_set1_ps(xs[(size_t)b * NT + t]), acc[t]);
+        }
     }
     x16_out_vnni(acc, T, out, ldo, bias);
 }
@@ -1219,21 +1226,36 @@ VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *
     case 7: CALL(7); break;      \
     default: CALL(8); break;     \
     }
-VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out,
                       size_t ldo, const float *bias) {
-#define Q4C(T) x16_vnni_(G, P, xt, c8, NT, nb, T, 0, out, ldo, bias)
-#define Q8C(T) x16_vnni_(G, P, xt, c8, NT, nb, T, 1, out, ldo, bias)
-    if (q8) X16_BY_NT(Q8C) else X16_BY_NT(Q4C)
+#define X16C(F, T) x16_vnni_(G, P, xt, c8, NT, nb, T, F, out, ldo, bias)
+#define Q4C(T) X16C(X16_Q4, T)
+#define Q8C(T) X16C(X16_Q8, T)
+#define Q41C(T) X16C(X16_Q41, T)
+#define Q50C(T) X16C(X16_Q50, T)
+#define Q51C(T) X16C(X16_Q51, T)
+    switch (fmt) {
+    case X16_Q8: X16_BY_NT(Q8C) break;
+    case X16_Q41: X16_BY_NT(Q41C) break;
+    case X16_Q50: X16_BY_NT(Q50C) break;
+    case X16_Q51: X16_BY_NT(Q51C) break;
+    default: X16_BY_NT(Q4C) break;
+    }
+#undef X16C
 #undef Q4C
 #undef Q8C
+#undef Q41C
+#undef Q50C
+#undef Q51C
 }
 
 /* AVX2: the same sums, 16 rows as two halves of 8 (a chunk's first and
  * second 32 bytes), nt <= 2 tokens (x16_isum_avx2, x16_isum8_avx2: Q8_0's
  * codes as they are, so no offset and no panel) */
 AVX2 static inline __attribute__((always_inline)) void x16_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT,
-                                                                 int nb, int T, int q8, float *out, size_t ldo, const float *bias) {
-    const int BB = q8 ? Q8X_BB : Q4X_BB;
+                                                                 int nb, int T, int fmt, float *out, size_t ldo, const float *bias) {
+    const int q8 = fmt == X16_Q8, t1 = x16_t1(fmt), five = x16_five(fmt), BB = x16_bb(fmt), C = q8 ? 32 : x16t_codes(t1);
+    const float *xs = (const float *)c8;
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -1243,23 +1265,37 @@ AVX2 static inline __attribute__((always_inline)) void x16_avx2_(const uint8_t *
         const struct q8a *x = xt + (size_t)b * NT;
         __m256i s[2][2];
         if (q8) x16_isum8_avx2(p + 32, x, T, s);
-        else x16_isum_avx2(P ? P + 512 * (size_t)b : p + 32, P != NULL, x, c8 + (size_t)b * NT, T, s);
+        else x16_isum_avx2(P ? P + 512 * (size_t)b : p + C, P != NULL, five, p + C + 256, x, t1 ? NULL : c8 + (size_t)b * NT, T, s);
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
             #pragma GCC unroll 2
-            for (int t = 0; t < T; t++) acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][e]), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
+            for (int t = 0; t < T; t++) {
+                acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][e]), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                if (t1)
+                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * e))), _mm256_set1_ps(xs[(size_t)b * NT + t]),
+                                                acc[t][e]);
+            }
         }
     }
     x16_out_avx2(acc, T, out, ldo, bias);
 }
 
-AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out,
                       size_t ldo, const float *bias) {
-    if (q8 && nt == 1) x16_avx2_(G, NULL, xt, c8, NT, nb, 1, 1, out, ldo, bias);
-    else if (q8) x16_avx2_(G, NULL, xt, c8, NT, nb, 2, 1, out, ldo, bias);
-    else if (nt == 1) x16_avx2_(G, P, xt, c8, NT, nb, 1, 0, out, ldo, bias);
-    else x16_avx2_(G, P, xt, c8, NT, nb, 2, 0, out, ldo, bias);
+#define X16A(F)                                                                  \
+    case F:                                                                      \
+        if (nt == 1) x16_avx2_(G, F == X16_Q8 ? NULL : P, xt, c8, NT, nb, 1, F, out, ldo, bias); \
+        else x16_avx2_(G, F == X16_Q8 ? NULL : P, xt, c8, NT, nb, 2, F, out, ldo, bias);         \
+        break;
+    switch (fmt) {
+        X16A(X16_Q4)
+        X16A(X16_Q8)
+        X16A(X16_Q41)
+        X16A(X16_Q50)
+        X16A(X16_Q51)
+    }
+#undef X16A
 }
 
 /* Q4_K (and Q5_K: q5, its fifth bits merged from the qh chunks) in groups

@@ -67,6 +67,31 @@ struct qprep {
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
 enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392 };
+/* Q4_1, Q5_0 and Q5_1 (w = d q + m for the type-1 Q4_1 / Q5_1, d (q - 16)
+ * for Q5_0) the same way, x16t_bb(t1, five) bytes per block:
+ *
+ *   bytes   0..31    the 16 rows' d (f16); type-1: 32..63 their m
+ *   then             Q4_0's 4 chunks of 64 bytes (at x16t_codes(t1))
+ *   Q5: then         64 bytes of fifth bits, row r's 4 bytes at 4r: bit k
+ *                    of its byte j is weight 4k + j's fifth bit (chunk k's
+ *                    low nibble j), bit 4 + k weight 16 + 4k + j's (its high
+ *                    nibble), so chunk k's fifth bits come with one 16-bit
+ *                    shift and a mask: (h << 4 - k) & 16 and (h >> k) & 16
+ *                    (the bit that lands on bit 4 of a byte never comes
+ *                    from the word's other byte)
+ *
+ * (the stored 20, 22 or 24 bytes per row and block: the copy is the
+ * stored size). A row is sum_b fma((float)(sum_i q_i x_i + c), d xd_b,
+ * acc), c = -16 x the code sum for Q5_0 (0 for type-1), then for type-1
+ * fma(m, xd_b x code sum, acc), in block order, on every ISA. Q4_0 is t1 =
+ * five = 0. */
+static inline int x16t_bb(int t1, int five) { return 288 + 32 * t1 + 64 * five; }
+static inline int x16t_codes(int t1) { return 32 + 32 * t1; }
+/* the group formats of qm_x16_avx2 / qm_x16_vnni and the scalar kernel */
+enum { X16_Q4 = 0, X16_Q8 = 1, X16_Q41 = 2, X16_Q50 = 3, X16_Q51 = 4 };
+static inline int x16_t1(int fmt) { return fmt == X16_Q41 || fmt == X16_Q51; }
+static inline int x16_five(int fmt) { return fmt == X16_Q50 || fmt == X16_Q51; }
+static inline int x16_bb(int fmt) { return fmt == X16_Q8 ? Q8X_BB : x16t_bb(x16_t1(fmt), x16_five(fmt)); }
 /* Q4_K the same way, a 256-weight superblock per step (QKX_BB bytes):
  *
  *   bytes    0..31     the 16 rows' d (f16), then 32..63 their dmin
@@ -105,10 +130,10 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X
  * is the exact integer I = sc_2j (S_0 - 32 X_0) + sc_2j+1 (S_1 - 32 X_1)
  * and a row is sum over sub-blocks of fma((float) I, d xd_j, acc), in
  * order. */
-/* the copy of Q4_0 (bs 18) or Q8_0 (bs 34) blocks W [N][K / 32] in this
- * layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K / Q5_K,
+/* the copy of Q4_0, Q8_0, Q4_1, Q5_0 or Q5_1 blocks W [N][K / 32] (fmt:
+ * X16_*) in this layout (kiln_walloc'd; NULL when out of memory); qm_x16k_pack: Q4_K / Q5_K,
  * qm_x16q6_pack: Q6_K */
-uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int bs);
+uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int fmt);
 uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5);
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
 
@@ -409,13 +434,16 @@ VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
  * as 4-byte broadcast loads (from general registers they cost a move
  * each). VNNI: 8 vpdpbusd per token, as two chains for a lone token. AVX2:
  * rows 8e .. 8e + 7 (a chunk's halves) in s[t][e]; 8 maddubs per token and
- * half add in i16 (8 x 2 x 15 x 127 < 2^15), one madd. */
+ * half add in i16 (8 x 2 x 15 x 127 < 2^15), one madd. Q5_0 / Q5_1 (five;
+ * VNNI: h5 not NULL) merge the block's fifth bits at h5 into the codes
+ * (not with pre: a panel x16_unpack5 wrote holds them merged). */
 #define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
 #define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
-VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
-                                                                     __m512i *s) {
-    const __m512i m4 = _mm512_set1_epi8(15);
-    __m512i lo[4], hi[4];
+VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const uint8_t *h5, const struct q8a *x,
+                                                                     const int32_t *c0, int T, __m512i *s) {
+    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    __m512i lo[4], hi[4], h = _mm512_setzero_si512();
+    if (h5 && !pre) h = _mm512_loadu_si512((const void *)h5);
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         if (pre) {
@@ -423,6 +451,10 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8
         } else {
             const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
             lo[k] = _mm512_and_si512(v, m4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (h5) { /* the fifth bits (qmatmul_internal.h): q | (hb & 16) */
+                lo[k] = _mm512_ternarylogic_epi32(lo[k], _mm512_slli_epi16(h, 4 - k), m16, 0xF8);
+                hi[k] = _mm512_ternarylogic_epi32(hi[k], k ? _mm512_srli_epi16(h, k) : h, m16, 0xF8);
+            }
         }
     }
     if (T == 1) {
@@ -447,12 +479,14 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8
         for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
     }
 }
-AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
-                                                                     __m256i (*s)[2]) {
-    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
-    __m256i h[2][2];
+AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, int pre, int five, const uint8_t *h5, const struct q8a *x,
+                                                                     const int32_t *c0, int T, __m256i (*s)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16), one16 = _mm256_set1_epi16(1);
+    __m256i h[2][2], g[2][2], hb[2];
     #pragma GCC unroll 2
-    for (int t = 0; t < T; t++) h[t][0] = h[t][1] = _mm256_setzero_si256();
+    for (int t = 0; t < T; t++) h[t][0] = h[t][1] = g[t][0] = g[t][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 2
+    for (int e = 0; e < 2; e++) hb[e] = five && !pre ? _mm256_loadu_si256((const __m256i *)(h5 + 32 * e)) : _mm256_setzero_si256();
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         #pragma GCC unroll 2
@@ -463,11 +497,19 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
             } else {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
                 lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) { /* the fifth bits (qmatmul_internal.h) */
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb[e], 4 - k), m16));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(k ? _mm256_srli_epi16(hb[e], k) : hb[e], m16));
+                }
             }
             #pragma GCC unroll 2
-            for (int t = 0; t < T; t++)
-                h[t][e] = _mm256_add_epi16(h[t][e], _mm256_add_epi16(_mm256_maddubs_epi16(lo, BC4_256(x[t].qs + 4 * k)),
-                                                                      _mm256_maddubs_epi16(hi, BC4_256(x[t].qs + 16 + 4 * k))));
+            for (int t = 0; t < T; t++) {
+                const __m256i pl = _mm256_maddubs_epi16(lo, BC4_256(x[t].qs + 4 * k)), ph = _mm256_maddubs_epi16(hi, BC4_256(x[t].qs + 16 + 4 * k));
+                if (five) /* 5-bit codes: the halves' sums apart (4 x 2 x 31 x 127 < 2^15) */
+                    h[t][e] = _mm256_add_epi16(h[t][e], pl), g[t][e] = _mm256_add_epi16(g[t][e], ph);
+                else
+                    h[t][e] = _mm256_add_epi16(h[t][e], _mm256_add_epi16(pl, ph));
+            }
         }
     }
     #pragma GCC unroll 2
@@ -475,6 +517,7 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             s[t][e] = _mm256_madd_epi16(h[t][e], one16);
+            if (five) s[t][e] = _mm256_add_epi32(s[t][e], _mm256_madd_epi16(g[t][e], one16));
             if (c0) s[t][e] = _mm256_add_epi32(s[t][e], BC4_256(c0 + t));
         }
 }
@@ -540,13 +583,27 @@ AVX2 static inline void x16_unpack(const uint8_t *c, uint8_t *P) {
         _mm256_storeu_si256((__m256i *)(P + 256 + o), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
     }
 }
-/* group G (16 rows, nb blocks; Q8_0 when q8, else Q4_0) against the
+/* ... Q5_0 / Q5_1: the codes (0..31) with their fifth bits from the 64
+ * bytes at h5 (qmatmul_internal.h) */
+AVX2 static inline void x16_unpack5(const uint8_t *c, const uint8_t *h5, uint8_t *P) {
+    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+    for (int k = 0; k < 4; k++)
+        for (int e = 0; e < 2; e++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), h = _mm256_loadu_si256((const __m256i *)(h5 + 32 * e));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4 - k), m16));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, k), m16));
+            _mm256_storeu_si256((__m256i *)(P + 64 * k + 32 * e), lo);
+            _mm256_storeu_si256((__m256i *)(P + 256 + 64 * k + 32 * e), hi);
+        }
+}
+/* group G (16 rows, nb blocks of format fmt, X16_*) against the
  * activation tile xt (block b of token t at xt[b NT + t], c8 likewise -8
- * (Q8_0: -128) x its code sum) for nt tokens: out[t ldo + r] = row r's sum
- * (+ bias[r] when bias). P: the group's codes split by x16_unpack (Q8_0:
+ * (Q8_0: -128, Q5_0: -16) x its code sum; Q4_1 / Q5_1: the f32 xd x code
+ * sum) for nt tokens: out[t ldo + r] = row r's sum (+ bias[r] when bias).
+ * P: the group's codes split by x16_unpack (Q5_0 / Q5_1: x16_unpack5; Q8_0:
  * flipped by x16_flip, VNNI only), 512 bytes per block, or NULL to read
  * them here. VNNI: nt <= 8; AVX2: nt <= 2. */
-VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out,
                       size_t ldo, const float *bias);
 /* Q4_K: group G of nsb superblocks, xs[b NT + t] = xd x code sum of token
  * t's block b */
@@ -566,7 +623,7 @@ AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt
 /* ... P: the group's codes assembled by qm_x16q6_unpack (4,096 bytes per
  * superblock, 512 per sub-block), or NULL to assemble them per call */
 AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P);
-AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int q8, float *out,
+AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out,
                       size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
 VNNI float qm_dot1v_q8_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
