@@ -14,7 +14,9 @@
  *     without a bias, on blocks of every kind: normal weights at several
  *     scales, zeros, signed zeros, subnormals, wide blocks that escape;
  *   - a backend told to keep the stored weights (kiln quantize) makes no
- *     12-bit copy, nor does a matrix whose blocks mostly escape.
+ *     12-bit copy, nor does a matrix whose blocks mostly escape;
+ *   - F16 linears whose weights are all bf16 values take the 12-bit store
+ *     with the F16 kernels' bits, and no other F16 linear does.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -25,15 +27,19 @@
 #include "kiln.h"
 #include "test.h"
 
-/* a backend's prepared 12-bit copy of w (n_out x n_in BF16), or NULL */
-static struct qlinear lin(struct kiln_backend *be, uint16_t *w, int n_out, int n_in, float *bias, int b12) {
+/* w (n_out x n_in BF16, or F16 with linf), prepared: in 12 bits (b12) or
+ * not */
+static struct qlinear linf(struct kiln_backend *be, enum kiln_dtype dt, uint16_t *w, int n_out, int n_in, float *bias, int b12) {
     char err[256];
-    struct qlinear q = {.n_out = n_out, .n_in = n_in, .fmt = KILN_WFMT_DENSE, .w = {KILN_DTYPE_BF16, n_out, n_in, w, NULL}};
+    struct qlinear q = {.n_out = n_out, .n_in = n_in, .fmt = KILN_WFMT_DENSE, .w = {dt, n_out, n_in, w, NULL}};
     if (bias) q.bias = (struct ktensor){KILN_DTYPE_F32, 1, n_out, bias, NULL};
     if (!b12) setenv("KILN_CPU_B12", "0", 1);
     CHECK(be->prepare_linear(be, &q, err, sizeof err) == 0, "%s", err);
     unsetenv("KILN_CPU_B12");
     return q;
+}
+static struct qlinear lin(struct kiln_backend *be, uint16_t *w, int n_out, int n_in, float *bias, int b12) {
+    return linf(be, KILN_DTYPE_BF16, w, n_out, n_in, bias, b12);
 }
 
 /* every bf16 pattern, in 12 bits and back: once in order (a block of 64
@@ -147,6 +153,60 @@ static void check_matmul_b12(struct kiln_backend *be, struct kiln_rng *r, const 
     free(w), free(bias);
 }
 
+/* F16 as BF16 (b12.c): each of the 65,536 f16 patterns is taken iff it is
+ * a bf16 value (its f32 has 16 zero low bits, NaN excluded), as those bits;
+ * an F16 linear of bf16 values (normal weights at several scales, zeros,
+ * f16 subnormals) is stored in 12 bits and matmuls to the F16 kernels'
+ * bits; one weight that is not a bf16 value keeps the linear F16 */
+static void check_f16(struct kiln_backend *be, struct kiln_rng *r) {
+    int wrong = 0, taken = 0;
+    uint16_t row[B12_K];
+    for (uint32_t h = 0; h < 65536; h++) {
+        for (int p = 0; p < B12_K; p++) row[p] = (uint16_t)h;
+        uint16_t *b = cpu_f16_as_bf16(be, row, 1, B12_K);
+        const float f = kiln_f16_to_f32((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        const int exact = !isnan(f) && (u & 0xFFFF) == 0;
+        wrong += !b != !exact || (b && (b[0] != u >> 16 || b[B12_K - 1] != u >> 16));
+        taken += b != NULL;
+        free(b);
+    }
+    CHECK(wrong == 0, "f16 as bf16: %d of 65536 patterns taken or converted wrongly", wrong);
+    /* 2 x 30 x 128 normals, 2 zeros, 2 infinities, 2 x 511 subnormals of at most 8 significant bits */
+    CHECK(taken == 8706, "f16 as bf16: %d patterns taken, not 8,706", taken);
+    static const int shapes[][2] = {{37, 320}, {66, 1024}};
+    for (size_t si = 0; si < 2; si++) {
+        const int n_out = shapes[si][0], n_in = shapes[si][1];
+        uint16_t *w = kiln_malloc(sizeof(uint16_t) * (size_t)n_out * n_in);
+        static const float scale[] = {0.02f, 1.0f, 0.0f, 0.02f, 3e-5f, 0.05f, 0.01f, 0.02f};
+        for (int i = 0; i < n_out * n_in; i++) /* a bf16 value, in f16 (below 2^-14 rounded to f16's subnormal grid: 3e-5) */
+            w[i] = kiln_f32_to_f16(kiln_bf16_to_f32(kiln_f32_to_bf16(scale[i / B12_K % 8] * kiln_rng_normal(r))));
+        struct qlinear q16 = linf(be, KILN_DTYPE_F16, w, n_out, n_in, NULL, 0), q12 = linf(be, KILN_DTYPE_F16, w, n_out, n_in, NULL, 1);
+#if defined(KILN_X86) || defined(KILN_NEON)
+        CHECK(q12.be != NULL && q12.repacked, "an F16 %dx%d linear of bf16 values is not stored in 12 bits", n_out, n_in);
+#endif
+        static const int ns[] = {1, 3, 8, 13};
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int n = ns[ni];
+            const size_t ny = (size_t)n * n_out;
+            float *x = kiln_malloc(sizeof(float) * (size_t)n * n_in), *y16 = kiln_malloc(sizeof(float) * ny), *y12 = kiln_malloc(sizeof(float) * ny);
+            for (int i = 0; i < n * n_in; i++) x[i] = kiln_rng_normal(r);
+            be->matmul(be, y16, x, &q16, n);
+            memset(y12, 0xff, sizeof(float) * ny);
+            be->matmul(be, y12, x, &q12, n);
+            CHECK(!memcmp(y16, y12, sizeof(float) * ny), "%s f16 in 12 bits %dx%d n=%d: not the F16 bits", cpu_isa_name(cpu_isa()), n_out, n_in, n);
+            free(x), free(y16), free(y12);
+        }
+        be->release_linear(be, &q16), be->release_linear(be, &q12);
+        w[n_out * n_in / 2] = 0x3C01; /* 1 + 2^-10: not a bf16 value */
+        struct qlinear qx = linf(be, KILN_DTYPE_F16, w, n_out, n_in, NULL, 1);
+        CHECK(qx.be == NULL && !qx.repacked, "an F16 linear with a weight that is not a bf16 value was stored in 12 bits");
+        be->release_linear(be, &qx);
+        free(w);
+    }
+}
+
 void test_b12(void) {
     char err[256];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
@@ -213,6 +273,7 @@ void test_b12(void) {
             snprintf(name, sizeof name, "%s%s", cpu_isa_name(isa), vb ? "+vbmi" : "");
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
                 check_matmul_b12(be, &r, name, shapes[si][0], shapes[si][1], (int)(si & 1));
+            if (!vb) check_f16(be, &r);
         }
     }
     cpu_set_isa(saved);

@@ -328,6 +328,60 @@ fail:
     return NULL;
 }
 
+/* F16 as BF16. An F16 checkpoint converted from a BF16 one (how F16 files
+ * of Qwen's models are made) holds only bf16 values: a normal f16 keeps
+ * bf16's 7 mantissa bits and three zeros, and a subnormal is a bf16's 8
+ * significant bits rounded to a coarser grid, so at most 8 remain. Such a
+ * linear is the same numbers as BF16, so it can take the 12-bit store and
+ * its kernels: the F16 and BF16 kernels share their bodies (matmul.c:
+ * DOT_AVX2, DOT_AVX512, the GEMVs' loads), so the outputs are the F16
+ * path's bits. f16_bf16: h's bf16 bits into *b, or 0 where h is not a
+ * bf16 value (a mantissa bit bf16 lacks, a NaN) */
+static inline int f16_bf16(uint16_t h, uint16_t *b) {
+    const uint16_t s = h & 0x8000;
+    const int e = h >> 10 & 31, m = h & 1023;
+    if (e == 31) { /* infinity (kept); NaN payloads are not carried over */
+        *b = s | 0x7F80;
+        return m == 0;
+    }
+    if (e) { /* 2^(e - 15) (1 + m / 1024): bf16 exponent e + 112, mantissa m / 8 */
+        *b = (uint16_t)(s | (e + 112) << 7 | m >> 3);
+        return (m & 7) == 0;
+    }
+    if (!m) {
+        *b = s;
+        return 1;
+    }
+    const int p = 31 - __builtin_clz((unsigned)m); /* m 2^-24 = 2^(p - 24) (m / 2^p), p = 0..9 */
+    *b = (uint16_t)(s | (p + 103) << 7 | ((p >= 7 ? m >> (p - 7) : m << (7 - p)) & 0x7F));
+    return p <= 7 || (m & ((1 << (p - 7)) - 1)) == 0;
+}
+
+struct f16_job {
+    const uint16_t *h;
+    uint16_t *b;
+    int n_in;
+    int bad; /* a value that is not bf16 (written by any thread; only ever set) */
+};
+
+static void f16_rows(void *arg, int64_t r0, int64_t r1, int tid) {
+    struct f16_job *j = arg;
+    const size_t k0 = (size_t)r0 * j->n_in, k1 = (size_t)r1 * j->n_in;
+    int ok = 1;
+    for (size_t k = k0; k < k1; k++) ok &= f16_bf16(j->h[k], &j->b[k]);
+    if (!ok) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+    (void)tid;
+}
+
+uint16_t *cpu_f16_as_bf16(struct kiln_backend *be, const uint16_t *h, int n_out, int n_in) {
+    struct f16_job j = {.h = h, .b = malloc(sizeof(uint16_t) * (size_t)n_out * (size_t)n_in), .n_in = n_in};
+    if (!j.b) return NULL;
+    cpu_parallel_for(be, n_out, 64, f16_rows, &j);
+    if (!j.bad) return j.b;
+    free(j.b);
+    return NULL;
+}
+
 void cpu_b12_free(struct cpu_b12 *b) {
     if (!b) return;
     if (b->data) kiln_wfree(b->data);

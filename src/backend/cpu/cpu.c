@@ -368,10 +368,16 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
         return kiln_errf(err, errlen, "cpu: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
     /* BF16 in 12 bits (b12.c): the decode reads 24% fewer bytes, the same
      * bits; kept as BF16 where escaped blocks would leave it less than 10%
-     * smaller (weights whose blocks span wide exponent ranges) */
-    if (w->fmt == KILN_WFMT_DENSE && w->w.dtype == KILN_DTYPE_BF16 && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on()) {
-        struct cpu_b12 *b = cpu_b12_pack(be, w->w.data, w->n_out, w->n_in);
-        if (!b) return kiln_errf(err, errlen, "cpu: out of memory storing a BF16 linear (%d x %d) in 12 bits", w->n_out, w->n_in);
+     * smaller (weights whose blocks span wide exponent ranges). F16 whose
+     * every weight is a bf16 value (a file converted from BF16) too, as
+     * that BF16: the F16 kernels' bits (b12.c, "F16 as BF16") */
+    const int f16 = w->w.dtype == KILN_DTYPE_F16;
+    if (w->fmt == KILN_WFMT_DENSE && (w->w.dtype == KILN_DTYPE_BF16 || f16) && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on()) {
+        uint16_t *hb = f16 ? cpu_f16_as_bf16(be, w->w.data, w->n_out, w->n_in) : NULL;
+        if (f16 && !hb) goto done; /* not all bf16 values (or no memory for the copy): stays F16 */
+        struct cpu_b12 *b = cpu_b12_pack(be, f16 ? hb : w->w.data, w->n_out, w->n_in);
+        free(hb);
+        if (!b) return kiln_errf(err, errlen, "cpu: out of memory storing a 16-bit linear (%d x %d) in 12 bits", w->n_out, w->n_in);
         if ((double)cpu_b12_bytes(b) > 0.9 * 2.0 * (double)w->n_out * (double)w->n_in) {
             cpu_b12_free(b);
         } else {
@@ -379,6 +385,7 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
             w->repacked = 1;
         }
     }
+done:
     if (w->bias.data) return cpu_prepare_tensor(be, &w->bias, err, errlen);
     return 0;
 }

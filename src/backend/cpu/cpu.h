@@ -235,6 +235,9 @@ size_t cpu_b12_row_bytes(int n_in);
 /* NULL when out of memory (or n_in is not a multiple of B12_K); the pool
  * encodes the rows */
 struct cpu_b12 *cpu_b12_pack(struct kiln_backend *be, const uint16_t *w, int n_out, int n_in);
+/* an F16 linear's weights as BF16 (malloc'd) when every one is a bf16
+ * value, else NULL (also when out of memory): b12.c */
+uint16_t *cpu_f16_as_bf16(struct kiln_backend *be, const uint16_t *h, int n_out, int n_in);
 void cpu_b12_free(struct cpu_b12 *b);
 size_t cpu_b12_bytes(const struct cpu_b12 *b);
 /* bf16 of elements [k0, k0 + k) of a row (multiples of B12_K); the same
