@@ -122,7 +122,7 @@ static void test_pairs(void) {
      * bound max |delta| by 4% of the largest logit */
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(m, "pairs")) {
         const char *q = cJSON_GetArrayItem(p, 0)->valuestring;
-        if (strstr(q, ".gguf") && (strstr(q, "q8_0") || strstr(q, "q4_0") || strstr(q, "kmix")))
+        if (strstr(q, ".gguf") && (strstr(q, "q8_0") || strstr(q, "q4_0") || strstr(q, "kmix") || strstr(q, "iq4mix")))
             compare(q, cJSON_GetArrayItem(p, 1)->valuestring, -0.04f, "int8");
         /* GPTQ / AWQ 4-bit (g32/g64/g128, per-channel, sym/asym, act-order,
          * MoE) on the int8-activation path: the same per-block rounding of
@@ -155,7 +155,7 @@ static void test_kernels(void) {
     struct kiln_backend *be = backend_create("cpu", 0, err, sizeof err);
     CHECK(be != NULL, "%s", err);
     if (!be) return;
-    const char *fmts[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "fp8", "gptq-int4", "gptq-int8", "awq"};
+    const char *fmts[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "fp8", "gptq-int4", "gptq-int8", "awq"};
     const int N = 40, K = 512;
     float *x = kiln_malloc(sizeof(float) * 5 * K), *out = kiln_malloc(sizeof(float) * 5 * N), *W = kiln_malloc(sizeof(float) * N * K);
     struct kiln_rng r;
@@ -346,6 +346,7 @@ static void test_qgemm(void) {
               {"q4_1", 37, 320, 0, 64, 0},      {"q4_1", 6, 96, 0, 64, 0},
               {"q5_0", 37, 320, 0, 64, 0},      {"q5_0", 6, 96, 0, 64, 0},        {"q5_1", 37, 320, 0, 64, 0}, {"q5_1", 6, 96, 0, 64, 0},
               {"q4_k", 21, 512, 0, 64, 0},      {"q5_k", 21, 512, 0, 64, 0},      {"q6_k", 21, 512, 0, 64, 0},
+              {"iq4_nl", 37, 320, 0, 64, 0},    {"iq4_nl", 6, 96, 0, 64, 0},      {"iq4_xs", 21, 512, 0, 64, 0}, {"iq4_xs", 6, 256, 0, 64, 0},
               {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
               /* FP8 with every code (subnormals, both signs) and K 300: each step width's tail in the last block */
@@ -395,6 +396,9 @@ static void test_qgemm(void) {
                 for (int j = 0; j < (q6 ? 16 : 12); j++)
                     q[(size_t)sb * sbb + (q6 ? 192 : 4) + j] = q6 ? (uint8_t)(int8_t)((int)(kiln_rng_next(&r) % 121) - 60) : (uint8_t)kiln_rng_next(&r);
         }
+        if (rc == 0 && w.w.dtype == KILN_DTYPE_IQ4_XS) /* IQ4_XS: every sub-block's 6-bit scale random */
+            for (int sb = 0; sb < N * K / 256; sb++)
+                for (int j = 2; j < 8; j++) ((uint8_t *)w.w.data)[(size_t)sb * 136 + j] = (uint8_t)kiln_rng_next(&r);
         if (rc == 0 && cs[c].asym >= 3) /* FP8: every code but the two NaNs at random (4: only zeros and subnormals) */
             for (int64_t i = 0; i < (int64_t)N * K; i++) {
                 const uint8_t v = (uint8_t)(kiln_rng_next(&r) % 254);

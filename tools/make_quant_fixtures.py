@@ -409,6 +409,11 @@ def f16b(x):
     return np.asarray(x, np.float16).reshape(-1, 1).view(np.uint8)
 
 
+def f16r(x):
+    """x rounded to f16, as f32 (the value a block header holds)"""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
 def q4k_like(x, five):
     nb = x.shape[0]
     x = x.reshape(nb, 8, 32)
@@ -465,8 +470,50 @@ def q6k(x):
                            isc.astype(np.int8).view(np.uint8), f16b(d)], axis=1)
 
 
+IQ4_KV = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def iq4_index(x, scale):
+    """the index of the IQ4 value nearest x / scale (scale 0: the value 1)"""
+    v = np.where(scale != 0, x / np.where(scale != 0, scale, 1), 0)
+    return np.abs(v[..., None] - IQ4_KV).argmin(-1).astype(np.uint8)
+
+
+def iq4_nibbles(idx):
+    """[..., 32] indices -> [..., 16] bytes: weight i low nibble, 16 + i high (Q4_0's order)"""
+    return idx[..., :16] | (idx[..., 16:] << 4)
+
+
+def iq4nl(blocks):
+    """round to nearest: d = the block's signed largest value / -127, then the nearest kv"""
+    nb = blocks.shape[0]
+    big = blocks[np.arange(nb), np.abs(blocks).argmax(1)]
+    d = f16r(big / -127.0)
+    return np.concatenate([f16b(d), iq4_nibbles(iq4_index(blocks, d[:, None]))], axis=1)
+
+
+def iq4xs(blocks):
+    """round to nearest: sub-block scale amax / 127 as d (ls - 32), ls in 0..63, d = the largest / 31"""
+    nb = blocks.shape[0]
+    sub = blocks.reshape(nb, 8, 32)
+    s = np.abs(sub).max(2) / 127.0
+    d = f16r(s.max(1) / 31.0)
+    ls = np.clip(np.rint(np.where(d[:, None] > 0, s / np.where(d[:, None] > 0, d[:, None], 1), 0)) + 32, 0, 63).astype(np.uint16)
+    idx = iq4_index(sub, (d[:, None] * (ls.astype(np.float32) - 32))[..., None])
+    sh = np.zeros(nb, np.uint16)
+    for j in range(8):
+        sh |= (ls[:, j] >> 4) << (2 * j)
+    sl = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
+    return np.concatenate([f16b(d), sh.view(np.uint8).reshape(nb, 2), sl, iq4_nibbles(idx).reshape(nb, 128)], axis=1)
+
+
 def quantize(arr, qt):
     arr = np.asarray(arr, np.float32)
+    if qt in (QT.IQ4_NL, QT.IQ4_XS):
+        shp = arr.shape
+        be = 32 if qt == QT.IQ4_NL else 256
+        b = (iq4nl if qt == QT.IQ4_NL else iq4xs)(arr.reshape(-1, be))
+        return b.reshape(*shp[:-1], shp[-1] // be * gguf.GGML_QUANT_SIZES[qt][1])
     if qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         shp = arr.shape
         blocks = arr.reshape(-1, 256)
@@ -600,6 +647,21 @@ def main():
         types = {n: T for n, _, a in gguf_tensors(fcfg, ft, arch) if a.ndim >= 2}
         gguf_write(f"{OUT}/gguf/{fx}-{T.name.lower()}.gguf", fcfg, ft, types, arch=arch)
         manifest["gguf_vs_st"].append([f"gguf/{fx}-{T.name.lower()}.gguf", fx, tol])
+
+    # IQ4_NL and IQ4_XS (their values looked up in a 16-entry table; XS with 6-bit sub-block scales), after every
+    # other fixture so the random draws above stay the same
+    icfg = base_config(hidden=256, ffn=256, vocab=128, heads=2, kv=1, head_dim=64)
+    ibase = make_base(icfg)
+    itypes = {"blk.0.attn_q.weight": QT.IQ4_XS, "blk.0.attn_k.weight": QT.IQ4_NL, "blk.0.attn_v.weight": QT.IQ4_XS,
+              "blk.0.attn_output.weight": QT.IQ4_NL, "blk.0.ffn_gate.weight": QT.IQ4_XS, "blk.0.ffn_up.weight": QT.IQ4_NL,
+              "blk.0.ffn_down.weight": QT.IQ4_XS, "token_embd.weight": QT.IQ4_NL}
+    deq = gguf_write(f"{OUT}/gguf/iq4mix.gguf", icfg, ibase, itypes)
+    ref = {}
+    for n in ibase:
+        for g, _, a in gguf_tensors(icfg, {n: ibase[n]}, "qwen3"):
+            ref[n] = deq[g]
+    write_ref(f"{OUT}/gguf/iq4mix-ref", icfg, ibase, ref)
+    manifest["pairs"].append(["gguf/iq4mix.gguf", "gguf/iq4mix-ref"])
 
     with open(f"{OUT}/manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)

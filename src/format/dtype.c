@@ -19,6 +19,7 @@ static const struct {
     [KILN_DTYPE_Q4_1] = {"Q4_1", 0},     [KILN_DTYPE_Q4_K] = {"Q4_K", 0},
     [KILN_DTYPE_Q5_0] = {"Q5_0", 0},     [KILN_DTYPE_Q5_1] = {"Q5_1", 0},
     [KILN_DTYPE_Q5_K] = {"Q5_K", 0},     [KILN_DTYPE_Q6_K] = {"Q6_K", 0},
+    [KILN_DTYPE_IQ4_NL] = {"IQ4_NL", 0}, [KILN_DTYPE_IQ4_XS] = {"IQ4_XS", 0},
 };
 
 const char *dtype_name(enum kiln_dtype t) {

@@ -35,6 +35,8 @@ enum kiln_dtype {
     KILN_DTYPE_Q4_K,
     KILN_DTYPE_Q5_K,
     KILN_DTYPE_Q6_K,
+    KILN_DTYPE_IQ4_NL,
+    KILN_DTYPE_IQ4_XS,
     KILN_DTYPE_COUNT
 };
 

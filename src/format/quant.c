@@ -29,6 +29,13 @@
  *         half h (128 w): ql[64h + l] low nibble -> w[128h + l], high -> w[128h + 64 + l] (l < 64);
  *         qh[32h + l] bits 2s..2s+1 -> high 2 bits of w[128h + 32s + l];
  *         w = d * scales[i / 16] * (q - 32)
+ *   IQ4_NL (32 w, 18 B)  | d f16 | qs[16] |  4-bit indices, nibbles as Q4_0, into the
+ *         16 int8 values kv = {-127, -104, -83, -65, -49, -35, -22, -10,
+ *         1, 13, 25, 38, 53, 69, 89, 113}: w = d * kv[q]
+ *   IQ4_XS (256 w, 136 B) | d f16 | scales_h u16 | scales_l[4] | qs[128] |
+ *         8 sub-blocks of 32: 6-bit scale ls[j] = (scales_l[j / 2] >> 4 (j % 2)) & 15
+ *         | ((scales_h >> 2j) & 3) << 4; sub-block j's indices at qs[16j ..], nibbles
+ *         as IQ4_NL's: w = d * (ls[j] - 32) * kv[q]
  */
 #include "format/quant.h"
 
@@ -43,7 +50,10 @@ static const struct quant_type types[] = {
     {KILN_DTYPE_Q8_0, "Q8_0", 8, 32, 34},  {KILN_DTYPE_Q4_0, "Q4_0", 2, 32, 18},  {KILN_DTYPE_Q4_1, "Q4_1", 3, 32, 20},
     {KILN_DTYPE_Q5_0, "Q5_0", 6, 32, 22},  {KILN_DTYPE_Q5_1, "Q5_1", 7, 32, 24},
     {KILN_DTYPE_Q4_K, "Q4_K", 12, 256, 144}, {KILN_DTYPE_Q5_K, "Q5_K", 13, 256, 176}, {KILN_DTYPE_Q6_K, "Q6_K", 14, 256, 210},
+    {KILN_DTYPE_IQ4_NL, "IQ4_NL", 20, 32, 18}, {KILN_DTYPE_IQ4_XS, "IQ4_XS", 23, 256, 136},
 };
+
+const int8_t quant_iq4_kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 #define N_TYPES (sizeof types / sizeof types[0])
 
 const struct quant_type *quant_type_of(enum kiln_dtype t) {
@@ -166,6 +176,28 @@ void quant_dequant_row(enum kiln_dtype t, const void *src, float *y, int64_t n) 
                         int q = lo | (((qh[32 * h + l] >> (2 * s)) & 3) << 4);
                         y[128 * h + e] = d * sc[(128 * h + e) / 16] * (q - 32);
                     }
+        }
+        return;
+    case KILN_DTYPE_IQ4_NL:
+        for (int64_t o = 0; o < n; o += 32, b += 18, y += 32) {
+            float d = h2f(b);
+            for (int i = 0; i < 16; i++) {
+                y[i] = d * quant_iq4_kv[b[2 + i] & 15];
+                y[i + 16] = d * quant_iq4_kv[b[2 + i] >> 4];
+            }
+        }
+        return;
+    case KILN_DTYPE_IQ4_XS:
+        for (int64_t o = 0; o < n; o += 256, b += 136, y += 256) {
+            const float d = h2f(b);
+            for (int j = 0; j < 8; j++) {
+                const float dl = d * (float)(quant_iq4xs_scale(b, j) - 32);
+                const uint8_t *qs = b + 8 + 16 * j;
+                for (int i = 0; i < 16; i++) {
+                    y[32 * j + i] = dl * quant_iq4_kv[qs[i] & 15];
+                    y[32 * j + 16 + i] = dl * quant_iq4_kv[qs[i] >> 4];
+                }
+            }
         }
         return;
     default: memset(y, 0, (size_t)n * 4);
@@ -366,7 +398,8 @@ void quant_linear_label(const struct qlinear *w, char *buf, size_t len) {
 
 /* ==== dummy quantized weights ==== */
 
-static const char *const dummy_fmts[] = {"fp8", "gptq-int4", "gptq-int8", "awq", "awq-int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", NULL};
+static const char *const dummy_fmts[] = {"fp8", "gptq-int4", "gptq-int8", "awq", "awq-int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+                                         "iq4_nl", "iq4_xs", NULL};
 
 int quant_dummy_known(const char *fmt) {
     for (int i = 0; dummy_fmts[i]; i++)
@@ -445,9 +478,11 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
     enum kiln_dtype t = !strcasecmp(fmt, "q8_0") ? KILN_DTYPE_Q8_0 : !strcasecmp(fmt, "q4_0") ? KILN_DTYPE_Q4_0
                       : !strcasecmp(fmt, "q4_1") ? KILN_DTYPE_Q4_1 : !strcasecmp(fmt, "q4_k") ? KILN_DTYPE_Q4_K
                       : !strcasecmp(fmt, "q5_0") ? KILN_DTYPE_Q5_0 : !strcasecmp(fmt, "q5_1") ? KILN_DTYPE_Q5_1
-                      : !strcasecmp(fmt, "q5_k") ? KILN_DTYPE_Q5_K : !strcasecmp(fmt, "q6_k") ? KILN_DTYPE_Q6_K : KILN_DTYPE_NONE;
+                      : !strcasecmp(fmt, "q5_k") ? KILN_DTYPE_Q5_K : !strcasecmp(fmt, "q6_k") ? KILN_DTYPE_Q6_K
+                      : !strcasecmp(fmt, "iq4_nl") ? KILN_DTYPE_IQ4_NL : !strcasecmp(fmt, "iq4_xs") ? KILN_DTYPE_IQ4_XS : KILN_DTYPE_NONE;
     const struct quant_type *qt = quant_type_of(t);
-    if (!qt) return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)", fmt);
+    if (!qt)
+        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)", fmt);
     if (K % qt->block_elems && qt->block_elems == 256) { /* as llama.cpp does: rows that do not fit a K-quant get Q8_0 */
         t = KILN_DTYPE_Q8_0;
         qt = quant_type_of(t);
@@ -459,12 +494,18 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
     fill_bytes(q, nb, seed);
     /* sane block headers: replace the f16 scales with positive values */
     size_t nblk = nb / (size_t)qt->block_bytes;
-    float d = std * 1.7320508f / (t == KILN_DTYPE_Q8_0 ? 127.0f : t == KILN_DTYPE_Q6_K ? 32.0f * 32.0f : 8.0f);
+    float d = std * 1.7320508f / (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_IQ4_NL ? 127.0f : t == KILN_DTYPE_Q6_K ? 32.0f * 32.0f
+                                  : t == KILN_DTYPE_IQ4_XS ? 8.0f * 127.0f : 8.0f);
     for (size_t i = 0; i < nblk; i++) {
         uint8_t *b = q + i * (size_t)qt->block_bytes;
         switch (t) {
         case KILN_DTYPE_Q8_0:
+        case KILN_DTYPE_IQ4_NL:
         case KILN_DTYPE_Q4_0: f2h(b, d); break;
+        case KILN_DTYPE_IQ4_XS: /* every sub-block's scale 40 - 32 = 8 */
+            f2h(b, d), b[2] = b[3] = 0xAA;
+            for (int j = 0; j < 4; j++) b[4 + j] = 0x88;
+            break;
         case KILN_DTYPE_Q4_1: f2h(b, d), f2h(b + 2, -8 * d); break;
         case KILN_DTYPE_Q5_0: f2h(b, d / 2); break;
         case KILN_DTYPE_Q5_1: f2h(b, d / 2), f2h(b + 2, -8 * d); break;

@@ -8,7 +8,8 @@
  *   FP8 block      fp8.c            e4m3 [N][K], scale_inv [ceil(N/bn)][ceil(K/bk)]
  *   GPTQ v1/v2     gptq.c           qweight [K*b/32][N], qzeros [G][N*b/32], scales [G][N], g_idx [K]
  *   AWQ gemm       awq.c            qweight [K][N/8], qzeros [G][N/8], scales [G][N]
- *   GGUF blocks    quant.c (here)   [N][K / block elems] blocks: Q8_0 Q4_0 Q4_1 Q4_K Q5_K Q6_K
+ *   GGUF blocks    quant.c (here)   [N][K / block elems] blocks: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K
+ *                                    IQ4_NL IQ4_XS
  *
  * GPTQ and AWQ are repacked once at load into one row-major "grouped int"
  * layout (struct qgrp, below) so the kernels read each output row
@@ -43,6 +44,14 @@ const struct quant_type *quant_type_ggml(int ggml_type);
 /* Bytes of n elements of t (n a multiple of its block for block types);
  * 0 if t is not a weight type. */
 size_t quant_row_bytes(enum kiln_dtype t, int64_t n);
+
+/* IQ4_NL / IQ4_XS: the 16 int8 values their 4-bit indices select, and
+ * IQ4_XS's 6-bit scale of sub-block j (0..63, the weight's factor less 32)
+ * of the superblock at b */
+extern const int8_t quant_iq4_kv[16];
+static inline int quant_iq4xs_scale(const uint8_t *b, int j) {
+    return ((b[4 + j / 2] >> 4 * (j % 2)) & 15) | (((b[2] | b[3] << 8) >> 2 * j) & 3) << 4;
+}
 
 /* Dequantizes n elements (whole blocks) of row src (of type t: a block type
  * or F32/F16/BF16) into dst. */

@@ -367,6 +367,24 @@ static float dot_q5_1_scalar(const uint8_t *w, const struct q8a *a, int nb) {
     return acc;
 }
 
+/* IQ4_NL (d, 16 bytes of indices into quant_iq4_kv: w = d kv[q]) and
+ * IQ4_XS (superblocks of 256: d, 8 sub-block scales ls - 32, the same
+ * indices): the integer dot of the looked-up values, scaled per block */
+static float dot_iq4nl_scalar(const uint8_t *w, const struct q8a *a, int nb) {
+    float acc = 0;
+    for (int i = 0; i < nb; i++, w += 18) acc += h2f(w) * a[i].d * (float)qm_isum_iq4(w + 2, a[i].qs);
+    return acc;
+}
+
+static float dot_iq4xs_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 136, a += 8) {
+        const float d = h2f(w);
+        for (int j = 0; j < 8; j++) acc += d * (float)(quant_iq4xs_scale(w, j) - 32) * a[j].d * (float)qm_isum_iq4(w + 8 + 16 * j, a[j].qs);
+    }
+    return acc;
+}
+
 static float dot_q5_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
     float acc = 0;
     for (int i = 0; i < nsb; i++, w += 176, a += 8) {
@@ -944,6 +962,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q5_1: j.dot = dot_q5_1_scalar; break;
     case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break;
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.nblk = K / 256; break;
+    case KILN_DTYPE_IQ4_NL: j.dot = dot_iq4nl_scalar; break;
+    case KILN_DTYPE_IQ4_XS: j.dot = dot_iq4xs_scalar, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
     }
 #if defined(KILN_NEON)
@@ -1031,6 +1051,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q5_1: j.dot = dot_q5_1_scalar, j.dotx = qm_dot_q5_1_avx2; break;
     case KILN_DTYPE_Q5_K: j.dot = dot_q5_k_scalar, j.nblk = K / 256; break; /* on AVX2: qm_*_qk (j.deck) */
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = qm_dot_q6_k_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_IQ4_NL: j.dot = dot_iq4nl_scalar, j.dotx = qm_dot_iq4nl_avx2; break;
+    case KILN_DTYPE_IQ4_XS: j.dot = dot_iq4xs_scalar, j.dotx = qm_dot_iq4xs_avx2, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break; /* Q4_K; on AVX2: qm_*_qk (j.deck) */
     }
     const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();

@@ -128,6 +128,52 @@ DOT_T(dot_q4_0_avx2, dot_t0_, 0)
 DOT_T(dot_q5_0_avx2, dot_t0_, 1)
 DOT_T(dot_q4_1_avx2, dot_t1_, 0)
 DOT_T(dot_q5_1_avx2, dot_t1_, 1)
+
+/* IQ4_NL / IQ4_XS: a block's 32 indices (Q4_0's nibble split) looked up in
+ * quant_iq4_kv by one vpshufb, int8 weights in weight order (-127..113),
+ * then Q8_0's sign trick (maddubs of |w| with x signed by w) */
+AVX2 static inline __m256i iq4_vals(const uint8_t *q) {
+    const __m128i m4 = _mm_set1_epi8(15), b = _mm_loadu_si128((const __m128i *)q);
+    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_kv)), idx);
+}
+
+AVX2 static inline __attribute__((always_inline)) void dot_iq4nl_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += 18) {
+        const __m256i qw = iq4_vals(w + 2), aw = _mm256_sign_epi8(qw, qw);
+        const float d = h2f_c(w);
+        #pragma GCC unroll 4
+        for (int j = 0; j < nx; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[j][i].d), dot_u8s8(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[j][i].qs), qw)),
+                                     acc[j]);
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+QDOTX_BY_NX(dot_iq4nl_avx2)
+
+/* nb: superblocks of 256 */
+AVX2 static inline __attribute__((always_inline)) void dot_iq4xs_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out) {
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += 136) {
+        const float d = h2f_c(w);
+        for (int s = 0; s < 8; s++) {
+            const __m256i qw = iq4_vals(w + 8 + 16 * s), aw = _mm256_sign_epi8(qw, qw);
+            const float dl = d * (float)(quant_iq4xs_scale(w, s) - 32);
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) {
+                const struct q8a *x = &a[j][8 * i + s];
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dl * x->d), dot_u8s8(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), qw)), acc[j]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+QDOTX_BY_NX(dot_iq4xs_avx2)
 #undef DOT_T
 
 /* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)

@@ -254,6 +254,13 @@ static inline int qm_isum_q5(const uint8_t *qh, const uint8_t *c, const int8_t *
         s += ((c[i] & 15) | (int)(h >> i & 1) << 4) * xq[i] + ((c[i] >> 4) | (int)(h >> (16 + i) & 1) << 4) * xq[16 + i];
     return s;
 }
+/* IQ4_NL / IQ4_XS: 16 bytes of indices (nibbles as Q4_0's) into
+ * quant_iq4_kv */
+static inline int qm_isum_iq4(const uint8_t *c, const int8_t *xq) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += quant_iq4_kv[c[i] & 15] * xq[i] + quant_iq4_kv[c[i] >> 4] * xq[16 + i];
+    return s;
+}
 static inline int qm_isum_q8(const uint8_t *c, const int8_t *xq) {
     int s = 0;
     for (int i = 0; i < 32; i++) s += (int8_t)c[i] * xq[i];
@@ -385,6 +392,8 @@ AVX2 void qm_dot_q4_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
 AVX2 void qm_dot_q5_0_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q5_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_iq4nl_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_iq4xs_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
 /* The int8 GEMM: qm_pack_i8 repacks R rows from r0 (nr real ones) of W
  * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
