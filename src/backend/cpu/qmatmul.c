@@ -121,7 +121,7 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
          * faster there, prefill even to 15% slower */
         if (p->int8_act && x16_on() &&
             (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q6_K || w->w.dtype == KILN_DTYPE_Q4_1 ||
-             w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_Q5_1 ||
+             w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_IQ4_NL ||
              ((w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && cpu_isa() >= CPU_ISA_AVX2))) {
             p->x16 = w->w.dtype == KILN_DTYPE_Q4_K   ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 0)
                      : w->w.dtype == KILN_DTYPE_Q5_K ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 1)
@@ -131,6 +131,7 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
                                    : w->w.dtype == KILN_DTYPE_Q4_1 ? X16_Q41
                                    : w->w.dtype == KILN_DTYPE_Q5_0 ? X16_Q50
                                    : w->w.dtype == KILN_DTYPE_Q5_1 ? X16_Q51
+                                   : w->w.dtype == KILN_DTYPE_IQ4_NL ? X16_IQ4
                                                                    : X16_Q4);
             if (!p->x16) {
                 free(p);

@@ -143,9 +143,10 @@ uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int fmt) {
  * then fma with m and xd x code sum (xs) */
 static float x16_block(float acc, int fmt, float d, float m, const uint8_t *c, const struct q8a *x, float xs) {
     const int five = x16_five(fmt);
-    const int s = fmt == X16_Q8 ? qm_isum_q8(c, x->qs)
-                  : five        ? qm_isum_q5(c - 4, c, x->qs) - (fmt == X16_Q50 ? 16 * x->sum : 0)
-                                : qm_isum_q4(c, x->qs) - (fmt == X16_Q4 ? 8 * x->sum : 0);
+    const int s = fmt == X16_Q8    ? qm_isum_q8(c, x->qs)
+                  : fmt == X16_IQ4 ? qm_isum_iq4(c, x->qs)
+                  : five           ? qm_isum_q5(c - 4, c, x->qs) - (fmt == X16_Q50 ? 16 * x->sum : 0)
+                                   : qm_isum_q4(c, x->qs) - (fmt == X16_Q4 ? 8 * x->sum : 0);
     acc = fmaf((float)s, d * x->d, acc);
     return x16_t1(fmt) ? fmaf(m, xs, acc) : acc;
 }
@@ -764,7 +765,8 @@ static void i_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 
 /* the X16_* format of a type-0 / type-1 dtype or Q8_0 */
 static int x16_fmt(enum kiln_dtype t) {
-    return t == KILN_DTYPE_Q8_0 ? X16_Q8 : t == KILN_DTYPE_Q4_1 ? X16_Q41 : t == KILN_DTYPE_Q5_0 ? X16_Q50 : t == KILN_DTYPE_Q5_1 ? X16_Q51 : X16_Q4;
+    return t == KILN_DTYPE_Q8_0 ? X16_Q8 : t == KILN_DTYPE_Q4_1 ? X16_Q41 : t == KILN_DTYPE_Q5_0 ? X16_Q50 : t == KILN_DTYPE_Q5_1 ? X16_Q51
+           : t == KILN_DTYPE_IQ4_NL ? X16_IQ4 : X16_Q4;
 }
 
 static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int nt, float *o,
@@ -819,6 +821,7 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
             for (int b = 0; b < j->nb; b++) {
                 const uint8_t *c = G + (size_t)BB * b + C;
                 if (q8) x16_flip(c, P + 512 * (size_t)b);
+                else if (fmt == X16_IQ4) x16_unpack_iq4(c, P + 512 * (size_t)b, j->R == 16);
                 else if (x16_five(fmt)) x16_unpack5(c, c + 256, P + 512 * (size_t)b);
                 else x16_unpack(c, P + 512 * (size_t)b);
             }
@@ -1037,7 +1040,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
                 j.c8[2 * i] = -32 * s0, j.c8[2 * i + 1] = -32 * (j.xa[i].sum - s0);
             }
         } else {
-            const int off = dt == KILN_DTYPE_Q8_0 ? 128 : dt == KILN_DTYPE_Q5_0 ? 16 : 8; /* Q8_0's VNNI codes are q + 128, Q4_0's q */
+            /* Q8_0's and IQ4_NL's VNNI codes are the value + 128, Q4_0's q */
+            const int off = dt == KILN_DTYPE_Q8_0 || dt == KILN_DTYPE_IQ4_NL ? 128 : dt == KILN_DTYPE_Q5_0 ? 16 : 8;
             for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
         }
         *jp = j;
@@ -1184,7 +1188,7 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
     if (gemm == 2) {
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
         const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
-                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 ||
+                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_IQ4_NL ||
                            w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
                            (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);

@@ -1249,6 +1249,7 @@ VNNI static inline __attribute__((always_inline)) void x16_vnni_(const uint8_t *
         const uint8_t *c = P ? P + 512 * (size_t)b : p + C;
         __m512i s[8];
         if (q8) x16_isum8_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum q x */
+        else if (fmt == X16_IQ4) x16_isum_iq4_vnni(c, P != NULL, x, c8 + (size_t)b * NT, T, s); /* sum kv[q] x */
         else x16_isum_vnni(c, P != NULL, five ? p + C + 256 : NULL, x, t1 ? NULL : c8 + (size_t)b * NT, T, s); /* sum (q - 8) x, ... */
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
@@ -1280,8 +1281,10 @@ VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
 #define Q41C(T) X16C(X16_Q41, T)
 #define Q50C(T) X16C(X16_Q50, T)
 #define Q51C(T) X16C(X16_Q51, T)
+#define IQ4C(T) X16C(X16_IQ4, T)
     switch (fmt) {
     case X16_Q8: X16_BY_NT(Q8C) break;
+    case X16_IQ4: X16_BY_NT(IQ4C) break;
     case X16_Q41: X16_BY_NT(Q41C) break;
     case X16_Q50: X16_BY_NT(Q50C) break;
     case X16_Q51: X16_BY_NT(Q51C) break;
@@ -1293,6 +1296,7 @@ VNNI void qm_x16_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
 #undef Q41C
 #undef Q50C
 #undef Q51C
+#undef IQ4C
 }
 
 /* AVX2: the same sums, 16 rows as two halves of 8 (a chunk's first and
@@ -1311,6 +1315,7 @@ AVX2 static inline __attribute__((always_inline)) void x16_avx2_(const uint8_t *
         const struct q8a *x = xt + (size_t)b * NT;
         __m256i s[2][2];
         if (q8) x16_isum8_avx2(p + 32, x, T, s);
+        else if (fmt == X16_IQ4) x16_isum_iq4_avx2(P ? P + 512 * (size_t)b : p + C, P != NULL, x, T, s);
         else x16_isum_avx2(P ? P + 512 * (size_t)b : p + C, P != NULL, five, p + C + 256, x, t1 ? NULL : c8 + (size_t)b * NT, T, s);
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
@@ -1340,6 +1345,7 @@ AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
         X16A(X16_Q41)
         X16A(X16_Q50)
         X16A(X16_Q51)
+        X16A(X16_IQ4)
     }
 #undef X16A
 }

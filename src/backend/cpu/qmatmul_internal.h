@@ -84,11 +84,13 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X
  * stored size). A row is sum_b fma((float)(sum_i q_i x_i + c), d xd_b,
  * acc), c = -16 x the code sum for Q5_0 (0 for type-1), then for type-1
  * fma(m, xd_b x code sum, acc), in block order, on every ISA. Q4_0 is t1 =
- * five = 0. */
+ * five = 0. IQ4_NL (X16_IQ4) is Q4_0's layout, its nibbles indices into
+ * quant_iq4_kv: a row is sum_b fma((float)(sum_i kv[q_i] x_i), d xd_b,
+ * acc). */
 static inline int x16t_bb(int t1, int five) { return 288 + 32 * t1 + 64 * five; }
 static inline int x16t_codes(int t1) { return 32 + 32 * t1; }
 /* the group formats of qm_x16_avx2 / qm_x16_vnni and the scalar kernel */
-enum { X16_Q4 = 0, X16_Q8 = 1, X16_Q41 = 2, X16_Q50 = 3, X16_Q51 = 4 };
+enum { X16_Q4 = 0, X16_Q8 = 1, X16_Q41 = 2, X16_Q50 = 3, X16_Q51 = 4, X16_IQ4 = 5 };
 static inline int x16_t1(int fmt) { return fmt == X16_Q41 || fmt == X16_Q51; }
 static inline int x16_five(int fmt) { return fmt == X16_Q50 || fmt == X16_Q51; }
 static inline int x16_bb(int fmt) { return fmt == X16_Q8 ? Q8X_BB : x16t_bb(x16_t1(fmt), x16_five(fmt)); }
@@ -529,6 +531,74 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
             if (five) s[t][e] = _mm256_add_epi32(s[t][e], _mm256_madd_epi16(g[t][e], one16));
             if (c0) s[t][e] = _mm256_add_epi32(s[t][e], BC4_256(c0 + t));
         }
+}
+/* IQ4_NL's (X16_IQ4): the 4 chunks' indices looked up in quant_iq4_kv,
+ * or (pre) a panel x16_unpack_iq4 wrote with the values. VNNI takes them as
+ * u8 (kv + 128, c0 = -128 x the code sum: exact, vpdpbusd does not
+ * saturate); AVX2 as they are with Q8_0's sign trick (maddubs of |v| with
+ * x signed by v; each maddubs to i32 at once: two pairs of 127 x 127 would
+ * overflow i16) */
+VNNI static inline __attribute__((always_inline)) void x16_isum_iq4_vnni(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
+                                                                         __m512i *s) {
+    const __m512i m4 = _mm512_set1_epi8(15), f = _mm512_set1_epi8((char)0x80);
+    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)quant_iq4_kv)), f); /* kv + 128 */
+    __m512i lo[4], hi[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (pre) {
+            lo[k] = _mm512_loadu_si512((const void *)(c + 64 * k)), hi[k] = _mm512_loadu_si512((const void *)(c + 256 + 64 * k));
+        } else {
+            const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
+            lo[k] = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4)), hi[k] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) s[t] = BC4_512(c0 + t);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], lo[k], BC4_512(x[t].qs + 4 * k));
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
+    }
+}
+AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const uint8_t *c, int pre, const struct q8a *x, int T, __m256i (*s)[2]) {
+    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_kv));
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        #pragma GCC unroll 2
+        for (int e = 0; e < 2; e++) {
+            __m256i lo, hi;
+            if (pre) {
+                lo = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), hi = _mm256_loadu_si256((const __m256i *)(c + 256 + 64 * k + 32 * e));
+            } else {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
+                lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4)), hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            const __m256i al = _mm256_sign_epi8(lo, lo), ah = _mm256_sign_epi8(hi, hi);
+            #pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(BC4_256(x[t].qs + 4 * k), lo));
+                const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(BC4_256(x[t].qs + 16 + 4 * k), hi));
+                s[t][e] = _mm256_add_epi32(s[t][e], _mm256_add_epi32(_mm256_madd_epi16(pl, one16), _mm256_madd_epi16(ph, one16)));
+            }
+        }
+    }
+}
+/* one IQ4_NL block's 4 chunks at c as values into a panel (512 bytes at
+ * P, x16_unpack's order): kv for AVX2, kv + 128 (u8) for VNNI */
+AVX2 static inline void x16_unpack_iq4(const uint8_t *c, uint8_t *P, int vnni) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i kv = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_kv)),
+                                        _mm256_set1_epi8(vnni ? (char)0x80 : 0));
+    for (int o = 0; o < 256; o += 32) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(c + o));
+        _mm256_storeu_si256((__m256i *)(P + o), _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4)));
+        _mm256_storeu_si256((__m256i *)(P + 256 + o), _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)));
+    }
 }
 /* Q8_0's: 8 chunks of s8 codes. VNNI takes them as u8 (q + 128: the xor
  * of the sign bit, or pre: from a panel x16_flip wrote), so c0 must hold
