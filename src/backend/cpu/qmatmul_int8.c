@@ -266,6 +266,59 @@ static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, i
     return acc;
 }
 
+/* IQ4_XS: the copy into groups of 16 rows (qmatmul_internal.h), the
+ * scalar kernel over it and a stored row past the groups, with the same
+ * steps */
+uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K) {
+    const int nsb = K / 256;
+    const size_t rb = (size_t)nsb * 136;
+    const int64_t ng = N / X16_R;
+    uint8_t *P = kiln_walloc((size_t)ng * nsb * IQX_BB + (size_t)(N - ng * X16_R) * rb);
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++)
+        for (int i = 0; i < nsb; i++) {
+            uint8_t *p = P + ((size_t)g * nsb + i) * IQX_BB;
+            for (int r = 0; r < X16_R; r++) {
+                const uint8_t *blk = W + (size_t)(X16_R * g + r) * rb + (size_t)136 * i;
+                memcpy(p + 2 * r, blk, 2);
+                for (int j = 0; j < 8; j++) {
+                    p[32 + 16 * j + r] = (uint8_t)(int8_t)(quant_iq4xs_scale(blk, j) - 32);
+                    for (int k = 0; k < 4; k++) memcpy(p + 160 + 256 * j + 64 * k + 4 * r, blk + 8 + 16 * j + 4 * k, 4);
+                }
+            }
+        }
+    memcpy(P + (size_t)ng * nsb * IQX_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
+    return P;
+}
+
+static void iqx_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < X16_R; r++) {
+            float acc = 0;
+            for (int i = 0; i < nsb; i++) {
+                const uint8_t *p = G + (size_t)IQX_BB * i;
+                for (int j = 0; j < 8; j++) {
+                    const struct q8a *x = &xt[((size_t)8 * i + j) * NT + t];
+                    uint8_t c[16];
+                    for (int k = 0; k < 4; k++) memcpy(c + 4 * k, p + 160 + 256 * j + 64 * k + 4 * r, 4);
+                    acc = fmaf((float)((int8_t)p[32 + 16 * j + r] * qm_isum_iq4(c, x->qs)), h2f(p + 2 * r) * x->d, acc);
+                }
+            }
+            out[(size_t)t * ldo + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+static float iqx_tail(const uint8_t *w, const struct q8a *x, int NT, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 136)
+        for (int j = 0; j < 8; j++) {
+            const struct q8a *xb = &x[((size_t)8 * i + j) * NT];
+            acc = fmaf((float)((quant_iq4xs_scale(w, j) - 32) * qm_isum_iq4(w + 8 + 16 * j, xb->qs)), h2f(w) * xb->d, acc);
+        }
+    return acc;
+}
+
 /* Q6_K: the copy into groups of 16 rows (qmatmul_internal.h), the scalar
  * kernel over it and a stored row past the groups, with the same steps */
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K) {
@@ -781,6 +834,11 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
             for (int t = 0; t < nt; t += 2)
                 qm_x16k_avx2(G, P, xt + t, xs + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, q5, o + (size_t)t * j->N, j->N, bias);
         else q4kx_scalar(G, xt, xs, j->NT, nt, nsb, q5, o, j->N, bias);
+    } else if (dt == KILN_DTYPE_IQ4_XS) {
+        if (vnni) qm_x16iq_vnni(G, P, xt, c8, j->NT, nt, nsb, o, j->N, bias);
+        else if (j->isa >= CPU_ISA_AVX2)
+            for (int t = 0; t < nt; t += 2) qm_x16iq_avx2(G, P, xt + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
+        else iqx_scalar(G, xt, j->NT, nt, nsb, o, j->N, bias);
     } else if (dt == KILN_DTYPE_Q6_K) {
         if (vnni) qm_x16q6_vnni(G, P, xt, c8, j->NT, nt, nsb, o, j->N, bias);
         else if (j->isa >= CPU_ISA_AVX2)
@@ -797,7 +855,7 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
 /* the bytes of one group of 16 rows of dtype t, nb blocks of 32 */
 static size_t x16_group_bytes(enum kiln_dtype t, int nb) {
     return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q5_K ? (size_t)(nb / 8) * Q5X_BB
-           : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB
+           : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB : t == KILN_DTYPE_IQ4_XS ? (size_t)(nb / 8) * IQX_BB
            : (size_t)nb * x16_bb(x16_fmt(t));
 }
 
@@ -811,7 +869,9 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     uint8_t *P = j->scr ? j->scr[tid] : NULL; /* several tiles: each group's codes split (Q8_0: flipped, Q5_*, Q6_K: assembled) once */
     CPU_FOR_ROWS(u, u0, u1, qm_two_cur) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
-        if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K)) { /* 512 bytes per 32-weight block, as below */
+        if (P && u < j->ng && dt == KILN_DTYPE_IQ4_XS) { /* the values, 512 bytes per sub-block */
+            for (int b = 0; b < j->nb; b++) x16_unpack_iq4(G + (size_t)IQX_BB * (b / 8) + 160 + 256 * (b % 8), P + 512 * (size_t)b, j->R == 16);
+        } else if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K)) { /* 512 bytes per 32-weight block, as below */
             const size_t SB = GB / (size_t)(j->nb / 8); /* a superblock's bytes */
             for (int i = 0; i < j->nb / 8; i++) {
                 if (dt == KILN_DTYPE_Q6_K) qm_x16q6_unpack(G + SB * i, P + 4096 * (size_t)i);
@@ -840,6 +900,7 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
                     const float v = dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K
                                         ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q5_K)
                                     : dt == KILN_DTYPE_Q6_K ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8)
+                                    : dt == KILN_DTYPE_IQ4_XS ? iqx_tail(row, xt + t, j->NT, j->nb / 8)
                                                             : x16_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb, fmt);
                     j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
                 }
@@ -1041,7 +1102,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
             }
         } else {
             /* Q8_0's and IQ4_NL's VNNI codes are the value + 128, Q4_0's q */
-            const int off = dt == KILN_DTYPE_Q8_0 || dt == KILN_DTYPE_IQ4_NL ? 128 : dt == KILN_DTYPE_Q5_0 ? 16 : 8;
+            const int off = dt == KILN_DTYPE_Q8_0 || dt == KILN_DTYPE_IQ4_NL || dt == KILN_DTYPE_IQ4_XS ? 128 : dt == KILN_DTYPE_Q5_0 ? 16 : 8;
             for (size_t i = 0; i < nx; i++) j.c8[i] = -off * j.xa[i].sum;
         }
         *jp = j;
@@ -1189,6 +1250,7 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
         const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
                           (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_IQ4_NL ||
+                           w->w.dtype == KILN_DTYPE_IQ4_XS ||
                            w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
                            (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);

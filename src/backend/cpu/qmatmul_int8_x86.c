@@ -1350,6 +1350,72 @@ AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, 
 #undef X16A
 }
 
+/* IQ4_XS in groups (qmatmul_internal.h): per superblock and sub-block j,
+ * IQ4_NL's block sums (x16_isum_iq4_*), times the 16 rows' int8 scales
+ * (vpmulld: exact), one convert and one FMA with d xd_j per token */
+VNNI static inline __attribute__((always_inline)) void x16iq_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8,
+                                                                   int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
+    __m512 acc[8];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)IQX_BB * i;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            if (!P)
+                for (int o = 276 * j; o < 276 * j + 276 && o < IQX_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
+            __m512i s[8];
+            x16_isum_iq4_vnni(P ? P + 512 * b : p + 160 + 256 * j, P != NULL, xt + b * NT, c8 + b * NT, T, s);
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * j)));
+            #pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(s[t], sc)), _mm512_mul_ps(d, _mm512_set1_ps(xt[b * NT + t].d)), acc[t]);
+        }
+    }
+    x16_out_vnni(acc, T, out, ldo, bias);
+}
+
+VNNI void qm_x16iq_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias) {
+#define IQC(T) x16iq_vnni_(G, P, xt, c8, NT, nsb, T, out, ldo, bias)
+    X16_BY_NT(IQC)
+#undef IQC
+}
+
+AVX2 static inline __attribute__((always_inline)) void x16iq_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, int NT, int nsb, int T,
+                                                                   float *out, size_t ldo, const float *bias) {
+    __m256 acc[2][2];
+    #pragma GCC unroll 2
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *p = G + (size_t)IQX_BB * i;
+        for (int j = 0; j < 8; j++) {
+            const size_t b = (size_t)8 * i + j;
+            if (!P)
+                for (int o = 276 * j; o < 276 * j + 276 && o < IQX_BB; o += 64) X16_PF1(p + o);
+            __m256i s[2][2];
+            x16_isum_iq4_avx2(P ? P + 512 * b : p + 160 + 256 * j, P != NULL, xt + b * NT, T, s);
+            #pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
+                const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * j + 8 * e)));
+                #pragma GCC unroll 2
+                for (int t = 0; t < T; t++)
+                    acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(s[t][e], sc)), _mm256_mul_ps(d, _mm256_set1_ps(xt[b * NT + t].d)),
+                                                acc[t][e]);
+            }
+        }
+    }
+    x16_out_avx2(acc, T, out, ldo, bias);
+}
+
+AVX2 void qm_x16iq_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias) {
+    if (nt == 1) x16iq_avx2_(G, P, xt, NT, nsb, 1, out, ldo, bias);
+    else x16iq_avx2_(G, P, xt, NT, nsb, 2, out, ldo, bias);
+}
+
 /* Q4_K (and Q5_K: q5, its fifth bits merged from the qh chunks) in groups
  * of 16 rows (qmatmul_internal.h): per superblock and
  * sub-block j (pair c = j / 2, nibble h = j % 2), the pair's 8 chunks give

@@ -66,7 +66,7 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392, IQX_BB = 2208 };
 /* Q4_1, Q5_0 and Q5_1 (w = d q + m for the type-1 Q4_1 / Q5_1, d (q - 16)
  * for Q5_0) the same way, x16t_bb(t1, five) bytes per block:
  *
@@ -89,6 +89,16 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X
  * acc). */
 static inline int x16t_bb(int t1, int five) { return 288 + 32 * t1 + 64 * five; }
 static inline int x16t_codes(int t1) { return 32 + 32 * t1; }
+/* IQ4_XS likewise, a superblock of 256 weights per step (IQX_BB bytes):
+ *
+ *   bytes    0..31     the 16 rows' d (f16)
+ *   bytes   32..159    sub-block j's scale of row r, ls - 32 as int8, at 32 + 16 j + r
+ *   bytes  160..2207   8 sub-blocks of 256 bytes: IQ4_NL's 4 chunks of 64
+ *                      (chunk k = index bytes 4k .. 4k + 3 of each row)
+ *
+ * (the stored 136 bytes per row plus 2); a row is sum over sub-blocks j of
+ * fma((float)((ls_j - 32) sum_i kv[q_i] x_i), d xd_j, acc), in order (the
+ * integer below 2^24: exact). */
 /* the group formats of qm_x16_avx2 / qm_x16_vnni and the scalar kernel */
 enum { X16_Q4 = 0, X16_Q8 = 1, X16_Q41 = 2, X16_Q50 = 3, X16_Q51 = 4, X16_IQ4 = 5 };
 static inline int x16_t1(int fmt) { return fmt == X16_Q41 || fmt == X16_Q51; }
@@ -138,6 +148,8 @@ static inline int x16_bb(int fmt) { return fmt == X16_Q8 ? Q8X_BB : x16t_bb(x16_
 uint8_t *qm_x16_pack(const uint8_t *W, int N, int K, int fmt);
 uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5);
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
+/* ... qm_x16iq_pack: IQ4_XS */
+uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -702,6 +714,13 @@ AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt
 /* ... P: the group's codes assembled by qm_x16q6_unpack (4,096 bytes per
  * superblock, 512 per sub-block), or NULL to assemble them per call */
 AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P);
+/* IQ4_XS: group G of nsb superblocks, c8 as IQ4_NL's (-128 x each
+ * activation block's code sum; VNNI only), P: the group's blocks as
+ * x16_unpack_iq4 writes them (512 bytes per 32 weights), or NULL */
+VNNI void qm_x16iq_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nsb, float *out,
+                        size_t ldo, const float *bias);
+AVX2 void qm_x16iq_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, int NT, int nt, int nsb, float *out, size_t ldo,
+                        const float *bias);
 AVX2 void qm_x16_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *c8, int NT, int nt, int nb, int fmt, float *out,
                       size_t ldo, const float *bias);
 VNNI float qm_dot1v_q4_0(const uint8_t *w, const __m256i *corr, const float *xd, const struct q8a *a, int nb);
