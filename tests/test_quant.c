@@ -122,7 +122,7 @@ static void test_pairs(void) {
      * bound max |delta| by 4% of the largest logit */
     cJSON_ArrayForEach(p, cJSON_GetObjectItem(m, "pairs")) {
         const char *q = cJSON_GetArrayItem(p, 0)->valuestring;
-        if (strstr(q, ".gguf") && (strstr(q, "q8_0") || strstr(q, "q4_0") || strstr(q, "kmix") || strstr(q, "iq4mix")))
+        if (strstr(q, ".gguf") && (strstr(q, "q8_0") || strstr(q, "q4_0") || strstr(q, "kmix") || strstr(q, "iq4mix") || strstr(q, "k23mix")))
             compare(q, cJSON_GetArrayItem(p, 1)->valuestring, -0.04f, "int8");
         /* GPTQ / AWQ 4-bit (g32/g64/g128, per-channel, sym/asym, act-order,
          * MoE) on the int8-activation path: the same per-block rounding of
@@ -155,7 +155,7 @@ static void test_kernels(void) {
     struct kiln_backend *be = backend_create("cpu", 0, err, sizeof err);
     CHECK(be != NULL, "%s", err);
     if (!be) return;
-    const char *fmts[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "fp8", "gptq-int4", "gptq-int8", "awq"};
+    const char *fmts[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "fp8", "gptq-int4", "gptq-int8", "awq"};
     const int N = 40, K = 512;
     float *x = kiln_malloc(sizeof(float) * 5 * K), *out = kiln_malloc(sizeof(float) * 5 * N), *W = kiln_malloc(sizeof(float) * N * K);
     struct kiln_rng r;
@@ -347,6 +347,7 @@ static void test_qgemm(void) {
               {"q5_0", 37, 320, 0, 64, 0},      {"q5_0", 6, 96, 0, 64, 0},        {"q5_1", 37, 320, 0, 64, 0}, {"q5_1", 6, 96, 0, 64, 0},
               {"q4_k", 21, 512, 0, 64, 0},      {"q5_k", 21, 512, 0, 64, 0},      {"q6_k", 21, 512, 0, 64, 0},
               {"iq4_nl", 37, 320, 0, 64, 0},    {"iq4_nl", 6, 96, 0, 64, 0},      {"iq4_xs", 21, 512, 0, 64, 0}, {"iq4_xs", 6, 256, 0, 64, 0},
+              {"q2_k", 21, 512, 0, 64, 0},      {"q2_k", 6, 256, 0, 64, 0},       {"q3_k", 21, 512, 0, 64, 0},   {"q3_k", 6, 256, 0, 64, 0},
               {"q8_0", 37, 320, 1, 64, 0},      {"gptq-int4", 40, 320, 0, 64, 0},
               {"gptq-int8", 24, 192, 0, 64, 0}, {"awq", 40, 320, 0, 64, 0},       {"fp8", 37, 320, 0, 64, 0},
               /* FP8 with every code (subnormals, both signs) and K 300: each step width's tail in the last block */

@@ -507,8 +507,56 @@ def iq4xs(blocks):
     return np.concatenate([f16b(d), sh.view(np.uint8).reshape(nb, 2), sl, iq4_nibbles(idx).reshape(nb, 128)], axis=1)
 
 
+def k23_codes(q):
+    """[nb, 256] 2-bit codes -> [nb, 64] bytes: weight 128c + 32s + l at bits 2s of byte 32c + l"""
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8)
+    out = np.zeros((q.shape[0], 2, 32), np.uint8)
+    for sq in range(4):
+        out |= (q[:, :, sq, :] & 3) << (2 * sq)
+    return out.reshape(-1, 64)
+
+
+def q2k(x):
+    """round to nearest: per 16 weights a scale (max - min) / 3 and a min -min, as 4-bit multiples of d / dmin"""
+    nb = x.shape[0]
+    sub = x.reshape(nb, 16, 16)
+    mn, mx = np.minimum(sub.min(2), 0), np.maximum(sub.max(2), 0)
+    scf, mf = (mx - mn) / 3, -mn
+    d, dmin = f16r(scf.max(1) / 15), f16r(mf.max(1) / 15)
+    sc = np.clip(np.rint(np.where(d[:, None] > 0, scf / np.where(d[:, None] > 0, d[:, None], 1), 0)), 0, 15)
+    m = np.clip(np.rint(np.where(dmin[:, None] > 0, mf / np.where(dmin[:, None] > 0, dmin[:, None], 1), 0)), 0, 15)
+    step = (d[:, None] * sc)[..., None]
+    q = np.clip(np.rint(np.where(step > 0, (sub + (dmin[:, None] * m)[..., None]) / np.where(step > 0, step, 1), 0)), 0, 3).astype(np.uint8)
+    scales = (sc.astype(np.uint8) | (m.astype(np.uint8) << 4))
+    return np.concatenate([scales, k23_codes(q.reshape(nb, 256)), f16b(d), f16b(dmin)], axis=1)
+
+
+def q3k(x):
+    """round to nearest: per 16 weights a scale max |x| / 4 as a 6-bit multiple of d (less 32), codes -4..3"""
+    nb = x.shape[0]
+    sub = x.reshape(nb, 16, 16)
+    sf = np.abs(sub).max(2) / 4
+    d = f16r(sf.max(1) / 31)
+    sc = np.clip(np.rint(np.where(d[:, None] > 0, sf / np.where(d[:, None] > 0, d[:, None], 1), 0)) + 32, 0, 63).astype(np.uint8)
+    step = (d[:, None] * (sc.astype(np.float32) - 32))[..., None]
+    q = np.clip(np.rint(np.where(step != 0, sub / np.where(step != 0, step, 1), 0)), -4, 3).astype(np.int16) + 4
+    u = q.reshape(nb, 256).astype(np.uint8)
+    hmask = np.zeros((nb, 32), np.uint8)
+    for i in range(8):
+        hmask |= ((u[:, 32 * i:32 * i + 32] >> 2) & 1) << i
+    scb = np.zeros((nb, 12), np.uint8)
+    for j in range(16):
+        scb[:, j % 8] |= (sc[:, j] & 15) << (4 * (j // 8))
+        scb[:, 8 + j % 4] |= (sc[:, j] >> 4) << (2 * (j // 4))
+    return np.concatenate([hmask, k23_codes(u & 3), scb, f16b(d)], axis=1)
+
+
 def quantize(arr, qt):
     arr = np.asarray(arr, np.float32)
+    if qt in (QT.Q2_K, QT.Q3_K):
+        shp = arr.shape
+        b = (q2k if qt == QT.Q2_K else q3k)(arr.reshape(-1, 256))
+        return b.reshape(*shp[:-1], shp[-1] // 256 * gguf.GGML_QUANT_SIZES[qt][1])
     if qt in (QT.IQ4_NL, QT.IQ4_XS):
         shp = arr.shape
         be = 32 if qt == QT.IQ4_NL else 256
@@ -662,6 +710,19 @@ def main():
             ref[n] = deq[g]
     write_ref(f"{OUT}/gguf/iq4mix-ref", icfg, ibase, ref)
     manifest["pairs"].append(["gguf/iq4mix.gguf", "gguf/iq4mix-ref"])
+    # Q2_K and Q3_K, after the files above for the same reason
+    lcfg = base_config(hidden=256, ffn=256, vocab=128, heads=4, kv=1, head_dim=64)
+    lbase = make_base(lcfg)
+    ltypes = {"blk.0.attn_q.weight": QT.Q3_K, "blk.0.attn_k.weight": QT.Q2_K, "blk.0.attn_v.weight": QT.Q3_K,
+              "blk.0.attn_output.weight": QT.Q2_K, "blk.0.ffn_gate.weight": QT.Q3_K, "blk.0.ffn_up.weight": QT.Q2_K,
+              "blk.0.ffn_down.weight": QT.Q3_K, "token_embd.weight": QT.Q2_K}
+    deq = gguf_write(f"{OUT}/gguf/k23mix.gguf", lcfg, lbase, ltypes)
+    ref = {}
+    for n in lbase:
+        for g, _, a in gguf_tensors(lcfg, {n: lbase[n]}, "qwen3"):
+            ref[n] = deq[g]
+    write_ref(f"{OUT}/gguf/k23mix-ref", lcfg, lbase, ref)
+    manifest["pairs"].append(["gguf/k23mix.gguf", "gguf/k23mix-ref"])
 
     with open(f"{OUT}/manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)

@@ -20,6 +20,7 @@ static const struct {
     [KILN_DTYPE_Q5_0] = {"Q5_0", 0},     [KILN_DTYPE_Q5_1] = {"Q5_1", 0},
     [KILN_DTYPE_Q5_K] = {"Q5_K", 0},     [KILN_DTYPE_Q6_K] = {"Q6_K", 0},
     [KILN_DTYPE_IQ4_NL] = {"IQ4_NL", 0}, [KILN_DTYPE_IQ4_XS] = {"IQ4_XS", 0},
+    [KILN_DTYPE_Q2_K] = {"Q2_K", 0},     [KILN_DTYPE_Q3_K] = {"Q3_K", 0},
 };
 
 const char *dtype_name(enum kiln_dtype t) {

@@ -37,6 +37,8 @@ enum kiln_dtype {
     KILN_DTYPE_Q6_K,
     KILN_DTYPE_IQ4_NL,
     KILN_DTYPE_IQ4_XS,
+    KILN_DTYPE_Q2_K,
+    KILN_DTYPE_Q3_K,
     KILN_DTYPE_COUNT
 };
 

@@ -529,7 +529,7 @@ int kiln_gguf_to_st(const struct gguf_file *g, const struct kiln_config *c, stru
         } else {
             continue;
         }
-        if (!dt) return kiln_errf(err, errlen, "GGUF: tensor '%s' has type %d, which kiln does not support (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)",
+        if (!dt) return kiln_errf(err, errlen, "GGUF: tensor '%s' has type %d, which kiln does not support (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)",
                                   n, ti->ggml_type);
         if (ti->n_dims > 2) return kiln_errf(err, errlen, "GGUF: tensor '%s' has %d dimensions, expected 1 or 2", n, ti->n_dims);
         const void *data = ti->data;

@@ -36,6 +36,15 @@
  *         8 sub-blocks of 32: 6-bit scale ls[j] = (scales_l[j / 2] >> 4 (j % 2)) & 15
  *         | ((scales_h >> 2j) & 3) << 4; sub-block j's indices at qs[16j ..], nibbles
  *         as IQ4_NL's: w = d * (ls[j] - 32) * kv[q]
+ *   Q2_K  (256 w, 84 B)  | scales[16] | qs[64] | d f16 | dmin f16 |
+ *         weight 128c + 32s + l (c < 2, s < 4, l < 32): q = (qs[32c + l] >> 2s) & 3;
+ *         16 sub-blocks of 16: scales[j] & 15 the scale, >> 4 the min:
+ *         w = d * sc[j] * q - dmin * m[j]
+ *   Q3_K  (256 w, 110 B) | hmask[32] | qs[64] | scales[12] | d f16 |
+ *         weight 128c + 32s + l: low 2 bits as Q2_K's, bit 2 = bit 4c + s of hmask[l];
+ *         q = that 3-bit code - 4; 6-bit scale of sub-block j (16 weights): low 4 bits
+ *         from scales[j % 8] >> 4 (j / 8), top 2 from scales[8 + j % 4] >> 2 (j / 4);
+ *         w = d * (sc[j] - 32) * q
  */
 #include "format/quant.h"
 
@@ -51,6 +60,7 @@ static const struct quant_type types[] = {
     {KILN_DTYPE_Q5_0, "Q5_0", 6, 32, 22},  {KILN_DTYPE_Q5_1, "Q5_1", 7, 32, 24},
     {KILN_DTYPE_Q4_K, "Q4_K", 12, 256, 144}, {KILN_DTYPE_Q5_K, "Q5_K", 13, 256, 176}, {KILN_DTYPE_Q6_K, "Q6_K", 14, 256, 210},
     {KILN_DTYPE_IQ4_NL, "IQ4_NL", 20, 32, 18}, {KILN_DTYPE_IQ4_XS, "IQ4_XS", 23, 256, 136},
+    {KILN_DTYPE_Q2_K, "Q2_K", 10, 256, 84},    {KILN_DTYPE_Q3_K, "Q3_K", 11, 256, 110},
 };
 
 const int8_t quant_iq4_kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -198,6 +208,22 @@ void quant_dequant_row(enum kiln_dtype t, const void *src, float *y, int64_t n) 
                     y[32 * j + 16 + i] = dl * quant_iq4_kv[qs[i] >> 4];
                 }
             }
+        }
+        return;
+    case KILN_DTYPE_Q2_K:
+        for (int64_t o = 0; o < n; o += 256, b += 84, y += 256) {
+            const float d = h2f(b + 80), dmin = h2f(b + 82);
+            for (int e = 0; e < 256; e++) {
+                const int j = e / 16;
+                y[e] = d * (b[j] & 15) * quant_k23_code(b + 16, e) - dmin * (b[j] >> 4);
+            }
+        }
+        return;
+    case KILN_DTYPE_Q3_K:
+        for (int64_t o = 0; o < n; o += 256, b += 110, y += 256) {
+            const float d = h2f(b + 108);
+            for (int e = 0; e < 256; e++)
+                y[e] = d * (float)(quant_q3k_scale(b + 96, e / 16) - 32) * (float)((quant_k23_code(b + 32, e) | quant_q3k_hbit(b, e) << 2) - 4);
         }
         return;
     default: memset(y, 0, (size_t)n * 4);
@@ -399,7 +425,7 @@ void quant_linear_label(const struct qlinear *w, char *buf, size_t len) {
 /* ==== dummy quantized weights ==== */
 
 static const char *const dummy_fmts[] = {"fp8", "gptq-int4", "gptq-int8", "awq", "awq-int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
-                                         "iq4_nl", "iq4_xs", NULL};
+                                         "iq4_nl", "iq4_xs", "q2_k", "q3_k", NULL};
 
 int quant_dummy_known(const char *fmt) {
     for (int i = 0; dummy_fmts[i]; i++)
@@ -479,10 +505,11 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
                       : !strcasecmp(fmt, "q4_1") ? KILN_DTYPE_Q4_1 : !strcasecmp(fmt, "q4_k") ? KILN_DTYPE_Q4_K
                       : !strcasecmp(fmt, "q5_0") ? KILN_DTYPE_Q5_0 : !strcasecmp(fmt, "q5_1") ? KILN_DTYPE_Q5_1
                       : !strcasecmp(fmt, "q5_k") ? KILN_DTYPE_Q5_K : !strcasecmp(fmt, "q6_k") ? KILN_DTYPE_Q6_K
-                      : !strcasecmp(fmt, "iq4_nl") ? KILN_DTYPE_IQ4_NL : !strcasecmp(fmt, "iq4_xs") ? KILN_DTYPE_IQ4_XS : KILN_DTYPE_NONE;
+                      : !strcasecmp(fmt, "iq4_nl") ? KILN_DTYPE_IQ4_NL : !strcasecmp(fmt, "iq4_xs") ? KILN_DTYPE_IQ4_XS
+                      : !strcasecmp(fmt, "q2_k") ? KILN_DTYPE_Q2_K : !strcasecmp(fmt, "q3_k") ? KILN_DTYPE_Q3_K : KILN_DTYPE_NONE;
     const struct quant_type *qt = quant_type_of(t);
     if (!qt)
-        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)", fmt);
+        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)", fmt);
     if (K % qt->block_elems && qt->block_elems == 256) { /* as llama.cpp does: rows that do not fit a K-quant get Q8_0 */
         t = KILN_DTYPE_Q8_0;
         qt = quant_type_of(t);
@@ -495,13 +522,20 @@ int quant_dummy_linear(struct qlinear *w, const char *fmt, int group, uint64_t s
     /* sane block headers: replace the f16 scales with positive values */
     size_t nblk = nb / (size_t)qt->block_bytes;
     float d = std * 1.7320508f / (t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_IQ4_NL ? 127.0f : t == KILN_DTYPE_Q6_K ? 32.0f * 32.0f
-                                  : t == KILN_DTYPE_IQ4_XS ? 8.0f * 127.0f : 8.0f);
+                                  : t == KILN_DTYPE_IQ4_XS ? 8.0f * 127.0f : t == KILN_DTYPE_Q2_K ? 8.0f * 2.0f : t == KILN_DTYPE_Q3_K ? 8.0f * 4.0f
+                                                           : 8.0f);
     for (size_t i = 0; i < nblk; i++) {
         uint8_t *b = q + i * (size_t)qt->block_bytes;
         switch (t) {
         case KILN_DTYPE_Q8_0:
         case KILN_DTYPE_IQ4_NL:
         case KILN_DTYPE_Q4_0: f2h(b, d); break;
+        case KILN_DTYPE_Q2_K: /* random 4-bit scales and mins (the codes' mean 1.5 against m / sc ~ 1) */
+            f2h(b + 80, d), f2h(b + 82, d);
+            break;
+        case KILN_DTYPE_Q3_K: /* random 6-bit scales: sc - 32 anywhere in -32 .. 31 */
+            f2h(b + 108, d / 4);
+            break;
         case KILN_DTYPE_IQ4_XS: /* every sub-block's scale 40 - 32 = 8 */
             f2h(b, d), b[2] = b[3] = 0xAA;
             for (int j = 0; j < 4; j++) b[4 + j] = 0x88;

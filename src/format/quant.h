@@ -8,8 +8,8 @@
  *   FP8 block      fp8.c            e4m3 [N][K], scale_inv [ceil(N/bn)][ceil(K/bk)]
  *   GPTQ v1/v2     gptq.c           qweight [K*b/32][N], qzeros [G][N*b/32], scales [G][N], g_idx [K]
  *   AWQ gemm       awq.c            qweight [K][N/8], qzeros [G][N/8], scales [G][N]
- *   GGUF blocks    quant.c (here)   [N][K / block elems] blocks: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K
- *                                    IQ4_NL IQ4_XS
+ *   GGUF blocks    quant.c (here)   [N][K / block elems] blocks: Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K
+ *                                    Q5_K Q6_K IQ4_NL IQ4_XS
  *
  * GPTQ and AWQ are repacked once at load into one row-major "grouped int"
  * layout (struct qgrp, below) so the kernels read each output row
@@ -52,6 +52,14 @@ extern const int8_t quant_iq4_kv[16];
 static inline int quant_iq4xs_scale(const uint8_t *b, int j) {
     return ((b[4 + j / 2] >> 4 * (j % 2)) & 15) | (((b[2] | b[3] << 8) >> 2 * j) & 3) << 4;
 }
+
+/* Q2_K / Q3_K: the 2-bit code of weight e (0..255) from a superblock's 64
+ * code bytes qs (weight 128c + 32s + l at bits 2s of qs[32c + l]); Q3_K's
+ * third bit of weight e from hmask (bit e / 32 of hmask[e % 32]) and its
+ * 6-bit scale of sub-block j (0..15) from its 12 scale bytes sc */
+static inline int quant_k23_code(const uint8_t *qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * (e / 32 % 4))) & 3; }
+static inline int quant_q3k_hbit(const uint8_t *hmask, int e) { return (hmask[e % 32] >> (e / 32)) & 1; }
+static inline int quant_q3k_scale(const uint8_t *sc, int j) { return ((sc[j % 8] >> (4 * (j / 8))) & 15) | ((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4; }
 
 /* Dequantizes n elements (whole blocks) of row src (of type t: a block type
  * or F32/F16/BF16) into dst. */

@@ -69,7 +69,8 @@ static int qact_f32(void) {
 static int want_int8(enum kiln_dtype t) {
     if (qact_f32()) return 0;
     return t == KILN_DTYPE_Q8_0 || t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q4_1 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_Q5_1 ||
-           t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K || t == KILN_DTYPE_IQ4_NL || t == KILN_DTYPE_IQ4_XS;
+           t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K || t == KILN_DTYPE_IQ4_NL || t == KILN_DTYPE_IQ4_XS ||
+           t == KILN_DTYPE_Q2_K || t == KILN_DTYPE_Q3_K;
 }
 
 #if defined(KILN_X86)

@@ -439,6 +439,47 @@ static float dot_iq4xs_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
     return acc;
 }
 
+/* Q2_K (w = d sc q - dmin m, 2-bit q, sc / m per 16 weights) and Q3_K (w
+ * = d (sc - 32) (u - 4), u the 3-bit code): per activation block (32
+ * weights, two sub-blocks) the integer sums sc x sum q x and m x sum x
+ * (Q3_K: (sc - 32) x (sum u x - 4 sum x)), then scaled */
+static float dot_q2_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 84, a += 8) {
+        const float d = h2f(w + 80), dmin = h2f(w + 82);
+        for (int b = 0; b < 8; b++) {
+            int is = 0, im = 0;
+            for (int h = 0; h < 2; h++) {
+                int sq = 0, sx = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) sq += quant_k23_code(w + 16, 32 * b + l) * a[b].qs[l], sx += a[b].qs[l];
+                is += (w[2 * b + h] & 15) * sq, im += (w[2 * b + h] >> 4) * sx;
+            }
+            acc += a[b].d * (d * (float)is - dmin * (float)im);
+        }
+    }
+    return acc;
+}
+
+static float dot_q3_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
+    float acc = 0;
+    for (int i = 0; i < nsb; i++, w += 110, a += 8) {
+        const float d = h2f(w + 108);
+        for (int b = 0; b < 8; b++) {
+            int is = 0;
+            for (int h = 0; h < 2; h++) {
+                int sq = 0;
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    const int e = 32 * b + l;
+                    sq += ((quant_k23_code(w + 32, e) | quant_q3k_hbit(w, e) << 2) - 4) * a[b].qs[l];
+                }
+                is += (quant_q3k_scale(w + 96, 2 * b + h) - 32) * sq;
+            }
+            acc += d * a[b].d * (float)is;
+        }
+    }
+    return acc;
+}
+
 static float dot_q5_k_scalar(const uint8_t *w, const struct q8a *a, int nsb) {
     float acc = 0;
     for (int i = 0; i < nsb; i++, w += 176, a += 8) {
@@ -1028,6 +1069,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.nblk = K / 256; break;
     case KILN_DTYPE_IQ4_NL: j.dot = dot_iq4nl_scalar; break;
     case KILN_DTYPE_IQ4_XS: j.dot = dot_iq4xs_scalar, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q2_K: j.dot = dot_q2_k_scalar, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q3_K: j.dot = dot_q3_k_scalar, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break;
     }
 #if defined(KILN_NEON)
@@ -1118,6 +1161,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
     case KILN_DTYPE_Q6_K: j.dot = dot_q6_k_scalar, j.dotx = qm_dot_q6_k_avx2, j.nblk = K / 256; break;
     case KILN_DTYPE_IQ4_NL: j.dot = dot_iq4nl_scalar, j.dotx = qm_dot_iq4nl_avx2; break;
     case KILN_DTYPE_IQ4_XS: j.dot = dot_iq4xs_scalar, j.dotx = qm_dot_iq4xs_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q2_K: j.dot = dot_q2_k_scalar, j.dotx = qm_dot_q2_k_avx2, j.nblk = K / 256; break;
+    case KILN_DTYPE_Q3_K: j.dot = dot_q3_k_scalar, j.dotx = qm_dot_q3_k_avx2, j.nblk = K / 256; break;
     default: j.dot = dot_q4_k_scalar, j.nblk = K / 256; break; /* Q4_K; on AVX2: qm_*_qk (j.deck) */
     }
     const int vnni = j.isa >= CPU_ISA_AVX512 && qm_have_vnni();

@@ -174,6 +174,52 @@ AVX2 static inline __attribute__((always_inline)) void dot_iq4xs_avx2_(const uin
     for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
 }
 QDOTX_BY_NX(dot_iq4xs_avx2)
+
+/* Q2_K / Q3_K (nb: superblocks of 256): per activation block b (32
+ * weights: code bits 2s of the 32 bytes at qs + 32c, b = 4c + s) the
+ * codes as u8 (Q3_K: its third bit from hmask bit b, so u = q + 4), one
+ * maddubs with x, one madd with the two sub-blocks' scales as i16 (8 lanes
+ * each); the min (Q2_K) or offset (Q3_K) from maddubs of 1 with x, madd
+ * with the mins or 4 x the scales */
+AVX2 static inline __attribute__((always_inline)) void dot_k23_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out,
+                                                                     const int q3) {
+    const __m256i m3 = _mm256_set1_epi8(3), one8 = _mm256_set1_epi8(1);
+    __m256 acc[NX];
+    for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < nb; i++, w += q3 ? 110 : 84) {
+        const float d = h2f_c(w + (q3 ? 108 : 80)), dmin = q3 ? 0.0f : h2f_c(w + 82);
+        const __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)w) : _mm256_setzero_si256();
+        for (int b = 0; b < 8; b++) {
+            const int c = b / 4, sh = 2 * (b % 4);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (q3 ? 32 : 16) + 32 * c));
+            __m256i u = _mm256_and_si256(_mm256_srli_epi16(v, sh), m3);
+            int s0, s1, m0 = 0, m1 = 0;
+            if (q3) {
+                u = _mm256_or_si256(u, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, b), one8), 2));
+                s0 = quant_q3k_scale(w + 96, 2 * b) - 32, s1 = quant_q3k_scale(w + 96, 2 * b + 1) - 32;
+            } else {
+                s0 = w[2 * b] & 15, s1 = w[2 * b + 1] & 15, m0 = w[2 * b] >> 4, m1 = w[2 * b + 1] >> 4;
+            }
+            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+            const __m256i mn = q3 ? _mm256_slli_epi16(sc, 2) : _mm256_set_m128i(_mm_set1_epi16((short)m1), _mm_set1_epi16((short)m0));
+            #pragma GCC unroll 4
+            for (int j = 0; j < nx; j++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)a[j][8 * i + b].qs);
+                const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), sc), im = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, x), mn);
+                const float xd = a[j][8 * i + b].d;
+                if (q3) acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is, im)), _mm256_set1_ps(d * xd), acc[j]);
+                else {
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d * xd), acc[j]);
+                    acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_set1_ps(dmin * xd), acc[j]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < nx; j++) out[j] = kiln_hsum8(acc[j]);
+}
+DOT_T(dot_q2_k_avx2, dot_k23_avx2_, 0)
+DOT_T(dot_q3_k_avx2, dot_k23_avx2_, 1)
 #undef DOT_T
 
 /* Q6_K: per superblock the 16 int8 scales become two float vectors (x d)

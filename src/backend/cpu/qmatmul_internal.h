@@ -408,6 +408,8 @@ AVX2 void qm_dot_q5_1_avx2(const uint8_t *w, const struct q8a *const *a, int nx,
 AVX2 void qm_dot_q6_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_iq4nl_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 AVX2 void qm_dot_iq4xs_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q2_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
+AVX2 void qm_dot_q3_k_avx2(const uint8_t *w, const struct q8a *const *a, int nx, int nb, float *out);
 
 /* The int8 GEMM: qm_pack_i8 repacks R rows from r0 (nr real ones) of W
  * (row bytes rb, nb blocks) into the panel P; a microkernel runs P against
