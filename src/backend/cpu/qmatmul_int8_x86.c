@@ -1651,6 +1651,17 @@ AVX2 static inline __attribute__((always_inline)) __m256i x16q6_code(const uint8
     const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
 }
+/* Q3_K's (q3): u = bits 2s, 2s + 1 of region c | bit j of the hmask chunk << 2 */
+AVX2 static inline __attribute__((always_inline)) __m256i x16q3_code(const uint8_t *p, int j, int o) {
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 4) + o)), h = _mm256_loadu_si256((const __m256i *)(p + 1344 + o));
+    const __m256i hb = j < 2 ? _mm256_slli_epi16(h, 2 - j) : j == 2 ? h : _mm256_srli_epi16(h, j - 2);
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 2 * (j % 4)), _mm256_set1_epi8(3)), _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+}
+VNNI static inline __attribute__((always_inline)) __m512i x16q3_code512(const uint8_t *p, int j, int o) {
+    const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (j / 4) + o)), h = _mm512_loadu_si512((const void *)(p + 1344 + o));
+    const __m512i hb = j < 2 ? _mm512_slli_epi16(h, 2 - j) : j == 2 ? h : _mm512_srli_epi16(h, j - 2);
+    return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 2 * (j % 4)), _mm512_set1_epi8(3)), hb, _mm512_set1_epi8(4), 0xF8);
+}
 VNNI static inline __attribute__((always_inline)) __m512i x16q6_code512(const uint8_t *p, int j, int o) {
     const int h = j / 4, s = j % 4;
     const __m512i l = _mm512_loadu_si512((const void *)(p + 320 + 512 * (2 * h + (s & 1)) + o));
@@ -1661,12 +1672,13 @@ VNNI static inline __attribute__((always_inline)) __m512i x16q6_code512(const ui
 }
 
 VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
-                                                                   int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
+                                                                   int NT, int nsb, int T, int q3, float *out, size_t ldo, const float *bias) {
+    const int BB = q3 ? Q3X_BB : Q6X_BB, PS = q3 ? 256 : 448; /* a superblock's bytes; its lines prefetched per sub-block */
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *p = G + (size_t)Q6X_BB * i;
+        const uint8_t *p = G + (size_t)BB * i;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
@@ -1677,9 +1689,9 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) q[k] = _mm512_loadu_si512((const void *)(P + 4096 * (size_t)i + 512 * j + 64 * k));
             } else {
-                for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
+                for (int o = PS * j; o < PS * j + PS && o < BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
                 #pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) q[k] = x16q6_code512(p, j, 64 * k);
+                for (int k = 0; k < 8; k++) q[k] = q3 ? x16q3_code512(p, j, 64 * k) : x16q6_code512(p, j, 64 * k);
             }
             const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
             const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
@@ -1700,34 +1712,39 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
     x16_out_vnni(acc, T, out, ldo, bias);
 }
 
-VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
                         size_t ldo, const float *bias) {
-#define KC(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, out, ldo, bias)
-    X16_BY_NT(KC)
+#define KC(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, 0, out, ldo, bias)
+#define K3(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, 1, out, ldo, bias)
+    if (q3) X16_BY_NT(K3) else X16_BY_NT(KC)
 #undef KC
+#undef K3
 }
 
 /* AVX2: rows 8e .. 8e + 7 from each chunk's e-th 32 bytes, nt <= 2; two
  * maddubs of codes 0..63 add in i16 (2 x 2 x 63 x 128 < 2^15), then madd */
 AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
-                                                                   int NT, int nsb, int T, float *out, size_t ldo, const float *bias) {
+                                                                   int NT, int nsb, int T, int q3, float *out, size_t ldo, const float *bias) {
+    const int BB = q3 ? Q3X_BB : Q6X_BB, PS = q3 ? 256 : 448;
     const __m256i one16 = _mm256_set1_epi16(1);
     __m256 acc[2][2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *p = G + (size_t)Q6X_BB * i;
+        const uint8_t *p = G + (size_t)BB * i;
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
             const struct q8a *x = xt + b * NT;
             if (!P)
-                for (int o = 448 * j; o < 448 * j + 448 && o < Q6X_BB; o += 64) KILN_PF(p + o);
+                for (int o = PS * j; o < PS * j + PS && o < BB; o += 64) KILN_PF(p + o);
             #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
                 __m256i q[8];
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++)
-                    q[k] = P ? _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e)) : x16q6_code(p, j, 64 * k + 32 * e);
+                    q[k] = P    ? _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e))
+                           : q3 ? x16q3_code(p, j, 64 * k + 32 * e)
+                                : x16q6_code(p, j, 64 * k + 32 * e);
                 const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)));
                 const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)));
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
@@ -1751,19 +1768,21 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
     x16_out_avx2(acc, T, out, ldo, bias);
 }
 
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
                         size_t ldo, const float *bias) {
-    if (nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, out, ldo, bias);
-    else x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, out, ldo, bias);
+    if (q3 && nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 1, out, ldo, bias);
+    else if (q3) x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 1, out, ldo, bias);
+    else if (nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 0, out, ldo, bias);
+    else x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 0, out, ldo, bias);
 }
 
 /* one Q6_K group superblock's codes assembled (as the kernels above do)
  * into a panel, 512 bytes per sub-block j at P + 512 j, chunk k at + 64 k:
  * the kernels' P, so a prefill assembles each group once per call, not
  * once per tile of tokens */
-AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P) {
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int q3) {
     for (int j = 0; j < 8; j++)
-        for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + 512 * j + o), x16q6_code(p, j, o));
+        for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + 512 * j + o), q3 ? x16q3_code(p, j, o) : x16q6_code(p, j, o));
 }
 
 #endif /* KILN_X86 */

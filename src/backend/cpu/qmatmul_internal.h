@@ -66,7 +66,7 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392, IQX_BB = 2208 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392, IQX_BB = 2208, Q3X_BB = 1856 };
 /* Q4_1, Q5_0 and Q5_1 (w = d q + m for the type-1 Q4_1 / Q5_1, d (q - 16)
  * for Q5_0) the same way, x16t_bb(t1, five) bytes per block:
  *
@@ -89,6 +89,14 @@ enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X
  * acc). */
 static inline int x16t_bb(int t1, int five) { return 288 + 32 * t1 + 64 * five; }
 static inline int x16t_codes(int t1) { return 32 + 32 * t1; }
+/* Q3_K as Q6_K (Q3X_BB bytes per superblock; the same kernels, q3 set):
+ * bytes 0..31 d, 32..63 zero, 64..319 the scales less 32 as int8 (Q6_K's
+ * places), 320..1343 2 regions c of 512 bytes (chunk k = code bytes 32 c
+ * + 4k .. + 3 of each row), 1344..1855 the hmask in 8 chunks (bytes 4k ..
+ * 4k + 3 of each row). Sub-block j = 4c + s takes bits 2s, 2s + 1 of
+ * region c and bit j of the hmask chunks: u = q + 4 (0..7), the offset -4
+ * x the half's code sum in the sums' start (Q6_K's -32). (The stored 110
+ * bytes per row and superblock plus 6.) */
 /* IQ4_XS likewise, a superblock of 256 weights per step (IQX_BB bytes):
  *
  *   bytes    0..31     the 16 rows' d (f16)
@@ -150,6 +158,8 @@ uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5);
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
 /* ... qm_x16iq_pack: IQ4_XS */
 uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K);
+/* ... qm_x16q3_pack: Q3_K */
+uint8_t *qm_x16q3_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -709,13 +719,13 @@ AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt,
 AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P);
 /* Q6_K: group G of nsb superblocks, h6[2 (b NT + t)] and [.. + 1] = -32 x
  * the code sums of the halves of token t's block b */
-VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
                         size_t ldo, const float *bias);
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, float *out,
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
                         size_t ldo, const float *bias);
 /* ... P: the group's codes assembled by qm_x16q6_unpack (4,096 bytes per
  * superblock, 512 per sub-block), or NULL to assemble them per call */
-AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P);
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int q3);
 /* IQ4_XS: group G of nsb superblocks, c8 as IQ4_NL's (-128 x each
  * activation block's code sum; VNNI only), P: the group's blocks as
  * x16_unpack_iq4 writes them (512 bytes per 32 weights), or NULL */
