@@ -507,7 +507,7 @@ static void test_qgemm(void) {
     be->destroy(be);
 }
 
-/* Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q3_K, Q4_K, Q5_K, Q6_K and GPTQ / AWQ 4-bit in groups of 16 rows (x86:
+/* Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and GPTQ / AWQ 4-bit in groups of 16 rows (x86:
  * qmatmul_internal.h, qmatmul_gptq.c): every ISA gives the scalar kernel's bits, at every n,
  * for rows in groups and rows past them (N = 16 x g + r), with and without
  * bias, GPTQ with groups of 32 / 64 / 128 / per-channel and random zero
@@ -536,7 +536,8 @@ static void test_x16(void) {
               {"q4_1", 16, 64, 0},         {"q4_1", 37, 320, 0},       {"q4_1", 48, 1056, 0},      {"q4_1", 7, 96, 0},
               {"iq4_nl", 16, 64, 0},       {"iq4_nl", 37, 320, 0},     {"iq4_nl", 48, 1056, 0},    {"iq4_nl", 7, 96, 0},
               {"iq4_xs", 16, 256, 0},      {"iq4_xs", 37, 512, 0},     {"iq4_xs", 48, 1024, 0},    {"iq4_xs", 9, 256, 0},
-              {"q3_k", 16, 256, 0},        {"q3_k", 37, 512, 0},       {"q3_k", 48, 1024, 0},      {"q3_k", 9, 256, 0}};
+              {"q3_k", 16, 256, 0},        {"q3_k", 37, 512, 0},       {"q3_k", 48, 1024, 0},      {"q3_k", 9, 256, 0},
+              {"q2_k", 16, 256, 0},        {"q2_k", 37, 512, 0},       {"q2_k", 48, 1024, 0},      {"q2_k", 9, 256, 0}};
     static const int ns[] = {1, 2, 3, 7, 8, 9, 17, 37};
     const int maxn = 37;
     struct kiln_rng r;
@@ -545,7 +546,7 @@ static void test_x16(void) {
         const int N = cs[c].N, K = cs[c].K, q4 = !strcmp(cs[c].fmt, "q4_0"), q8 = !strcmp(cs[c].fmt, "q8_0"), qk = !strcmp(cs[c].fmt, "q4_k"),
                   q6 = !strcmp(cs[c].fmt, "q6_k"), q5 = !strcmp(cs[c].fmt, "q5_k"),
                   t01 = !strncmp(cs[c].fmt, "q5_", 3) || !strcmp(cs[c].fmt, "q4_1") || !strcmp(cs[c].fmt, "iq4_nl"),
-                  iqx = !strcmp(cs[c].fmt, "iq4_xs"), q3 = !strcmp(cs[c].fmt, "q3_k");
+                  iqx = !strcmp(cs[c].fmt, "iq4_xs"), q3 = !strcmp(cs[c].fmt, "q3_k"), q2 = !strcmp(cs[c].fmt, "q2_k");
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K}, w0;
         CHECK(quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
@@ -563,6 +564,10 @@ static void test_x16(void) {
             uint8_t *q = (uint8_t *)w.w.data;
             for (int b = 0; b < N * K / 256; b++)
                 for (int i = 0; i < 110; i++) q[110 * b + i] = i == 109 ? (uint8_t)(0x18 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+        } else if (q2) { /* Q2_K: every byte random but d and dmin (kept small): scales, mins and codes of every row differ */
+            uint8_t *q = (uint8_t *)w.w.data;
+            for (int b = 0; b < N * K / 256; b++)
+                for (int i = 0; i < 84; i++) q[84 * b + i] = i == 81 || i == 83 ? (uint8_t)(0x18 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
         } else if (iqx) { /* IQ4_XS: every byte random but d (kept small): scales and indices of every row differ */
             uint8_t *q = (uint8_t *)w.w.data;
             for (int b = 0; b < N * K / 256; b++)
@@ -591,7 +596,7 @@ static void test_x16(void) {
          * their prefill (n >= 16 here) takes the AVX2 GEMM on panels cut
          * from the groups, which must give the same bits */
         const int grouped = !(qk || q5) || cpu_isa() >= CPU_ISA_AVX2;
-        CHECK(w.repacked == grouped && w0.repacked == !(q4 || q8 || qk || q6 || q5 || t01 || iqx || q3), "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked,
+        CHECK(w.repacked == grouped && w0.repacked == !(q4 || q8 || qk || q6 || q5 || t01 || iqx || q3 || q2), "%s N=%d: repacked %d, stored %d", cs[c].fmt, N, w.repacked,
               w0.repacked);
         if (!grouped) {
             be->release_linear(be, &w), be->release_linear(be, &w0);

@@ -123,13 +123,14 @@ int cpu_qprepare_linear(struct qlinear *w, char *err, size_t errlen) {
         if (p->int8_act && x16_on() &&
             (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q8_0 || w->w.dtype == KILN_DTYPE_Q6_K || w->w.dtype == KILN_DTYPE_Q4_1 ||
              w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_IQ4_NL || w->w.dtype == KILN_DTYPE_IQ4_XS ||
-             w->w.dtype == KILN_DTYPE_Q3_K ||
+             w->w.dtype == KILN_DTYPE_Q3_K || w->w.dtype == KILN_DTYPE_Q2_K ||
              ((w->w.dtype == KILN_DTYPE_Q4_K || w->w.dtype == KILN_DTYPE_Q5_K) && cpu_isa() >= CPU_ISA_AVX2))) {
             p->x16 = w->w.dtype == KILN_DTYPE_Q4_K   ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 0)
                      : w->w.dtype == KILN_DTYPE_Q5_K ? qm_x16k_pack(w->w.data, w->n_out, w->n_in, 1)
                      : w->w.dtype == KILN_DTYPE_Q6_K ? qm_x16q6_pack(w->w.data, w->n_out, w->n_in)
                      : w->w.dtype == KILN_DTYPE_IQ4_XS ? qm_x16iq_pack(w->w.data, w->n_out, w->n_in)
                      : w->w.dtype == KILN_DTYPE_Q3_K ? qm_x16q3_pack(w->w.data, w->n_out, w->n_in)
+                     : w->w.dtype == KILN_DTYPE_Q2_K ? qm_x16q2_pack(w->w.data, w->n_out, w->n_in)
                      : qm_x16_pack(w->w.data, w->n_out, w->n_in,
                                    w->w.dtype == KILN_DTYPE_Q8_0   ? X16_Q8
                                    : w->w.dtype == KILN_DTYPE_Q4_1 ? X16_Q41

@@ -370,6 +370,28 @@ uint8_t *qm_x16q3_pack(const uint8_t *W, int N, int K) {
     return P;
 }
 
+uint8_t *qm_x16q2_pack(const uint8_t *W, int N, int K) {
+    const int nsb = K / 256;
+    const size_t rb = (size_t)nsb * 84;
+    const int64_t ng = N / X16_R;
+    uint8_t *P = kiln_walloc((size_t)ng * nsb * Q2X_BB + (size_t)(N - ng * X16_R) * rb);
+    if (!P) return NULL;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ng; g++)
+        for (int i = 0; i < nsb; i++) {
+            uint8_t *p = P + ((size_t)g * nsb + i) * Q2X_BB;
+            for (int r = 0; r < X16_R; r++) {
+                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)84 * i;
+                memcpy(p + 2 * r, w + 80, 2), memcpy(p + 32 + 2 * r, w + 82, 2);
+                for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[k];
+                for (int c = 0; c < 2; c++)
+                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 16 + 32 * c + 4 * k, 4);
+            }
+        }
+    memcpy(P + (size_t)ng * nsb * Q2X_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
+    return P;
+}
+
 /* sub-block j's integer of one row from its 32 codes q (0..63), the
  * activation block x, its halves' offsets h (-32 x code sum) and the two
  * scales */
@@ -379,14 +401,15 @@ static int q6x_isum(const uint8_t *q, const struct q8a *x, const int32_t *h, int
     return sc0 * s0 + sc1 * s1;
 }
 
-/* (q3: Q3_K's groups, codes 0..7) */
-static void q6x_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out, size_t ldo,
+/* (kv 1: Q3_K's groups, codes 0..7; kv 2: Q2_K's, codes 0..3 and the mins) */
+static void q6x_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int kv, float *out, size_t ldo,
                        const float *bias) {
+    const int q3 = kv == 1;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < X16_R; r++) {
             float acc = 0;
             for (int i = 0; i < nsb; i++) {
-                const uint8_t *p = G + (size_t)(q3 ? Q3X_BB : Q6X_BB) * i;
+                const uint8_t *p = G + (size_t)(kv == 2 ? Q2X_BB : q3 ? Q3X_BB : Q6X_BB) * i;
                 const float d = h2f(p + 2 * r);
                 for (int j = 0; j < 8; j++) {
                     const size_t b = (size_t)8 * i + j;
@@ -394,14 +417,23 @@ static void q6x_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *h6
                     uint8_t q[32];
                     for (int k = 0; k < 8; k++)
                         for (int l = 0; l < 4; l++) {
-                            if (q3) {
-                                q[4 * k + l] = (uint8_t)(((p[320 + 512 * h + 64 * k + 4 * r + l] >> (2 * s)) & 3) | ((p[1344 + 64 * k + 4 * r + l] >> j) & 1) << 2);
+                            if (kv) {
+                                q[4 * k + l] = (uint8_t)((p[320 + 512 * h + 64 * k + 4 * r + l] >> (2 * s)) & 3);
+                                if (q3) q[4 * k + l] |= (uint8_t)(((p[1344 + 64 * k + 4 * r + l] >> j) & 1) << 2);
                                 continue;
                             }
                             const int lo = (p[320 + 512 * (2 * h + (s & 1)) + 64 * k + 4 * r + l] >> (4 * (s >> 1))) & 15;
                             q[4 * k + l] = (uint8_t)(lo | ((p[2368 + 512 * h + 64 * k + 4 * r + l] >> (2 * s)) & 3) << 4);
                         }
-                    const int I = q6x_isum(q, &xt[b * NT + t], h6 + 2 * (b * NT + t), (int8_t)p[64 + 32 * j + r], (int8_t)p[80 + 32 * j + r]);
+                    const int32_t *o = h6 + 2 * (b * NT + t), zero[2] = {0, 0};
+                    if (kv == 2) { /* scale and min nibbles; the sums start at 0, the mins take the halves' code sums o */
+                        const int v0 = p[64 + 32 * j + r], v1 = p[80 + 32 * j + r];
+                        const int I = q6x_isum(q, &xt[b * NT + t], zero, v0 & 15, v1 & 15);
+                        acc = fmaf((float)I, d * xt[b * NT + t].d, acc);
+                        acc = fmaf(-(float)((v0 >> 4) * o[0] + (v1 >> 4) * o[1]), h2f(p + 32 + 2 * r) * xt[b * NT + t].d, acc);
+                        continue;
+                    }
+                    const int I = q6x_isum(q, &xt[b * NT + t], o, (int8_t)p[64 + 32 * j + r], (int8_t)p[80 + 32 * j + r]);
                     acc = fmaf((float)I, d * xt[b * NT + t].d, acc);
                 }
             }
@@ -409,14 +441,23 @@ static void q6x_scalar(const uint8_t *G, const struct q8a *xt, const int32_t *h6
         }
 }
 
-static float q6x_tail(const uint8_t *w, const struct q8a *x, const int32_t *h6, int NT, int nsb, int q3) {
+static float q6x_tail(const uint8_t *w, const struct q8a *x, const int32_t *h6, int NT, int nsb, int kv) {
+    const int q3 = kv == 1;
     float acc = 0;
-    for (int i = 0; i < nsb; i++, w += q3 ? 110 : 210) {
-        const float d = h2f(w + (q3 ? 108 : 208));
+    for (int i = 0; i < nsb; i++, w += kv == 2 ? 84 : q3 ? 110 : 210) {
+        const float d = h2f(w + (kv == 2 ? 80 : q3 ? 108 : 208));
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
             const int h = j / 4, s = j % 4;
             uint8_t q[32];
+            if (kv == 2) { /* as q6x_scalar's Q2_K steps */
+                const int32_t zero[2] = {0, 0}, *o = h6 + 2 * b * NT;
+                for (int l = 0; l < 32; l++) q[l] = (uint8_t)quant_k23_code(w + 16, 32 * j + l);
+                const int I = q6x_isum(q, &x[b * NT], zero, w[2 * j] & 15, w[2 * j + 1] & 15);
+                acc = fmaf((float)I, d * x[b * NT].d, acc);
+                acc = fmaf(-(float)((w[2 * j] >> 4) * o[0] + (w[2 * j + 1] >> 4) * o[1]), h2f(w + 82) * x[b * NT].d, acc);
+                continue;
+            }
             for (int l = 0; l < 32; l++)
                 q[l] = q3 ? (uint8_t)(quant_k23_code(w + 32, 32 * j + l) | quant_q3k_hbit(w, 32 * j + l) << 2)
                           : (uint8_t)(((w[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 15) | ((w[128 + 32 * h + l] >> (2 * s)) & 3) << 4);
@@ -913,8 +954,8 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
         else if (j->isa >= CPU_ISA_AVX2)
             for (int t = 0; t < nt; t += 2) qm_x16iq_avx2(G, P, xt + t, j->NT, nt - t < 2 ? nt - t : 2, nsb, o + (size_t)t * j->N, j->N, bias);
         else iqx_scalar(G, xt, j->NT, nt, nsb, o, j->N, bias);
-    } else if (dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K) {
-        const int q3 = dt == KILN_DTYPE_Q3_K;
+    } else if (dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K || dt == KILN_DTYPE_Q2_K) {
+        const int q3 = dt == KILN_DTYPE_Q3_K ? 1 : dt == KILN_DTYPE_Q2_K ? 2 : 0; /* the kernels' kv */
         if (vnni) qm_x16q6_vnni(G, P, xt, c8, j->NT, nt, nsb, q3, o, j->N, bias);
         else if (j->isa >= CPU_ISA_AVX2)
             for (int t = 0; t < nt; t += 2)
@@ -931,14 +972,14 @@ static void x16_group(const struct ijob *j, const uint8_t *G, const uint8_t *P, 
 static size_t x16_group_bytes(enum kiln_dtype t, int nb) {
     return t == KILN_DTYPE_Q4_K ? (size_t)(nb / 8) * QKX_BB : t == KILN_DTYPE_Q5_K ? (size_t)(nb / 8) * Q5X_BB
            : t == KILN_DTYPE_Q6_K ? (size_t)(nb / 8) * Q6X_BB : t == KILN_DTYPE_IQ4_XS ? (size_t)(nb / 8) * IQX_BB
-           : t == KILN_DTYPE_Q3_K ? (size_t)(nb / 8) * Q3X_BB
+           : t == KILN_DTYPE_Q3_K ? (size_t)(nb / 8) * Q3X_BB : t == KILN_DTYPE_Q2_K ? (size_t)(nb / 8) * Q2X_BB
            : (size_t)nb * x16_bb(x16_fmt(t));
 }
 
 static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
     const struct ijob *j = arg;
     const enum kiln_dtype dt = j->w->w.dtype;
-    const int fmt = x16_fmt(dt), q8 = fmt == X16_Q8, BB = x16_bb(fmt), pv = dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K ? 2 : 1; /* per-block values in c8 */
+    const int fmt = x16_fmt(dt), q8 = fmt == X16_Q8, BB = x16_bb(fmt), pv = dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K || dt == KILN_DTYPE_Q2_K ? 2 : 1; /* per-block values in c8 */
     const int C = q8 ? 32 : x16t_codes(x16_t1(fmt)); /* where a block's codes start */
     const size_t GB = x16_group_bytes(dt, j->nb);
     const uint8_t *tail = j->x16 + (size_t)j->ng * GB; /* the rows past the groups, as stored */
@@ -947,10 +988,11 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
         const uint8_t *G = j->x16 + (size_t)u * GB;
         if (P && u < j->ng && dt == KILN_DTYPE_IQ4_XS) { /* the values, 512 bytes per sub-block */
             for (int b = 0; b < j->nb; b++) x16_unpack_iq4(G + (size_t)IQX_BB * (b / 8) + 160 + 256 * (b % 8), P + 512 * (size_t)b, j->R == 16);
-        } else if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K)) { /* 512 bytes per 32-weight block, as below */
+        } else if (P && u < j->ng && (dt == KILN_DTYPE_Q5_K || dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K || dt == KILN_DTYPE_Q2_K)) {
+            /* 512 bytes per 32-weight block, as below */
             const size_t SB = GB / (size_t)(j->nb / 8); /* a superblock's bytes */
             for (int i = 0; i < j->nb / 8; i++) {
-                if (dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K) qm_x16q6_unpack(G + SB * i, P + 4096 * (size_t)i, dt == KILN_DTYPE_Q3_K);
+                if (dt != KILN_DTYPE_Q5_K) qm_x16q6_unpack(G + SB * i, P + 4096 * (size_t)i, dt == KILN_DTYPE_Q3_K ? 1 : dt == KILN_DTYPE_Q2_K ? 2 : 0);
                 else qm_x16q5_unpack(G + SB * i, P + 4096 * (size_t)i);
             }
         } else if (P && u < j->ng)
@@ -975,7 +1017,8 @@ static void i_x16(void *arg, int64_t u0, int64_t u1, int tid) {
                 for (int t = 0; t < nt; t++) {
                     const float v = dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K
                                         ? q4kx_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q5_K)
-                                    : dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q3_K)
+                                    : dt == KILN_DTYPE_Q6_K || dt == KILN_DTYPE_Q3_K || dt == KILN_DTYPE_Q2_K
+                                        ? q6x_tail(row, xt + t, c8 + 2 * t, j->NT, j->nb / 8, dt == KILN_DTYPE_Q3_K ? 1 : dt == KILN_DTYPE_Q2_K ? 2 : 0)
                                     : dt == KILN_DTYPE_IQ4_XS ? iqx_tail(row, xt + t, j->NT, j->nb / 8)
                                                             : x16_tail(row, xt + t, (const float *)c8 + t, j->NT, j->nb, fmt);
                     j->out[(size_t)(t0 + t) * j->N + r] = v + (j->bias ? j->bias[r] : 0.0f);
@@ -1161,7 +1204,7 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         if (j.NT > n) j.NT = n;
         j.ntile = (n + j.NT - 1) / j.NT;
         cpu_isa_note(j.isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR, vnni ? CPU_USED_VNNI : 0);
-        const int q6 = w->w.dtype == KILN_DTYPE_Q6_K || w->w.dtype == KILN_DTYPE_Q3_K; /* two values per block in c8 */
+        const int q6 = w->w.dtype == KILN_DTYPE_Q6_K || w->w.dtype == KILN_DTYPE_Q3_K || w->w.dtype == KILN_DTYPE_Q2_K; /* two values per block in c8 */
         const size_t nx = (size_t)j.ntile * j.NT * nb, sz[2] = {sizeof *j.xa * nx, sizeof(int32_t) * nx * (q6 ? 2 : 1)};
         void *ptr[2];
         if (qm_buf_get(be, sz, ptr, 2)) return -1;
@@ -1172,8 +1215,8 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
             /* the mins' term: xd x code sum per block, as f32 in c8's space */
             float *xs = (float *)j.c8;
             for (size_t i = 0; i < nx; i++) xs[i] = j.xa[i].d * (float)j.xa[i].sum;
-        } else if (q6) { /* the offset of the codes: -32 (Q3_K: -4) x the code sum of each half block */
-            const int off = dt == KILN_DTYPE_Q3_K ? 4 : 32;
+        } else if (q6) { /* the offset of the codes: -32 (Q3_K: -4) x the code sum of each half block; Q2_K: the sums (its mins') */
+            const int off = dt == KILN_DTYPE_Q3_K ? 4 : dt == KILN_DTYPE_Q2_K ? -1 : 32;
             for (size_t i = 0; i < nx; i++) {
                 int s0 = 0;
                 for (int l = 0; l < 16; l++) s0 += j.xa[i].qs[l];
@@ -1331,7 +1374,7 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
         /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
         const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
                           (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_IQ4_NL ||
-                           w->w.dtype == KILN_DTYPE_IQ4_XS || w->w.dtype == KILN_DTYPE_Q3_K ||
+                           w->w.dtype == KILN_DTYPE_IQ4_XS || w->w.dtype == KILN_DTYPE_Q3_K || w->w.dtype == KILN_DTYPE_Q2_K ||
                            w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
                            (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);

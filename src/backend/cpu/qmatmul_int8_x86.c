@@ -1651,6 +1651,13 @@ AVX2 static inline __attribute__((always_inline)) __m256i x16q6_code(const uint8
     const __m256i hi = s == 0 ? _mm256_slli_epi16(u, 4) : s == 1 ? _mm256_slli_epi16(u, 2) : s == 2 ? u : _mm256_srli_epi16(u, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
 }
+/* Q2_K's: bits 2s, 2s + 1 of region c */
+AVX2 static inline __attribute__((always_inline)) __m256i x16q2_code(const uint8_t *p, int j, int o) {
+    return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 4) + o)), 2 * (j % 4)), _mm256_set1_epi8(3));
+}
+VNNI static inline __attribute__((always_inline)) __m512i x16q2_code512(const uint8_t *p, int j, int o) {
+    return _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(p + 320 + 512 * (j / 4) + o)), 2 * (j % 4)), _mm512_set1_epi8(3));
+}
 /* Q3_K's (q3): u = bits 2s, 2s + 1 of region c | bit j of the hmask chunk << 2 */
 AVX2 static inline __attribute__((always_inline)) __m256i x16q3_code(const uint8_t *p, int j, int o) {
     const __m256i l = _mm256_loadu_si256((const __m256i *)(p + 320 + 512 * (j / 4) + o)), h = _mm256_loadu_si256((const __m256i *)(p + 1344 + o));
@@ -1672,14 +1679,15 @@ VNNI static inline __attribute__((always_inline)) __m512i x16q6_code512(const ui
 }
 
 VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
-                                                                   int NT, int nsb, int T, int q3, float *out, size_t ldo, const float *bias) {
-    const int BB = q3 ? Q3X_BB : Q6X_BB, PS = q3 ? 256 : 448; /* a superblock's bytes; its lines prefetched per sub-block */
+                                                                   int NT, int nsb, int T, int kv, float *out, size_t ldo, const float *bias) {
+    const int BB = kv == 2 ? Q2X_BB : kv ? Q3X_BB : Q6X_BB, PS = kv == 2 ? 192 : kv ? 256 : 448; /* a superblock's bytes; its lines prefetched per sub-block */
     __m512 acc[8];
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const uint8_t *p = G + (size_t)BB * i;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const __m512 dm = kv == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))) : _mm512_setzero_ps();
         #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const size_t b = (size_t)8 * i + j;
@@ -1691,14 +1699,18 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
             } else {
                 for (int o = PS * j; o < PS * j + PS && o < BB; o += 64) X16_PF1(p + o); /* the superblock's lines, spread over its sub-blocks */
                 #pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) q[k] = q3 ? x16q3_code512(p, j, 64 * k) : x16q6_code512(p, j, 64 * k);
+                for (int k = 0; k < 8; k++) q[k] = kv == 2 ? x16q2_code512(p, j, 64 * k) : kv ? x16q3_code512(p, j, 64 * k) : x16q6_code512(p, j, 64 * k);
             }
-            const __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
-            const __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
+            /* Q2_K: a byte holds the scale (low nibble) and the min */
+            const __m512i r0 = kv == 2 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)))
+                                       : _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 32 * j)));
+            const __m512i r1 = kv == 2 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)))
+                                       : _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 80 + 32 * j)));
+            const __m512i sc0 = kv == 2 ? _mm512_and_si512(r0, _mm512_set1_epi32(15)) : r0, sc1 = kv == 2 ? _mm512_and_si512(r1, _mm512_set1_epi32(15)) : r1;
             #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 const int32_t *o = h6 + 2 * (b * NT + t);
-                __m512i a0 = _mm512_set1_epi32(o[0]), a1 = _mm512_set1_epi32(o[1]);
+                __m512i a0 = kv == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(o[0]), a1 = kv == 2 ? _mm512_setzero_si512() : _mm512_set1_epi32(o[1]);
                 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     a0 = _mm512_dpbusd_epi32(a0, q[k], BC4_512(x[t].qs + 4 * k));
@@ -1706,26 +1718,33 @@ VNNI static inline __attribute__((always_inline)) void x16q6_vnni_(const uint8_t
                 }
                 const __m512i I = _mm512_add_epi32(_mm512_mullo_epi32(a0, sc0), _mm512_mullo_epi32(a1, sc1));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(x[t].d)), acc[t]);
+                if (kv == 2) { /* the mins: m0 S0 + m1 S1 (h6: the halves' code sums) */
+                    const __m512i M = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(r0, 4), _mm512_set1_epi32(o[0])),
+                                                       _mm512_mullo_epi32(_mm512_srli_epi32(r1, 4), _mm512_set1_epi32(o[1])));
+                    acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(dm, _mm512_set1_ps(x[t].d)), acc[t]);
+                }
             }
         }
     }
     x16_out_vnni(acc, T, out, ldo, bias);
 }
 
-VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int kv, float *out,
                         size_t ldo, const float *bias) {
 #define KC(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, 0, out, ldo, bias)
 #define K3(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, 1, out, ldo, bias)
-    if (q3) X16_BY_NT(K3) else X16_BY_NT(KC)
+#define K2(T) x16q6_vnni_(G, P, xt, h6, NT, nsb, T, 2, out, ldo, bias)
+    if (kv == 2) X16_BY_NT(K2) else if (kv) X16_BY_NT(K3) else X16_BY_NT(KC)
 #undef KC
 #undef K3
+#undef K2
 }
 
 /* AVX2: rows 8e .. 8e + 7 from each chunk's e-th 32 bytes, nt <= 2; two
  * maddubs of codes 0..63 add in i16 (2 x 2 x 63 x 128 < 2^15), then madd */
 AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6,
-                                                                   int NT, int nsb, int T, int q3, float *out, size_t ldo, const float *bias) {
-    const int BB = q3 ? Q3X_BB : Q6X_BB, PS = q3 ? 256 : 448;
+                                                                   int NT, int nsb, int T, int kv, float *out, size_t ldo, const float *bias) {
+    const int BB = kv == 2 ? Q2X_BB : kv ? Q3X_BB : Q6X_BB, PS = kv == 2 ? 192 : kv ? 256 : 448;
     const __m256i one16 = _mm256_set1_epi16(1);
     __m256 acc[2][2];
     #pragma GCC unroll 2
@@ -1743,11 +1762,16 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
                 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++)
                     q[k] = P    ? _mm256_loadu_si256((const __m256i *)(P + 4096 * (size_t)i + 512 * j + 64 * k + 32 * e))
-                           : q3 ? x16q3_code(p, j, 64 * k + 32 * e)
+                           : kv == 2 ? x16q2_code(p, j, 64 * k + 32 * e)
+                           : kv ? x16q3_code(p, j, 64 * k + 32 * e)
                                 : x16q6_code(p, j, 64 * k + 32 * e);
-                const __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)));
-                const __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)));
+                const __m256i r0 = kv == 2 ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)))
+                                           : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 32 * j + 8 * e)));
+                const __m256i r1 = kv == 2 ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)))
+                                           : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 80 + 32 * j + 8 * e)));
+                const __m256i sc0 = kv == 2 ? _mm256_and_si256(r0, _mm256_set1_epi32(15)) : r0, sc1 = kv == 2 ? _mm256_and_si256(r1, _mm256_set1_epi32(15)) : r1;
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * e)));
+                const __m256 dm = kv == 2 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * e))) : _mm256_setzero_ps();
                 #pragma GCC unroll 2
                 for (int t = 0; t < T; t++) {
                     const int32_t *o = h6 + 2 * (b * NT + t);
@@ -1757,10 +1781,16 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
                         const int8_t *xq = x[t].qs + 16 * v;
                         const __m256i h01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[4 * v], BC4_256(xq)), _mm256_maddubs_epi16(q[4 * v + 1], BC4_256(xq + 4)));
                         const __m256i h23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[4 * v + 2], BC4_256(xq + 8)), _mm256_maddubs_epi16(q[4 * v + 3], BC4_256(xq + 12)));
-                        a[v] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(h01, one16), _mm256_madd_epi16(h23, one16)), _mm256_set1_epi32(o[v]));
+                        a[v] = _mm256_add_epi32(_mm256_madd_epi16(h01, one16), _mm256_madd_epi16(h23, one16));
+                        if (kv != 2) a[v] = _mm256_add_epi32(a[v], _mm256_set1_epi32(o[v]));
                     }
                     const __m256i I = _mm256_add_epi32(_mm256_mullo_epi32(a[0], sc0), _mm256_mullo_epi32(a[1], sc1));
                     acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(d, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                    if (kv == 2) { /* the mins: m0 S0 + m1 S1 */
+                        const __m256i M = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(r0, 4), _mm256_set1_epi32(o[0])),
+                                                           _mm256_mullo_epi32(_mm256_srli_epi32(r1, 4), _mm256_set1_epi32(o[1])));
+                        acc[t][e] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(dm, _mm256_set1_ps(x[t].d)), acc[t][e]);
+                    }
                 }
             }
         }
@@ -1768,10 +1798,12 @@ AVX2 static inline __attribute__((always_inline)) void x16q6_avx2_(const uint8_t
     x16_out_avx2(acc, T, out, ldo, bias);
 }
 
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int kv, float *out,
                         size_t ldo, const float *bias) {
-    if (q3 && nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 1, out, ldo, bias);
-    else if (q3) x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 1, out, ldo, bias);
+    if (kv == 2 && nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 2, out, ldo, bias);
+    else if (kv == 2) x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 2, out, ldo, bias);
+    else if (kv && nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 1, out, ldo, bias);
+    else if (kv) x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 1, out, ldo, bias);
     else if (nt == 1) x16q6_avx2_(G, P, xt, h6, NT, nsb, 1, 0, out, ldo, bias);
     else x16q6_avx2_(G, P, xt, h6, NT, nsb, 2, 0, out, ldo, bias);
 }
@@ -1780,9 +1812,10 @@ AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt
  * into a panel, 512 bytes per sub-block j at P + 512 j, chunk k at + 64 k:
  * the kernels' P, so a prefill assembles each group once per call, not
  * once per tile of tokens */
-AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int q3) {
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int kv) {
     for (int j = 0; j < 8; j++)
-        for (int o = 0; o < 512; o += 32) _mm256_storeu_si256((__m256i *)(P + 512 * j + o), q3 ? x16q3_code(p, j, o) : x16q6_code(p, j, o));
+        for (int o = 0; o < 512; o += 32)
+            _mm256_storeu_si256((__m256i *)(P + 512 * j + o), kv == 2 ? x16q2_code(p, j, o) : kv ? x16q3_code(p, j, o) : x16q6_code(p, j, o));
 }
 
 #endif /* KILN_X86 */

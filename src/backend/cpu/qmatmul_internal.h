@@ -66,7 +66,7 @@ struct qprep {
  * row_bytes as before; the copy is the stored size. Every kernel computes
  * a row as sum_b fma((float)(sum_i (q_i - 8) x_i), d_r xd_b) (Q8_0: sum_i
  * q_i x_i) in block order, so they agree to the bit on every ISA and n. */
-enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392, IQX_BB = 2208, Q3X_BB = 1856 };
+enum { X16_R = 16, Q4X_BB = 288, Q8X_BB = 544, QKX_BB = 2368, Q5X_BB = 2880, Q6X_BB = 3392, IQX_BB = 2208, Q3X_BB = 1856, Q2X_BB = 1344 };
 /* Q4_1, Q5_0 and Q5_1 (w = d q + m for the type-1 Q4_1 / Q5_1, d (q - 16)
  * for Q5_0) the same way, x16t_bb(t1, five) bytes per block:
  *
@@ -97,6 +97,12 @@ static inline int x16t_codes(int t1) { return 32 + 32 * t1; }
  * region c and bit j of the hmask chunks: u = q + 4 (0..7), the offset -4
  * x the half's code sum in the sums' start (Q6_K's -32). (The stored 110
  * bytes per row and superblock plus 6.) */
+/* Q2_K on the same kernels (kv 2; Q2X_BB bytes, the stored size): bytes
+ * 0..31 d, 32..63 dmin, 64..319 the stored scale / min byte (scale in the
+ * low nibble) of the 16 rows in Q6_K's scale places, 320..1343 Q3_K's 2
+ * regions of codes. The sums start at 0 (no offset), and per sub-block of
+ * 16 the term dmin xd (m0 S0 + m1 S1) is taken off, S the halves' code
+ * sums of the activation block. */
 /* IQ4_XS likewise, a superblock of 256 weights per step (IQX_BB bytes):
  *
  *   bytes    0..31     the 16 rows' d (f16)
@@ -158,8 +164,9 @@ uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5);
 uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K);
 /* ... qm_x16iq_pack: IQ4_XS */
 uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K);
-/* ... qm_x16q3_pack: Q3_K */
+/* ... qm_x16q3_pack: Q3_K; qm_x16q2_pack: Q2_K */
 uint8_t *qm_x16q3_pack(const uint8_t *W, int N, int K);
+uint8_t *qm_x16q2_pack(const uint8_t *W, int N, int K);
 
 /* FP8 e4m3 -> f32 of every byte: the exact path's (qmatmul_exact.c),
  * filled by cpu_qprepare_linear at the first FP8 linear */
@@ -719,13 +726,13 @@ AVX2 void qm_x16k_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt,
 AVX2 void qm_x16q5_unpack(const uint8_t *p, uint8_t *P);
 /* Q6_K: group G of nsb superblocks, h6[2 (b NT + t)] and [.. + 1] = -32 x
  * the code sums of the halves of token t's block b */
-VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
+VNNI void qm_x16q6_vnni(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int kv, float *out,
                         size_t ldo, const float *bias);
-AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int q3, float *out,
+AVX2 void qm_x16q6_avx2(const uint8_t *G, const uint8_t *P, const struct q8a *xt, const int32_t *h6, int NT, int nt, int nsb, int kv, float *out,
                         size_t ldo, const float *bias);
 /* ... P: the group's codes assembled by qm_x16q6_unpack (4,096 bytes per
  * superblock, 512 per sub-block), or NULL to assemble them per call */
-AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int q3);
+AVX2 void qm_x16q6_unpack(const uint8_t *p, uint8_t *P, int kv);
 /* IQ4_XS: group G of nsb superblocks, c8 as IQ4_NL's (-128 x each
  * activation block's code sum; VNNI only), P: the group's blocks as
  * x16_unpack_iq4 writes them (512 bytes per 32 weights), or NULL */
