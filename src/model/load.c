@@ -546,7 +546,7 @@ int model_load_dummy_quant(struct kiln_model *m, const char *name, enum kiln_dty
                            uint64_t seed, struct kiln_backend *be, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (quant && !quant_dummy_known(quant))
-        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)", quant);
+        return kiln_errf(err, errlen, "--quant %s: unknown format (fp8, gptq-int4, gptq-int8, awq, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)", quant);
     char path[512];
     snprintf(path, sizeof path, "dummy:%s", name);
     m->path = kiln_strdup(path);
