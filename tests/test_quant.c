@@ -514,6 +514,9 @@ static void test_qgemm(void) {
  * points; a token's row is the same bits in any batch (decode, a few
  * sequences, prefill tiles); and the result is the stored layout's
  * (KILN_CPU_X16=0) up to f32 summation order. */
+struct blkfill {
+    int bs, hi0, hi1, base; /* block bytes; the scales' high bytes kept small (-1: none), base + 0..7 */
+};
 static void test_x16(void) {
 #if defined(KILN_X86)
     char err[512];
@@ -550,37 +553,23 @@ static void test_x16(void) {
         void **owned = kiln_calloc(1, sizeof(void *));
         struct qlinear w = {.n_out = N, .n_in = K}, w0;
         CHECK(quant_dummy_linear(&w, cs[c].fmt, cs[c].group, 900 + c, 0.05f, test_alloc, &owned, err, sizeof err) == 0, "%s", err);
-        if (q4 || q8) { /* random codes (Q8_0: -128 included) and scales, so a code or scale read from the wrong row fails */
+        /* GGUF blocks: every byte random (codes, fifth / third / top bits, scales, mins of every row differ, Q8_0's -128
+         * included) but the high bytes of the f16 scales, kept small (struct blkfill) */
+        const struct blkfill fill = q4 || q8 ? (struct blkfill){q8 ? 34 : 18, 1, -1, 0x28}
+                                                : t01       ? (struct blkfill){(int)quant_row_bytes(w.w.dtype, 32), 1,
+                                                                             strcmp(cs[c].fmt, "q5_0") && strcmp(cs[c].fmt, "iq4_nl") ? 3 : -1, 0x28}
+                                                : q3        ? (struct blkfill){110, 109, -1, 0x18}
+                                                : q2        ? (struct blkfill){84, 81, 83, 0x18}
+                                                : iqx       ? (struct blkfill){136, 1, -1, 0x20}
+                                                : qk || q5  ? (struct blkfill){q5 ? 176 : 144, 1, 3, 0x20}
+                                                : q6        ? (struct blkfill){210, 209, -1, 0x10}
+                                                            : (struct blkfill){0, -1, -1, 0};
+        if (fill.bs) {
             uint8_t *q = (uint8_t *)w.w.data;
-            const int bs = q8 ? 34 : 18;
-            for (int b = 0; b < N * K / 32; b++)
-                for (int i = 0; i < bs; i++) q[bs * b + i] = i == 1 ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (t01) { /* Q4_1 / Q5_0 / Q5_1: every byte random but d and m (kept small): codes, fifth bits and mins of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            const int bs = (int)quant_row_bytes(w.w.dtype, 32), t1 = strcmp(cs[c].fmt, "q5_0") && strcmp(cs[c].fmt, "iq4_nl");
-            for (int b = 0; b < N * K / 32; b++)
-                for (int i = 0; i < bs; i++) q[bs * b + i] = i == 1 || (t1 && i == 3) ? (uint8_t)(0x28 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (q3) { /* Q3_K: every byte random but d (kept small): codes, their third bits and scales of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < 110; i++) q[110 * b + i] = i == 109 ? (uint8_t)(0x18 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (q2) { /* Q2_K: every byte random but d and dmin (kept small): scales, mins and codes of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < 84; i++) q[84 * b + i] = i == 81 || i == 83 ? (uint8_t)(0x18 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (iqx) { /* IQ4_XS: every byte random but d (kept small): scales and indices of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < 136; i++) q[136 * b + i] = i == 1 ? (uint8_t)(0x20 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (qk || q5) { /* every byte random but d and dmin (kept small): scales, mins, codes (and Q5_K's fifth bits) of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            const int sb = q5 ? 176 : 144;
-            for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < sb; i++) q[sb * b + i] = i == 1 || i == 3 ? (uint8_t)(0x20 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
-        } else if (q6) { /* every byte random but d (kept small): codes, their top bits and the signed scales of every row differ */
-            uint8_t *q = (uint8_t *)w.w.data;
-            for (int b = 0; b < N * K / 256; b++)
-                for (int i = 0; i < 210; i++) q[210 * b + i] = i == 209 ? (uint8_t)(0x10 + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
+            const int64_t nblk = (int64_t)N * K / quant_type_of(w.w.dtype)->block_elems;
+            for (int64_t bk = 0; bk < nblk; bk++)
+                for (int i = 0; i < fill.bs; i++)
+                    q[fill.bs * bk + i] = i == fill.hi0 || i == fill.hi1 ? (uint8_t)(fill.base + kiln_rng_next(&r) % 8) : (uint8_t)kiln_rng_next(&r);
         } else { /* random zero points */
             for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols; i++) ((uint32_t *)w.zeros.data)[i] = (uint32_t)kiln_rng_next(&r);
         }

@@ -361,6 +361,18 @@ def gguf_write(path, cfg, tensors, types, tok=None, arch="qwen3"):
     return deq
 
 
+def mix_fixture(manifest, name, cfg, base, types):
+    """gguf/NAME.gguf (the linears in the given GGUF types) and its reference gguf/NAME-ref (their
+    dequantization by gguf.quants), as a manifest pair"""
+    deq = gguf_write(f"{OUT}/gguf/{name}.gguf", cfg, base, types)
+    ref = {}
+    for n in base:
+        for g, _, a in gguf_tensors(cfg, {n: base[n]}, "qwen3"):
+            ref[n] = deq[g]
+    write_ref(f"{OUT}/gguf/{name}-ref", cfg, base, ref)
+    manifest["pairs"].append([f"gguf/{name}.gguf", f"gguf/{name}-ref"])
+
+
 def llama_permute(w, n_head):
     """convert_hf_to_gguf LlamaModel.permute"""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -673,13 +685,7 @@ def main():
     ktypes = {"blk.0.attn_q.weight": QT.Q4_K, "blk.0.attn_k.weight": QT.Q5_K, "blk.0.attn_v.weight": QT.Q6_K,
               "blk.0.attn_output.weight": QT.Q4_1, "blk.0.ffn_gate.weight": QT.Q6_K, "blk.0.ffn_up.weight": QT.Q4_K,
               "blk.0.ffn_down.weight": QT.Q5_0, "token_embd.weight": QT.Q5_1}
-    deq = gguf_write(f"{OUT}/gguf/kmix.gguf", kcfg, kbase, ktypes)
-    ref = {}
-    for n in kbase:
-        for g, _, a in gguf_tensors(kcfg, {n: kbase[n]}, "qwen3"):
-            ref[n] = deq[g]
-    write_ref(f"{OUT}/gguf/kmix-ref", kcfg, kbase, ref)
-    manifest["pairs"].append(["gguf/kmix.gguf", "gguf/kmix-ref"])
+    mix_fixture(manifest, "kmix", kcfg, kbase, ktypes)
 
     # the repository's tiny fixtures converted: against kiln's safetensors path
     # MoE mapping (merged expert tensors split per expert), exact weights
@@ -703,26 +709,14 @@ def main():
     itypes = {"blk.0.attn_q.weight": QT.IQ4_XS, "blk.0.attn_k.weight": QT.IQ4_NL, "blk.0.attn_v.weight": QT.IQ4_XS,
               "blk.0.attn_output.weight": QT.IQ4_NL, "blk.0.ffn_gate.weight": QT.IQ4_XS, "blk.0.ffn_up.weight": QT.IQ4_NL,
               "blk.0.ffn_down.weight": QT.IQ4_XS, "token_embd.weight": QT.IQ4_NL}
-    deq = gguf_write(f"{OUT}/gguf/iq4mix.gguf", icfg, ibase, itypes)
-    ref = {}
-    for n in ibase:
-        for g, _, a in gguf_tensors(icfg, {n: ibase[n]}, "qwen3"):
-            ref[n] = deq[g]
-    write_ref(f"{OUT}/gguf/iq4mix-ref", icfg, ibase, ref)
-    manifest["pairs"].append(["gguf/iq4mix.gguf", "gguf/iq4mix-ref"])
+    mix_fixture(manifest, "iq4mix", icfg, ibase, itypes)
     # Q2_K and Q3_K, after the files above for the same reason
     lcfg = base_config(hidden=256, ffn=256, vocab=128, heads=4, kv=1, head_dim=64)
     lbase = make_base(lcfg)
     ltypes = {"blk.0.attn_q.weight": QT.Q3_K, "blk.0.attn_k.weight": QT.Q2_K, "blk.0.attn_v.weight": QT.Q3_K,
               "blk.0.attn_output.weight": QT.Q2_K, "blk.0.ffn_gate.weight": QT.Q3_K, "blk.0.ffn_up.weight": QT.Q2_K,
               "blk.0.ffn_down.weight": QT.Q3_K, "token_embd.weight": QT.Q2_K}
-    deq = gguf_write(f"{OUT}/gguf/k23mix.gguf", lcfg, lbase, ltypes)
-    ref = {}
-    for n in lbase:
-        for g, _, a in gguf_tensors(lcfg, {n: lbase[n]}, "qwen3"):
-            ref[n] = deq[g]
-    write_ref(f"{OUT}/gguf/k23mix-ref", lcfg, lbase, ref)
-    manifest["pairs"].append(["gguf/k23mix.gguf", "gguf/k23mix-ref"])
+    mix_fixture(manifest, "k23mix", lcfg, lbase, ltypes)
 
     with open(f"{OUT}/manifest.json", "w") as f:
         json.dump(manifest, f, indent=1)

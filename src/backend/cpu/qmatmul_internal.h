@@ -521,9 +521,19 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8
         for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
     }
 }
+/* chunk k's half e of a block at c: the low and high nibbles (or pre: a
+ * panel's two 32-byte rows) */
+AVX2 static inline __attribute__((always_inline)) void x16_nibbles(const uint8_t *c, int pre, int k, int e, __m256i *lo, __m256i *hi) {
+    if (pre) {
+        *lo = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), *hi = _mm256_loadu_si256((const __m256i *)(c + 256 + 64 * k + 32 * e));
+        return;
+    }
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), m4 = _mm256_set1_epi8(15);
+    *lo = _mm256_and_si256(v, m4), *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+}
 AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8_t *c, int pre, int five, const uint8_t *h5, const struct q8a *x,
                                                                      const int32_t *c0, int T, __m256i (*s)[2]) {
-    const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16), one16 = _mm256_set1_epi16(1);
+    const __m256i m16 = _mm256_set1_epi8(16), one16 = _mm256_set1_epi16(1);
     __m256i h[2][2], g[2][2], hb[2];
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) h[t][0] = h[t][1] = g[t][0] = g[t][1] = _mm256_setzero_si256();
@@ -534,15 +544,10 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             __m256i lo, hi;
-            if (pre) {
-                lo = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), hi = _mm256_loadu_si256((const __m256i *)(c + 256 + 64 * k + 32 * e));
-            } else {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
-                lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if (five) { /* the fifth bits (qmatmul_internal.h) */
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb[e], 4 - k), m16));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(k ? _mm256_srli_epi16(hb[e], k) : hb[e], m16));
-                }
+            x16_nibbles(c, pre, k, e, &lo, &hi);
+            if (five && !pre) { /* the fifth bits (qmatmul_internal.h) */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb[e], 4 - k), m16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(k ? _mm256_srli_epi16(hb[e], k) : hb[e], m16));
             }
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++) {
@@ -594,7 +599,7 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_iq4_vnni(const u
     }
 }
 AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const uint8_t *c, int pre, const struct q8a *x, int T, __m256i (*s)[2]) {
-    const __m256i m4 = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);
+    const __m256i one16 = _mm256_set1_epi16(1);
     const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_kv));
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
@@ -603,12 +608,8 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const u
         #pragma GCC unroll 2
         for (int e = 0; e < 2; e++) {
             __m256i lo, hi;
-            if (pre) {
-                lo = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), hi = _mm256_loadu_si256((const __m256i *)(c + 256 + 64 * k + 32 * e));
-            } else {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e));
-                lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4)), hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-            }
+            x16_nibbles(c, pre, k, e, &lo, &hi);
+            if (!pre) lo = _mm256_shuffle_epi8(kv, lo), hi = _mm256_shuffle_epi8(kv, hi); /* the values */
             const __m256i al = _mm256_sign_epi8(lo, lo), ah = _mm256_sign_epi8(hi, hi);
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++) {
