@@ -481,22 +481,27 @@ VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
  * (not with pre: a panel x16_unpack5 wrote holds them merged). */
 #define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
 #define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
+/* chunk k of a block at c as VNNI takes it: low and high nibbles (or pre:
+ * a panel's rows) */
+VNNI static inline __attribute__((always_inline)) void x16_nibbles512(const uint8_t *c, int pre, int k, __m512i *lo, __m512i *hi) {
+    if (pre) {
+        *lo = _mm512_loadu_si512((const void *)(c + 64 * k)), *hi = _mm512_loadu_si512((const void *)(c + 256 + 64 * k));
+        return;
+    }
+    const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k)), m4 = _mm512_set1_epi8(15);
+    *lo = _mm512_and_si512(v, m4), *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+}
 VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const uint8_t *h5, const struct q8a *x,
                                                                      const int32_t *c0, int T, __m512i *s) {
-    const __m512i m4 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    const __m512i m16 = _mm512_set1_epi8(16);
     __m512i lo[4], hi[4], h = _mm512_setzero_si512();
     if (h5 && !pre) h = _mm512_loadu_si512((const void *)h5);
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        if (pre) {
-            lo[k] = _mm512_loadu_si512((const void *)(c + 64 * k)), hi[k] = _mm512_loadu_si512((const void *)(c + 256 + 64 * k));
-        } else {
-            const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
-            lo[k] = _mm512_and_si512(v, m4), hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if (h5) { /* the fifth bits (qmatmul_internal.h): q | (hb & 16) */
-                lo[k] = _mm512_ternarylogic_epi32(lo[k], _mm512_slli_epi16(h, 4 - k), m16, 0xF8);
-                hi[k] = _mm512_ternarylogic_epi32(hi[k], k ? _mm512_srli_epi16(h, k) : h, m16, 0xF8);
-            }
+        x16_nibbles512(c, pre, k, &lo[k], &hi[k]);
+        if (h5 && !pre) { /* the fifth bits (qmatmul_internal.h): q | (hb & 16) */
+            lo[k] = _mm512_ternarylogic_epi32(lo[k], _mm512_slli_epi16(h, 4 - k), m16, 0xF8);
+            hi[k] = _mm512_ternarylogic_epi32(hi[k], k ? _mm512_srli_epi16(h, k) : h, m16, 0xF8);
         }
     }
     if (T == 1) {
@@ -576,17 +581,12 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_avx2(const uint8
  * overflow i16) */
 VNNI static inline __attribute__((always_inline)) void x16_isum_iq4_vnni(const uint8_t *c, int pre, const struct q8a *x, const int32_t *c0, int T,
                                                                          __m512i *s) {
-    const __m512i m4 = _mm512_set1_epi8(15), f = _mm512_set1_epi8((char)0x80);
-    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)quant_iq4_kv)), f); /* kv + 128 */
+    const __m512i kv = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)quant_iq4_kv)), _mm512_set1_epi8((char)0x80)); /* kv + 128 */
     __m512i lo[4], hi[4];
     #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-        if (pre) {
-            lo[k] = _mm512_loadu_si512((const void *)(c + 64 * k)), hi[k] = _mm512_loadu_si512((const void *)(c + 256 + 64 * k));
-        } else {
-            const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k));
-            lo[k] = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, m4)), hi[k] = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-        }
+        x16_nibbles512(c, pre, k, &lo[k], &hi[k]);
+        if (!pre) lo[k] = _mm512_shuffle_epi8(kv, lo[k]), hi[k] = _mm512_shuffle_epi8(kv, hi[k]); /* the values */
     }
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++) s[t] = BC4_512(c0 + t);
