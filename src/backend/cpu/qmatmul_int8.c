@@ -188,36 +188,42 @@ static float x16_tail(const uint8_t *w, const struct q8a *x, const float *xs, in
     return acc;
 }
 
-/* Q4_K (q5 = 0) and Q5_K (q5 = 1): the copy into groups of 16 rows
- * (qmatmul_internal.h), the scalar kernel over it and a stored row past the
- * groups, with the same steps */
-uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5) {
-    const int nsb = K / 256, sb = q5 ? 176 : 144, BB = q5 ? Q5X_BB : QKX_BB;
+/* the copy of a K-format linear W [N][K / 256 superblocks of sb bytes]
+ * into groups of 16 rows of BB bytes per superblock (qmatmul_internal.h):
+ * row(p, w, r, arg) writes row r's stored superblock w into the group's
+ * superblock p; the rows past the groups are copied as stored.
+ * kiln_walloc'd; NULL when out of memory */
+static uint8_t *x16_sb_pack(const uint8_t *W, int N, int K, int sb, int BB, void (*row)(uint8_t *, const uint8_t *, int, int), int arg) {
+    const int nsb = K / 256;
     const size_t rb = (size_t)nsb * sb;
     const int64_t ng = N / X16_R;
     uint8_t *P = kiln_walloc((size_t)ng * nsb * BB + (size_t)(N - ng * X16_R) * rb);
     if (!P) return NULL;
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * BB;
-            for (int r = 0; r < X16_R; r++) {
-                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)sb * i;
-                memcpy(p + 2 * r, w, 2), memcpy(p + 32 + 2 * r, w + 2, 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    k4_scale_min(j, w + 4, &sc, &m);
-                    p[64 + 16 * j + r] = (uint8_t)sc, p[192 + 16 * j + r] = (uint8_t)m;
-                }
-                for (int c = 0; c < 4; c++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + (q5 ? 48 : 16) + 32 * c + 4 * k, 4);
-                if (q5)
-                    for (int k = 0; k < 8; k++) memcpy(p + 2368 + 64 * k + 4 * r, w + 16 + 4 * k, 4);
-            }
-        }
+        for (int i = 0; i < nsb; i++)
+            for (int r = 0; r < X16_R; r++) row(P + ((size_t)g * nsb + i) * BB, W + (size_t)(X16_R * g + r) * rb + (size_t)sb * i, r, arg);
     memcpy(P + (size_t)ng * nsb * BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
     return P;
 }
+
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1): the copy into groups of 16 rows
+ * (qmatmul_internal.h), the scalar kernel over it and a stored row past the
+ * groups, with the same steps */
+static void x16k_row(uint8_t *p, const uint8_t *w, int r, int q5) {
+    memcpy(p + 2 * r, w, 2), memcpy(p + 32 + 2 * r, w + 2, 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        k4_scale_min(j, w + 4, &sc, &m);
+        p[64 + 16 * j + r] = (uint8_t)sc, p[192 + 16 * j + r] = (uint8_t)m;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + (q5 ? 48 : 16) + 32 * c + 4 * k, 4);
+    if (q5)
+        for (int k = 0; k < 8; k++) memcpy(p + 2368 + 64 * k + 4 * r, w + 16 + 4 * k, 4);
+}
+
+uint8_t *qm_x16k_pack(const uint8_t *W, int N, int K, int q5) { return x16_sb_pack(W, N, K, q5 ? 176 : 144, q5 ? Q5X_BB : QKX_BB, x16k_row, q5); }
 
 static void q4kx_scalar(const uint8_t *G, const struct q8a *xt, const float *xs, int NT, int nt, int nsb, int q5, float *out, size_t ldo,
                         const float *bias) {
@@ -269,28 +275,16 @@ static float q4kx_tail(const uint8_t *w, const struct q8a *x, const float *xs, i
 /* IQ4_XS: the copy into groups of 16 rows (qmatmul_internal.h), the
  * scalar kernel over it and a stored row past the groups, with the same
  * steps */
-uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K) {
-    const int nsb = K / 256;
-    const size_t rb = (size_t)nsb * 136;
-    const int64_t ng = N / X16_R;
-    uint8_t *P = kiln_walloc((size_t)ng * nsb * IQX_BB + (size_t)(N - ng * X16_R) * rb);
-    if (!P) return NULL;
-    #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * IQX_BB;
-            for (int r = 0; r < X16_R; r++) {
-                const uint8_t *blk = W + (size_t)(X16_R * g + r) * rb + (size_t)136 * i;
-                memcpy(p + 2 * r, blk, 2);
-                for (int j = 0; j < 8; j++) {
-                    p[32 + 16 * j + r] = (uint8_t)(int8_t)(quant_iq4xs_scale(blk, j) - 32);
-                    for (int k = 0; k < 4; k++) memcpy(p + 160 + 256 * j + 64 * k + 4 * r, blk + 8 + 16 * j + 4 * k, 4);
-                }
-            }
-        }
-    memcpy(P + (size_t)ng * nsb * IQX_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
-    return P;
+static void x16iq_row(uint8_t *p, const uint8_t *blk, int r, int arg) {
+    memcpy(p + 2 * r, blk, 2);
+    for (int j = 0; j < 8; j++) {
+        p[32 + 16 * j + r] = (uint8_t)(int8_t)(quant_iq4xs_scale(blk, j) - 32);
+        for (int k = 0; k < 4; k++) memcpy(p + 160 + 256 * j + 64 * k + 4 * r, blk + 8 + 16 * j + 4 * k, 4);
+    }
+    (void)arg;
 }
+
+uint8_t *qm_x16iq_pack(const uint8_t *W, int N, int K) { return x16_sb_pack(W, N, K, 136, IQX_BB, x16iq_row, 0); }
 
 static void iqx_scalar(const uint8_t *G, const struct q8a *xt, int NT, int nt, int nsb, float *out, size_t ldo, const float *bias) {
     for (int t = 0; t < nt; t++)
@@ -321,76 +315,40 @@ static float iqx_tail(const uint8_t *w, const struct q8a *x, int NT, int nsb) {
 
 /* Q6_K: the copy into groups of 16 rows (qmatmul_internal.h), the scalar
  * kernel over it and a stored row past the groups, with the same steps */
-uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K) {
-    const int nsb = K / 256;
-    const size_t rb = (size_t)nsb * 210;
-    const int64_t ng = N / X16_R;
-    uint8_t *P = kiln_walloc((size_t)ng * nsb * Q6X_BB + (size_t)(N - ng * X16_R) * rb);
-    if (!P) return NULL;
-    #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * Q6X_BB;
-            memset(p + 32, 0, 32);
-            for (int r = 0; r < X16_R; r++) {
-                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)210 * i;
-                memcpy(p + 2 * r, w + 208, 2);
-                for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[192 + k];
-                for (int c = 0; c < 4; c++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 32 * c + 4 * k, 4);
-                for (int h = 0; h < 2; h++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 2368 + 512 * h + 64 * k + 4 * r, w + 128 + 32 * h + 4 * k, 4);
-            }
-        }
-    memcpy(P + (size_t)ng * nsb * Q6X_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
-    return P;
+static void x16q6_row(uint8_t *p, const uint8_t *w, int r, int arg) {
+    if (r == 0) memset(p + 32, 0, 32);
+    memcpy(p + 2 * r, w + 208, 2);
+    for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[192 + k];
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 32 * c + 4 * k, 4);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 8; k++) memcpy(p + 2368 + 512 * h + 64 * k + 4 * r, w + 128 + 32 * h + 4 * k, 4);
+    (void)arg;
 }
 
-uint8_t *qm_x16q3_pack(const uint8_t *W, int N, int K) {
-    const int nsb = K / 256;
-    const size_t rb = (size_t)nsb * 110;
-    const int64_t ng = N / X16_R;
-    uint8_t *P = kiln_walloc((size_t)ng * nsb * Q3X_BB + (size_t)(N - ng * X16_R) * rb);
-    if (!P) return NULL;
-    #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * Q3X_BB;
-            memset(p + 32, 0, 32);
-            for (int r = 0; r < X16_R; r++) {
-                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)110 * i;
-                memcpy(p + 2 * r, w + 108, 2);
-                for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = (uint8_t)(int8_t)(quant_q3k_scale(w + 96, k) - 32);
-                for (int c = 0; c < 2; c++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 32 + 32 * c + 4 * k, 4);
-                for (int k = 0; k < 8; k++) memcpy(p + 1344 + 64 * k + 4 * r, w + 4 * k, 4);
-            }
-        }
-    memcpy(P + (size_t)ng * nsb * Q3X_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
-    return P;
+uint8_t *qm_x16q6_pack(const uint8_t *W, int N, int K) { return x16_sb_pack(W, N, K, 210, Q6X_BB, x16q6_row, 0); }
+
+static void x16q3_row(uint8_t *p, const uint8_t *w, int r, int arg) {
+    if (r == 0) memset(p + 32, 0, 32);
+    memcpy(p + 2 * r, w + 108, 2);
+    for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = (uint8_t)(int8_t)(quant_q3k_scale(w + 96, k) - 32);
+    for (int c = 0; c < 2; c++)
+        for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 32 + 32 * c + 4 * k, 4);
+    for (int k = 0; k < 8; k++) memcpy(p + 1344 + 64 * k + 4 * r, w + 4 * k, 4);
+    (void)arg;
 }
 
-uint8_t *qm_x16q2_pack(const uint8_t *W, int N, int K) {
-    const int nsb = K / 256;
-    const size_t rb = (size_t)nsb * 84;
-    const int64_t ng = N / X16_R;
-    uint8_t *P = kiln_walloc((size_t)ng * nsb * Q2X_BB + (size_t)(N - ng * X16_R) * rb);
-    if (!P) return NULL;
-    #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < nsb; i++) {
-            uint8_t *p = P + ((size_t)g * nsb + i) * Q2X_BB;
-            for (int r = 0; r < X16_R; r++) {
-                const uint8_t *w = W + (size_t)(X16_R * g + r) * rb + (size_t)84 * i;
-                memcpy(p + 2 * r, w + 80, 2), memcpy(p + 32 + 2 * r, w + 82, 2);
-                for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[k];
-                for (int c = 0; c < 2; c++)
-                    for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 16 + 32 * c + 4 * k, 4);
-            }
-        }
-    memcpy(P + (size_t)ng * nsb * Q2X_BB, W + (size_t)ng * X16_R * rb, (size_t)(N - ng * X16_R) * rb);
-    return P;
+uint8_t *qm_x16q3_pack(const uint8_t *W, int N, int K) { return x16_sb_pack(W, N, K, 110, Q3X_BB, x16q3_row, 0); }
+
+static void x16q2_row(uint8_t *p, const uint8_t *w, int r, int arg) {
+    memcpy(p + 2 * r, w + 80, 2), memcpy(p + 32 + 2 * r, w + 82, 2);
+    for (int k = 0; k < 16; k++) p[64 + 16 * k + r] = w[k];
+    for (int c = 0; c < 2; c++)
+        for (int k = 0; k < 8; k++) memcpy(p + 320 + 512 * c + 64 * k + 4 * r, w + 16 + 32 * c + 4 * k, 4);
+    (void)arg;
 }
+
+uint8_t *qm_x16q2_pack(const uint8_t *W, int N, int K) { return x16_sb_pack(W, N, K, 84, Q2X_BB, x16q2_row, 0); }
 
 /* sub-block j's integer of one row from its 32 codes q (0..63), the
  * activation block x, its halves' offsets h (-32 x code sum) and the two
