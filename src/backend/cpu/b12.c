@@ -65,6 +65,7 @@
  * from the same bytes (matmul.c). The layout exists only in memory: it is
  * made at every load, so x86 and AArch64 need not agree on it.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -335,40 +336,30 @@ fail:
  * linear is the same numbers as BF16, so it can take the 12-bit store and
  * its kernels: the F16 and BF16 kernels share their bodies (matmul.c:
  * DOT_AVX2, DOT_AVX512, the GEMVs' loads), so the outputs are the F16
- * path's bits. f16_bf16: h's bf16 bits into *b, or 0 where h is not a
- * bf16 value (a mantissa bit bf16 lacks, a NaN) */
-static inline int f16_bf16(uint16_t h, uint16_t *b) {
-    const uint16_t s = h & 0x8000;
-    const int e = h >> 10 & 31, m = h & 1023;
-    if (e == 31) { /* infinity (kept); NaN payloads are not carried over */
-        *b = s | 0x7F80;
-        return m == 0;
-    }
-    if (e) { /* 2^(e - 15) (1 + m / 1024): bf16 exponent e + 112, mantissa m / 8 */
-        *b = (uint16_t)(s | (e + 112) << 7 | m >> 3);
-        return (m & 7) == 0;
-    }
-    if (!m) {
-        *b = s;
-        return 1;
-    }
-    const int p = 31 - __builtin_clz((unsigned)m); /* m 2^-24 = 2^(p - 24) (m / 2^p), p = 0..9 */
-    *b = (uint16_t)(s | (p + 103) << 7 | ((p >= 7 ? m >> (p - 7) : m << (7 - p)) & 0x7F));
-    return p <= 7 || (m & ((1 << (p - 7)) - 1)) == 0;
-}
-
+ * path's bits. A weight is a bf16 value when its f32 (kiln_widen16, exact)
+ * has 16 zero low bits and is not a NaN (payloads are not carried over). */
 struct f16_job {
     const uint16_t *h;
     uint16_t *b;
-    int n_in;
+    int n_in, avx2;
     int bad; /* a value that is not bf16 (written by any thread; only ever set) */
 };
 
 static void f16_rows(void *arg, int64_t r0, int64_t r1, int tid) {
     struct f16_job *j = arg;
-    const size_t k0 = (size_t)r0 * j->n_in, k1 = (size_t)r1 * j->n_in;
-    int ok = 1;
-    for (size_t k = k0; k < k1; k++) ok &= f16_bf16(j->h[k], &j->b[k]);
+    float *f = malloc(sizeof(float) * (size_t)j->n_in);
+    int ok = f != NULL;
+    for (int64_t r = r0; r < r1 && ok; r++) {
+        const size_t k0 = (size_t)r * j->n_in;
+        kiln_widen16(f, j->h + k0, (size_t)j->n_in, 1, j->avx2);
+        for (int k = 0; k < j->n_in; k++) {
+            uint32_t u;
+            memcpy(&u, &f[k], 4);
+            ok &= (u & 0xFFFF) == 0 && !isnan(f[k]);
+            j->b[k0 + k] = (uint16_t)(u >> 16);
+        }
+    }
+    free(f);
     if (!ok) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
     (void)tid;
 }
@@ -376,6 +367,9 @@ static void f16_rows(void *arg, int64_t r0, int64_t r1, int tid) {
 uint16_t *cpu_f16_as_bf16(struct kiln_backend *be, const uint16_t *h, int n_out, int n_in) {
     struct f16_job j = {.h = h, .b = malloc(sizeof(uint16_t) * (size_t)n_out * (size_t)n_in), .n_in = n_in};
     if (!j.b) return NULL;
+#if defined(KILN_X86)
+    j.avx2 = cpu_isa() >= CPU_ISA_AVX2;
+#endif
     cpu_parallel_for(be, n_out, 64, f16_rows, &j);
     if (!j.bad) return j.b;
     free(j.b);

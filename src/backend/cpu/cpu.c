@@ -372,9 +372,9 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
      * every weight is a bf16 value (a file converted from BF16) too, as
      * that BF16: the F16 kernels' bits (b12.c, "F16 as BF16") */
     const int f16 = w->w.dtype == KILN_DTYPE_F16;
-    if (w->fmt == KILN_WFMT_DENSE && (w->w.dtype == KILN_DTYPE_BF16 || f16) && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on()) {
-        uint16_t *hb = f16 ? cpu_f16_as_bf16(be, w->w.data, w->n_out, w->n_in) : NULL;
-        if (f16 && !hb) goto done; /* not all bf16 values (or no memory for the copy): stays F16 */
+    const int b12 = w->fmt == KILN_WFMT_DENSE && (w->w.dtype == KILN_DTYPE_BF16 || f16) && w->n_in % B12_K == 0 && !be->keep_stored && cpu_b12_on();
+    uint16_t *hb = b12 && f16 ? cpu_f16_as_bf16(be, w->w.data, w->n_out, w->n_in) : NULL; /* NULL: not all bf16 values, stays F16 */
+    if (b12 && (!f16 || hb)) {
         struct cpu_b12 *b = cpu_b12_pack(be, f16 ? hb : w->w.data, w->n_out, w->n_in);
         free(hb);
         if (!b) return kiln_errf(err, errlen, "cpu: out of memory storing a 16-bit linear (%d x %d) in 12 bits", w->n_out, w->n_in);
@@ -385,7 +385,6 @@ static int cpu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *
             w->repacked = 1;
         }
     }
-done:
     if (w->bias.data) return cpu_prepare_tensor(be, &w->bias, err, errlen);
     return 0;
 }
