@@ -491,19 +491,10 @@ VNNI static inline __attribute__((always_inline)) void x16_nibbles512(const uint
     const __m512i v = _mm512_loadu_si512((const void *)(c + 64 * k)), m4 = _mm512_set1_epi8(15);
     *lo = _mm512_and_si512(v, m4), *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 }
-VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const uint8_t *h5, const struct q8a *x,
-                                                                     const int32_t *c0, int T, __m512i *s) {
-    const __m512i m16 = _mm512_set1_epi8(16);
-    __m512i lo[4], hi[4], h = _mm512_setzero_si512();
-    if (h5 && !pre) h = _mm512_loadu_si512((const void *)h5);
-    #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        x16_nibbles512(c, pre, k, &lo[k], &hi[k]);
-        if (h5 && !pre) { /* the fifth bits (qmatmul_internal.h): q | (hb & 16) */
-            lo[k] = _mm512_ternarylogic_epi32(lo[k], _mm512_slli_epi16(h, 4 - k), m16, 0xF8);
-            hi[k] = _mm512_ternarylogic_epi32(hi[k], k ? _mm512_srli_epi16(h, k) : h, m16, 0xF8);
-        }
-    }
+/* the block's sums from its 4 chunks' low and high codes (u8) against T
+ * tokens: s[t] lane r = c0[t] + sum, exact (c0 NULL: 0) */
+VNNI static inline __attribute__((always_inline)) void x16_dots_vnni(const __m512i *lo, const __m512i *hi, const struct q8a *x, const int32_t *c0,
+                                                                     int T, __m512i *s) {
     if (T == 1) {
         const int8_t *qs = x[0].qs;
         __m512i s0 = c0 ? BC4_512(c0) : _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -525,6 +516,21 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8
         #pragma GCC unroll 8
         for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
     }
+}
+VNNI static inline __attribute__((always_inline)) void x16_isum_vnni(const uint8_t *c, int pre, const uint8_t *h5, const struct q8a *x,
+                                                                     const int32_t *c0, int T, __m512i *s) {
+    const __m512i m16 = _mm512_set1_epi8(16);
+    __m512i lo[4], hi[4], h = _mm512_setzero_si512();
+    if (h5 && !pre) h = _mm512_loadu_si512((const void *)h5);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        x16_nibbles512(c, pre, k, &lo[k], &hi[k]);
+        if (h5 && !pre) { /* the fifth bits (qmatmul_internal.h): q | (hb & 16) */
+            lo[k] = _mm512_ternarylogic_epi32(lo[k], _mm512_slli_epi16(h, 4 - k), m16, 0xF8);
+            hi[k] = _mm512_ternarylogic_epi32(hi[k], k ? _mm512_srli_epi16(h, k) : h, m16, 0xF8);
+        }
+    }
+    x16_dots_vnni(lo, hi, x, c0, T, s);
 }
 /* chunk k's half e of a block at c: the low and high nibbles (or pre: a
  * panel's two 32-byte rows) */
@@ -588,15 +594,7 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_iq4_vnni(const u
         x16_nibbles512(c, pre, k, &lo[k], &hi[k]);
         if (!pre) lo[k] = _mm512_shuffle_epi8(kv, lo[k]), hi[k] = _mm512_shuffle_epi8(kv, hi[k]); /* the values */
     }
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) s[t] = BC4_512(c0 + t);
-    #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], lo[k], BC4_512(x[t].qs + 4 * k));
-        #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], hi[k], BC4_512(x[t].qs + 16 + 4 * k));
-    }
+    x16_dots_vnni(lo, hi, x, c0, T, s);
 }
 AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const uint8_t *c, int pre, const struct q8a *x, int T, __m256i (*s)[2]) {
     const __m256i one16 = _mm256_set1_epi16(1);
