@@ -699,6 +699,71 @@ static void test_qmulti(void) {
     be->destroy(be);
 }
 
+/* An MoE layer's experts as lists of matmuls (moe.c, qm_int8_tasks): the
+ * logits of a prefill, single steps and a 2-token step are those of one
+ * matmul at a time, in one batch or in batches of 5 gathered rows, on every
+ * ISA, in groups of 16 rows or as stored; and for the GGUF and 4-bit
+ * GPTQ / AWQ formats the lists did run as one job. */
+enum { MT_T = 37, MT_STEPS = 4 };
+
+/* the logits of the fixed run, or -1 */
+static int moe_run(kiln_engine *e, float *lg, int V) {
+    char err[512];
+    kiln_seq *s = kiln_seq_new(e, err, sizeof err);
+    if (!s) return -1;
+    int32_t ids[MT_T];
+    for (int i = 0; i < MT_T; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
+    int rc = kiln_seq_eval(s, ids, MT_T, lg, 1, err, sizeof err);
+    float *o = lg + (size_t)MT_T * V;
+    for (int t = 0; t < MT_STEPS && !rc; t++, o += V) rc = kiln_seq_eval(s, ids + t, 1, o, 0, err, sizeof err);
+    if (!rc) rc = kiln_seq_eval(s, ids + 5, 2, o, 1, err, sizeof err);
+    kiln_seq_free(s);
+    return rc;
+}
+
+static void test_moe_tasks(void) {
+    static const struct {
+        const char *quant;
+        int x16;
+    } fmts[] = {{"q4_0", 1}, {"q4_0", 0}, {"q8_0", 1}, {"q8_0", 0},  {"q4_1", 1},   {"q5_0", 1},   {"q5_1", 1},      {"q4_k", 1},
+                {"q4_k", 0}, {"q5_k", 1}, {"q6_k", 1}, {"iq4_nl", 1}, {"iq4_xs", 1}, {"q2_k", 1}, {"q3_k", 1}, {"gptq-int4", 1}, {"gptq-int4", 0}, {"awq", 1}, {NULL, 1}};
+    const int saved = cpu_isa();
+    for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
+        CHECK(cpu_set_isa(isa) == isa);
+        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+            char err[512];
+            struct kiln_engine_opts o = {.dummy = FIXTURES "/dummy/qwen3-moe-small.json", .backend = "cpu", .quant = fmts[f].quant,
+                                         .quant_group = 128, .max_total_tokens = 128, .n_threads = 2};
+            if (!fmts[f].x16) setenv("KILN_CPU_X16", "0", 1);
+            kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+            unsetenv("KILN_CPU_X16");
+            const char *name = fmts[f].quant ? fmts[f].quant : "bf16";
+            CHECK(e != NULL, "%s: %s", name, err);
+            if (!e) continue;
+            const int V = kiln_engine_config(e)->vocab;
+            const size_t nl = (size_t)(MT_T + MT_STEPS + 2) * V;
+            float *want = kiln_malloc(sizeof(float) * nl), *got = kiln_malloc(sizeof(float) * nl);
+            cpu_set_moe_tasks(0);
+            CHECK(moe_run(e, want, V) == 0, "%s isa %d: the run failed", name, isa);
+            static const int rows[2] = {1, 5};
+            for (int r = 0; r < 2; r++) {
+                const long jobs = cpu_test_tasks_jobs();
+                cpu_set_moe_tasks(rows[r]);
+                memset(got, 0xff, sizeof(float) * nl);
+                CHECK(moe_run(e, got, V) == 0 && !memcmp(got, want, sizeof(float) * nl),
+                      "%s isa %d x16 %d: the experts as lists (batches of %d) give other logits", name, isa, fmts[f].x16,
+                      rows[r] == 1 ? 512 : rows[r]);
+                if (fmts[f].quant)
+                    CHECK(cpu_test_tasks_jobs() > jobs, "%s isa %d x16 %d: no list ran as one job", name, isa, fmts[f].x16);
+            }
+            cpu_set_moe_tasks(1);
+            free(want), free(got);
+            kiln_engine_close(e);
+        }
+    }
+    cpu_set_isa(saved);
+}
+
 static void test_roundtrip(void) {
     int same = 1; /* the fast e4m3 encoder against base.c's exhaustive one */
     for (int i = -5000; i <= 5000 && same; i++) {
@@ -1099,11 +1164,22 @@ static void scratch_oom_one(const struct kiln_engine_opts *o, const char *name, 
 }
 
 static void test_scratch_oom(void) {
+    /* cfg: a dummy config other than micro's (the MoE's experts as lists of matmuls) */
     static const struct {
-        const char *quant, *dtype, *dir;
-    } fmts[] = {{NULL, "bf16", NULL},      {NULL, "f32", NULL},        {"q8_0", NULL, NULL}, {"q4_0", NULL, NULL},
-                {"gptq-int4", NULL, NULL}, {"gptq-int8", NULL, NULL},  {"awq", NULL, NULL},  {"fp8", NULL, NULL},
-                {"q4_k", NULL, NULL},      {NULL, NULL, "micro-moe"}, {NULL, NULL, "gptq-int4-g32-asym-act"}};
+        const char *quant, *dtype, *dir, *cfg;
+    } fmts[] = {{NULL, "bf16", NULL, NULL},
+                {NULL, "f32", NULL, NULL},
+                {"q8_0", NULL, NULL, NULL},
+                {"q4_0", NULL, NULL, NULL},
+                {"gptq-int4", NULL, NULL, NULL},
+                {"gptq-int8", NULL, NULL, NULL},
+                {"awq", NULL, NULL, NULL},
+                {"fp8", NULL, NULL, NULL},
+                {"q4_k", NULL, NULL, NULL},
+                {NULL, NULL, "micro-moe", NULL},
+                {NULL, NULL, "gptq-int4-g32-asym-act", NULL},
+                {"q4_0", NULL, NULL, FIXTURES "/dummy/qwen3-moe-small.json"},
+                {"gptq-int4", NULL, NULL, FIXTURES "/dummy/qwen3-moe-small.json"}};
     const int saved = cpu_isa();
     for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
         CHECK(cpu_set_isa(isa) == isa);
@@ -1112,11 +1188,15 @@ static void test_scratch_oom(void) {
             struct kiln_engine_opts o = {.dummy = QDIR "/micro/config.json", .dummy_dtype = fmts[f].dtype, .backend = "cpu",
                                          .quant = fmts[f].quant, .quant_group = 32, .max_total_tokens = 64, .n_threads = 2};
             if (fmts[f].quant && strstr(fmts[f].quant, "_k")) o.dummy = QDIR "/gguf/kmix-ref/config.json";
+            if (fmts[f].cfg) o.dummy = fmts[f].cfg, o.quant_group = 128;
             if (fmts[f].dir) {
                 snprintf(dir, sizeof dir, QDIR "/%s", fmts[f].dir);
                 o.dummy = NULL, o.model = dir;
             }
-            scratch_oom_one(&o, fmts[f].dir ? fmts[f].dir : fmts[f].quant ? fmts[f].quant : fmts[f].dtype, isa);
+            char name[64];
+            snprintf(name, sizeof name, "%s%s", fmts[f].cfg ? "moe " : "",
+                     fmts[f].dir ? fmts[f].dir : fmts[f].quant ? fmts[f].quant : fmts[f].dtype);
+            scratch_oom_one(&o, name, isa);
         }
     }
     cpu_set_isa(saved);
@@ -1307,6 +1387,7 @@ void test_quant(void) {
     test_kq_extremes();
     test_x16();
     test_qmulti();
+    test_moe_tasks();
     test_config_errors();
     test_gguf_parser();
     test_pairs();

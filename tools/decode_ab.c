@@ -14,6 +14,8 @@
  * same for 2+ activation rows; `b12-pfd` the AVX2 12-bit BF16 loop's at
  * batch 1), `b12-vbmi` (the AVX-512 12-bit decode with VBMI, 0 / 1),
  * `b12-pairs2` (the AVX2 12-bit loop's pairs of rows at batch 1, 0 / 1),
+ * `moe-tasks` (an MoE layer's experts as lists of matmuls: 0 off, 1 on,
+ * more: batches of that many gathered rows),
  * `gemv-rows` (the
  * L1D bytes a row must overflow for its batch-1 loop to read four rows at
  * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
@@ -59,6 +61,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "b12-pfd")) return cpu_set_b12_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "b12-vbmi")) return cpu_set_b12_vbmi(v) == v ? 0 : -1;
     if (!strcmp(sw, "b12-pairs2")) return cpu_set_b12_pairs2(v) == v ? 0 : -1;
+    if (!strcmp(sw, "moe-tasks")) return cpu_set_moe_tasks(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
@@ -113,7 +116,8 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
         if (env) unsetenv(env);
     }
     if (!env) e[1] = e[0], s[1] = s[0];
-    float *lg = kiln_malloc(sizeof(float) * (size_t)kiln_engine_config(e[0])->vocab);
+    const int vocab = kiln_engine_config(e[0])->vocab;
+    float *lg = kiln_malloc(sizeof(float) * (size_t)vocab);
     int32_t t = 1;
     int rc = 0;
     double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
@@ -124,7 +128,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
             kiln_seq_truncate(s[arm], 1);
             const double t0 = kiln_now();
             for (int i = 0; i < steps && !rc; i++) {
-                t = (int32_t)((t * 7919 + 13) % 100000);
+                t = (int32_t)((t * 7919 + 13) % 100000 % vocab);
                 rc = kiln_seq_eval(s[arm], &t, 1, lg, 0, err, sizeof err);
             }
             if (r >= 0) rate[arm][r] = steps / (kiln_now() - t0);
@@ -194,7 +198,7 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, moe-tasks, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
         return 2;
     }

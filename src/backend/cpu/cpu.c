@@ -456,6 +456,7 @@ struct kiln_backend *cpu_backend_create(int n_threads, char *err, size_t errlen)
     struct kiln_backend *be = kiln_calloc(1, sizeof *be);
     struct cpu_ctx *c = kiln_calloc(1, sizeof *c);
     c->n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    c->qscratch_top = (size_t)-1; /* not stacking (qm_buf_stack) */
     omp_set_num_threads(c->n_threads); /* for the OpenMP loops outside this backend (weight loading and conversion: load.c, gptq.c, quant.c) */
     if (!(c->pool = pool_create(c->n_threads))) {
         free(c), free(be);

@@ -23,6 +23,8 @@ struct cpu_ctx {
     size_t scratch_cap;
     void *qscratch; /* qmatmul.c's per-call activation buffers, grown as needed */
     size_t qscratch_cap;
+    size_t qscratch_top; /* stacking (a task list's set-ups): bytes taken; -1: off */
+    int qscratch_full;   /* ... a piece did not fit */
     /* RoPE cos/sin of the last positions seen (ops.c) */
     float *rope_cs;
     int32_t *rope_pos;
@@ -199,6 +201,12 @@ int cpu_set_qm_pfd(int bytes);
  * bytes ahead (0 none; KILN_CPU_QM_PF2); the setter for decode-ab */
 int cpu_set_qm_pf2(int bytes);
 int cpu_set_qm_two(int two);
+/* MoE experts as lists of matmuls in batches of up to 512 gathered rows
+ * (moe.c; KILN_CPU_MOE_TASKS=0: one by one); the setter for tests and
+ * decode-ab: 0 one by one, 1 as by default, more: batches of that many
+ * rows. cpu_test_tasks_jobs: the task lists run as one job so far */
+int cpu_set_moe_tasks(int rows);
+long cpu_test_tasks_jobs(void);
 int cpu_vnni_dec(void);
 int cpu_set_vnni_dec(int on);
 
@@ -212,6 +220,18 @@ enum { MULTI_MAX = 4 }; /* linears per cpu_matmul_multi job */
  * linears of one format, dtype and width as one pool job, else one by one */
 void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count,
                       int n);
+
+/* a list of matmuls, each with its own x (the experts of an MoE layer):
+ * t[i].out[n][n_out] = t[i].x[n][n_in] t[i].w^T + b. Linears of one
+ * format, dtype and width on a path that allows it (GGUF int8) run as one
+ * pool job, else one by one; the bits are the same either way. */
+struct cpu_mm {
+    const struct qlinear *w;
+    const float *x;
+    float *out;
+    int n;
+};
+void cpu_matmul_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count);
 
 /* dot products of one weight row (stored dtype) with 1..4 f32 vectors */
 typedef void (*cpu_dot_fn)(const void *row, const float *const *x, int nx, int n_in, float *out);
@@ -269,6 +289,9 @@ void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct
  * path does not allow it (nothing done: the caller runs them one by one) */
 int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count,
                       int n);
+/* cpu_matmul_tasks for quantized linears of one format: 1 when done as one
+ * job, 0 when the caller must run them one by one */
+int cpu_qmatmul_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count);
 
 #if defined(KILN_NEON)
 /* matmul.c's NEON f32 GEMM, for the other GEMMs over f32 weight panels (the

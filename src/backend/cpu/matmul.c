@@ -1019,6 +1019,13 @@ void cpu_matmul(struct kiln_backend *be, void *out_, const void *x_, const struc
     else gemv(be, &out, x_, &w, 1, n, cpu_dot_for(w->w.dtype));
 }
 
+void cpu_matmul_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
+    int q = count > 1 && t[0].w->fmt != KILN_WFMT_DENSE;
+    for (int i = 1; i < count && q; i++) q = t[i].w->fmt == t[0].w->fmt;
+    if (q && cpu_qmatmul_tasks(be, t, count)) return;
+    for (int i = 0; i < count; i++) cpu_matmul(be, t[i].out, t[i].x, t[i].w, t[i].n);
+}
+
 /* q/k/v or gate/up of a decode step: one pool job instead of one per
  * linear (each job costs a start and a join, ~190 of them per token) */
 void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count,

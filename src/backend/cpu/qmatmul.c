@@ -169,6 +169,16 @@ int qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n) {
     struct cpu_ctx *c = be->ctx;
     size_t tot = 0;
     for (int i = 0; i < n; i++) tot += (sz[i] + 63) & ~(size_t)63;
+    if (c->qscratch_top != (size_t)-1) { /* stacking: after the pieces already taken, never grown */
+        if (tot > c->qscratch_cap - c->qscratch_top) {
+            c->qscratch_full = 1;
+            return -1;
+        }
+        char *p = (char *)c->qscratch + c->qscratch_top;
+        for (int i = 0; i < n; i++) ptr[i] = sz[i] ? p : NULL, p += (sz[i] + 63) & ~(size_t)63;
+        c->qscratch_top += tot;
+        return 0;
+    }
     if (tot > c->qscratch_cap) {
         free(c->qscratch);
         c->qscratch_cap = 0;
@@ -178,6 +188,24 @@ int qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n) {
     char *p = c->qscratch;
     for (int i = 0; i < n; i++) ptr[i] = sz[i] ? p : NULL, p += (sz[i] + 63) & ~(size_t)63;
     return 0;
+}
+
+int qm_buf_stack(struct kiln_backend *be, size_t bytes) {
+    struct cpu_ctx *c = be->ctx;
+    if (bytes > c->qscratch_cap) {
+        free(c->qscratch);
+        c->qscratch_cap = 0;
+        if (!(c->qscratch = cpu_scratch_alloc(be, bytes))) return -1; /* reported by cpu_error */
+        c->qscratch_cap = bytes;
+    }
+    c->qscratch_top = 0, c->qscratch_full = 0;
+    return 0;
+}
+
+int qm_buf_unstack(struct kiln_backend *be) {
+    struct cpu_ctx *c = be->ctx;
+    c->qscratch_top = (size_t)-1;
+    return c->qscratch_full;
 }
 
 #if defined(KILN_X86)
@@ -210,6 +238,58 @@ int cpu_qmatmul_multi(struct kiln_backend *be, float *const *outs, const float *
     if (p0->int8_act) return qm_int8_multi(be, outs, x, ws, count, n);
     if (p0->gact) return qm_gact_multi(be, outs, x, ws, count, n);
     return qm_exact_multi(be, outs, x, ws, count, n);
+}
+
+static _Atomic long tasks_jobs; /* task lists run as one job (tests) */
+
+long cpu_test_tasks_jobs(void) { return tasks_jobs; }
+
+int qm_run_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count, size_t bytes, const struct qm_task_ops *ops) {
+    const size_t js = ops->job_size;
+    char *jobs = cpu_scratch_alloc(be, js * (size_t)count);
+    struct cpu_task *tk = cpu_scratch_alloc(be, sizeof *tk * (size_t)count);
+    if (!jobs || !tk || qm_buf_stack(be, bytes)) {
+        free(jobs), free(tk);
+        return 1; /* skipped; reported by cpu_error */
+    }
+    /* each distinct x set up (quantized) into its own pieces; a task with the
+     * previous one's x takes its set-up, as the multi-linear jobs do */
+    int mode = -1, bad = 0;
+    for (int i = 0; i < count && !bad; i++) {
+        void *j = jobs + js * (size_t)i;
+        if (i && t[i].x == t[i - 1].x && t[i].n == t[i - 1].n) {
+            memcpy(j, jobs + js * (size_t)(i - 1), js);
+            ops->share(j, &t[i], mode);
+            continue;
+        }
+        const int m = ops->setup(be, j, &t[i]);
+        bad = m < 0 || m == 1 || (mode >= 0 && m != mode);
+        mode = m;
+    }
+    const int full = qm_buf_unstack(be);
+    if (full || bad) {
+        /* a piece past the bound, or a GEMM after all: one by one (an allocation that failed: skipped, reported) */
+        free(jobs), free(tk);
+        return bad && mode < 0 && !full;
+    }
+    int panel = 0;
+    for (int i = 0; i < count; i++) panel |= ops->task(jobs + js * (size_t)i, mode, NULL, NULL);
+    void **scr = NULL;
+    if (panel && !(scr = cpu_scratch_threads(be, 512 * (size_t)(t[0].w->n_in / 32)))) {
+        free(jobs), free(tk);
+        return 1; /* skipped; reported by cpu_error */
+    }
+    for (int i = 0; i < count; i++) ops->task(jobs + js * (size_t)i, mode, scr, &tk[i]);
+    cpu_parallel_for_split_tasks(be, tk, count, ops->unit_bytes(jobs, mode));
+    cpu_scratch_threads_free(be, scr);
+    free(jobs), free(tk);
+    tasks_jobs++;
+    return 1;
+}
+
+int cpu_qmatmul_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
+    const struct qprep *p0 = t[0].w->be;
+    return p0->int8_act ? qm_int8_tasks(be, t, count) : p0->gact ? qm_gact_tasks(be, t, count) : 0;
 }
 
 void cpu_qmatmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {

@@ -963,3 +963,57 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     cpu_parallel_for_split_tasks(be, t, count, (gemm == 2 ? 16 : 1) * qm_grp_row_bytes(g[0].g));
     return 1;
 }
+
+/* the most gact_setup takes from the per-call buffer for n rows of K */
+static size_t gsetup_bytes(int n, int K) {
+    const size_t nb = (size_t)K / 32, r = (size_t)n + 16;
+    return r * nb * (sizeof(struct q8a) + 56) + 192 * (nb / 4 + 1) + 8 * 64;
+}
+
+static int g_task_setup(struct kiln_backend *be, void *job, const struct cpu_mm *t) {
+    return gact_setup(be, job, t->out, t->x, t->w, t->n);
+}
+
+static void g_task_share(void *job, const struct cpu_mm *t, int mode) {
+    struct gjob *g = job;
+    const struct qprep *p = t->w->be;
+    g->g = &p->grp, g->out = t->out, g->N = t->w->n_out;
+    g->bias = t->w->bias.data ? cpu_vec(&t->w->bias) : NULL;
+#if defined(KILN_X86)
+    if (mode == 2) g->g16 = p->g16, g->ng = g->N / 16;
+#else
+    (void)mode;
+#endif
+}
+
+static int g_task(void *job, int mode, void **scr, struct cpu_task *out) {
+    struct gjob *g = job;
+#if defined(KILN_X86)
+    if (mode == 2) {
+        const int panel = g->ntile > 1 && g->isa >= CPU_ISA_AVX2;
+        if (out) g->scr = panel ? scr : NULL, *out = (struct cpu_task){g_g16, g, g->ng + (g->N > 16 * g->ng)};
+        return panel;
+    }
+#else
+    (void)mode, (void)scr;
+#endif
+    if (out) *out = (struct cpu_task){g_rows, g, g->N};
+    return 0;
+}
+
+static size_t g_task_bytes(const void *job, int mode) { return (mode == 2 ? 16 : 1) * qm_grp_row_bytes(((const struct gjob *)job)->g); }
+
+int qm_gact_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
+    static const struct qm_task_ops ops = {sizeof(struct gjob), g_task_setup, g_task_share, g_task, g_task_bytes};
+    const struct qprep *p0 = t[0].w->be;
+    size_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = t[i].w->be;
+        /* no act order (its x is permuted per linear), no GEMM (its own job) */
+        if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || t[i].w->n_in != t[0].w->n_in ||
+            (p->g16 != NULL) != (p0->g16 != NULL) || (!p->g16 && gact_gemm(cpu_isa(), t[i].n)))
+            return 0;
+        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += gsetup_bytes(t[i].n, t[0].w->n_in);
+    }
+    return qm_run_tasks(be, t, count, bytes, &ops);
+}

@@ -1317,6 +1317,19 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
 #endif
 }
 
+#if defined(KILN_X86)
+/* groups with several tiles of tokens: whether each group's codes are split
+ * once into a per-thread panel (j->scr, 512 bytes per block) that the tiles
+ * share (else each tile splits them) */
+static int x16_panel(const struct ijob *j) {
+    const enum kiln_dtype t = j->w->w.dtype;
+    return j->ntile > 1 && j->isa >= CPU_ISA_AVX2 &&
+           (t == KILN_DTYPE_Q4_0 || t == KILN_DTYPE_Q4_1 || t == KILN_DTYPE_Q5_0 || t == KILN_DTYPE_IQ4_NL || t == KILN_DTYPE_IQ4_XS ||
+            t == KILN_DTYPE_Q3_K || t == KILN_DTYPE_Q2_K || t == KILN_DTYPE_Q5_1 || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K ||
+            (j->R == 16 && t == KILN_DTYPE_Q8_0));
+}
+#endif
+
 void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n) {
     struct ijob j;
     const int gemm = int8_setup(be, &j, out, x, w, n);
@@ -1329,14 +1342,8 @@ void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const s
 #endif
 #if defined(KILN_X86)
     if (gemm == 2) {
-        /* several tiles of tokens: a panel per thread for the split codes (none: each tile splits them) */
-        const int panel = j.ntile > 1 && j.isa >= CPU_ISA_AVX2 &&
-                          (w->w.dtype == KILN_DTYPE_Q4_0 || w->w.dtype == KILN_DTYPE_Q4_1 || w->w.dtype == KILN_DTYPE_Q5_0 || w->w.dtype == KILN_DTYPE_IQ4_NL ||
-                           w->w.dtype == KILN_DTYPE_IQ4_XS || w->w.dtype == KILN_DTYPE_Q3_K || w->w.dtype == KILN_DTYPE_Q2_K ||
-                           w->w.dtype == KILN_DTYPE_Q5_1 || w->w.dtype == KILN_DTYPE_Q5_K || w->w.dtype == KILN_DTYPE_Q6_K ||
-                           (j.R == 16 && w->w.dtype == KILN_DTYPE_Q8_0));
         const int64_t units = j.ng + (j.N > X16_R * j.ng);
-        if (panel && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
+        if (x16_panel(&j) && !(j.scr = cpu_scratch_threads(be, 512 * (size_t)j.nb))) return; /* reported by cpu_error */
         /* one tile (decode): a run of groups per thread, stolen in chunks; several: a group at a time from the counter */
         if (j.ntile > 1) cpu_parallel_for(be, units, 1, i_x16, &j);
         else cpu_parallel_for_split(be, units, cpu_split_chunk(be, j.ng + 1, X16_R * j.rb), i_x16, &j);
@@ -1392,4 +1399,69 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     }
     cpu_parallel_for_split_tasks(be, t, count, gemm == 2 ? X16_R * j[0].rb : j[0].rb);
     return 1;
+}
+
+/* the most int8_setup takes from the per-call buffer for n activation rows of
+ * K (every path's pieces: token tiles rounded up, the decode vectors) */
+static size_t setup_bytes(int n, int K) {
+    const size_t nb = (size_t)K / 32, r = (size_t)n + 16;
+    return r * nb * (sizeof(struct q8a) + 6 * sizeof(float)) + 128 * (nb / 2 + 1) * r + 32 * nb + 8 * 64;
+}
+
+static int i_task_setup(struct kiln_backend *be, void *job, const struct cpu_mm *t) {
+    return int8_setup(be, job, t->out, t->x, t->w, t->n);
+}
+
+static void i_task_share(void *job, const struct cpu_mm *t, int mode) {
+    struct ijob *j = job;
+    j->w = t->w, j->out = t->out, j->N = t->w->n_out;
+    j->bias = t->w->bias.data ? cpu_vec(&t->w->bias) : NULL;
+#if defined(KILN_X86)
+    if (mode == 2) j->x16 = ((const struct qprep *)t->w->be)->x16, j->ng = j->N / X16_R;
+#else
+    (void)mode;
+#endif
+}
+
+static int i_task(void *job, int mode, void **scr, struct cpu_task *out) {
+    struct ijob *j = job;
+#if defined(KILN_X86)
+    if (mode == 2) {
+        const int panel = x16_panel(j);
+        if (out) j->scr = panel ? scr : NULL, *out = (struct cpu_task){i_x16, j, j->ng + (j->N > X16_R * j->ng)};
+        return panel;
+    }
+#else
+    (void)mode, (void)scr;
+#endif
+    if (out) *out = (struct cpu_task){i_rows, j, j->N};
+    return 0;
+}
+
+static size_t i_task_bytes(const void *job, int mode) {
+    const struct ijob *j = job;
+    return mode == 2 ? 16 * j->rb : j->rb;
+}
+
+int qm_int8_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
+    static const struct qm_task_ops ops = {sizeof(struct ijob), i_task_setup, i_task_share, i_task, i_task_bytes};
+    const struct qlinear *w0 = t[0].w;
+    const enum kiln_dtype dt = w0->w.dtype;
+    const int isa = cpu_isa();
+    size_t bytes = 0;
+    for (int i = 0; i < count; i++) {
+        const struct qprep *p = t[i].w->be;
+        if (p->int8_act != 1 || t[i].w->w.dtype != dt || t[i].w->n_in != w0->n_in) return 0;
+#if defined(KILN_X86)
+        /* the GEMMs (stored blocks; Q4_K / Q5_K panels cut from the groups without VNNI) keep their own jobs */
+        const int kx = (dt == KILN_DTYPE_Q4_K || dt == KILN_DTYPE_Q5_K) && !(isa >= CPU_ISA_AVX512 && qm_have_vnni());
+        if (!p->x16 != !((const struct qprep *)w0->be)->x16 || ((!p->x16 || kx) && int8_gemm(isa, dt, t[i].n))) return 0;
+#elif defined(KILN_NEON)
+        if (neon_gemm(isa, dt, t[i].n)) return 0;
+#else
+        (void)isa;
+#endif
+        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += setup_bytes(t[i].n, w0->n_in);
+    }
+    return qm_run_tasks(be, t, count, bytes, &ops);
 }

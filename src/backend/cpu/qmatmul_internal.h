@@ -212,8 +212,16 @@ static inline size_t qm_grp_row_bytes(const struct qgrp *g) { return g->row_byte
  * (matmuls are not nested), so decode does not pay for 3-5 allocations per
  * matmul; the pieces live until the next call. -1 when it cannot grow (the
  * caller skips its work; cpu_error reports it). The GEMMs' per-thread
- * panels come from cpu_scratch_threads (cpu.h), allocated before the job. */
+ * panels come from cpu_scratch_threads (cpu.h), allocated before the job.
+ *
+ * A task list (qm_int8_tasks) sets up several matmuls before one job, so
+ * their pieces must all live at once: qm_buf_stack(be, bytes) makes room
+ * for that many bytes and turns stacking on (each qm_buf_get then takes
+ * the pieces after the previous call's); past the room qm_buf_get returns
+ * -1 without growing and qm_buf_unstack(be) says so (1) and turns it off. */
 int qm_buf_get(struct kiln_backend *be, const size_t *sz, void **ptr, int n);
+int qm_buf_stack(struct kiln_backend *be, size_t bytes);
+int qm_buf_unstack(struct kiln_backend *be);
 
 /* whether the CPU has AVX-512 VNNI (with VL and BW) / VBMI, whatever
  * KILN_CPU_ISA says: callers also check cpu_isa() >= CPU_ISA_AVX512 */
@@ -242,6 +250,31 @@ void qm_matmul_exact(struct kiln_backend *be, float *out, const float *x, const 
 int qm_exact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
 void qm_matmul_int8(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n);
 int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
+/* cpu_matmul_tasks on the int8 path (count linears of one format, dtype and
+ * width, each with its own x): 1 when done, 0 when the caller must run them
+ * one by one (a GEMM among them) */
+int qm_int8_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count);
+/* ... on the GPTQ / AWQ int8 path (no act order) */
+int qm_gact_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count);
+
+/* What the two paths hand qm_run_tasks, which sets up each task (its x
+ * quantized into stacked pieces of the per-call buffer, at most bytes in
+ * all), gives a task with the previous one's x that set-up, and runs the
+ * tasks as one pool job; it returns as qm_int8_tasks does. */
+struct qm_task_ops {
+    size_t job_size; /* the path's job struct */
+    /* t's job set up: 2 (groups of 16 rows), 0 (rows), 1 (a GEMM: the
+     * list goes one by one) or -1 (failed), as the paths' set-ups return */
+    int (*setup)(struct kiln_backend *be, void *job, const struct cpu_mm *t);
+    /* job, a copy of the previous task's job, made t's (mode: its set-up's) */
+    void (*share)(void *job, const struct cpu_mm *t, int mode);
+    /* whether job needs a per-thread panel (512 bytes per activation
+     * block); with out, its pool task, its panels scr */
+    int (*task)(void *job, int mode, void **scr, struct cpu_task *out);
+    /* bytes of one item of the tasks (cpu_split_chunk) */
+    size_t (*unit_bytes)(const void *job, int mode);
+};
+int qm_run_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count, size_t bytes, const struct qm_task_ops *ops);
 void qm_matmul_gact(struct kiln_backend *be, float *out, const float *x, const struct qlinear *w, int n);
 int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, const struct qlinear *const *ws, int count, int n);
 /* the group size if GPTQ / AWQ weights repacked into g can take the int8
