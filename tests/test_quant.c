@@ -397,6 +397,11 @@ static void test_qgemm(void) {
                 for (int j = 0; j < (q6 ? 16 : 12); j++)
                     q[(size_t)sb * sbb + (q6 ? 192 : 4) + j] = q6 ? (uint8_t)(int8_t)((int)(kiln_rng_next(&r) % 121) - 60) : (uint8_t)kiln_rng_next(&r);
         }
+        if (rc == 0 && (w.w.dtype == KILN_DTYPE_Q2_K || w.w.dtype == KILN_DTYPE_Q3_K)) /* Q2_K's scale / min bytes, Q3_K's 12 scale bytes random */
+            for (int sb = 0; sb < N * K / 256; sb++)
+                for (int j = 0; j < (w.w.dtype == KILN_DTYPE_Q2_K ? 16 : 12); j++)
+                    ((uint8_t *)w.w.data)[(size_t)sb * (w.w.dtype == KILN_DTYPE_Q2_K ? 84 : 110) + (w.w.dtype == KILN_DTYPE_Q2_K ? 0 : 96) + j] =
+                        (uint8_t)kiln_rng_next(&r);
         if (rc == 0 && w.w.dtype == KILN_DTYPE_IQ4_XS) /* IQ4_XS: every sub-block's 6-bit scale random */
             for (int sb = 0; sb < N * K / 256; sb++)
                 for (int j = 2; j < 8; j++) ((uint8_t *)w.w.data)[(size_t)sb * 136 + j] = (uint8_t)kiln_rng_next(&r);

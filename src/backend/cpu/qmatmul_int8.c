@@ -722,6 +722,75 @@ Q45_NEON(dot_q5_0_neon, , i8dot_neon, 0, 1)
 Q45_NEON(dot_q5_0_dotprod, DP_ATTR, i8dot_dp, 0, 1)
 Q45_NEON(dot_q5_1_neon, , i8dot_neon, 1, 1)
 Q45_NEON(dot_q5_1_dotprod, DP_ATTR, i8dot_dp, 1, 1)
+/* IQ4_NL / IQ4_XS: the 32 indices of a block (Q4_0's nibble order) looked
+ * up in the 16-value table by tbl, the integer dot in lanes; the f32 part
+ * as dot_iq4nl_scalar / dot_iq4xs_scalar write it, so their bits */
+#define IQ4_NEON(NAME, ATTR, IDOT, XS)                                                                          \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nb) {                                    \
+        const int8x16_t kv = vld1q_s8(quant_iq4_kv);                                                            \
+        const uint8x16_t m4 = vdupq_n_u8(15);                                                                   \
+        float acc = 0;                                                                                          \
+        for (int i = 0; i < nb; i++) {                                                                          \
+            const int nj = (XS) ? 8 : 1;                                                                        \
+            const uint8_t *bw = (XS) ? w + (size_t)136 * i : w + (size_t)18 * i;                                \
+            const float d = h2f(bw);                                                                            \
+            for (int j = 0; j < nj; j++) {                                                                      \
+                const struct q8a *x = a + (size_t)nj * i + j;                                                   \
+                const uint8x16_t c = vld1q_u8((XS) ? bw + 8 + 16 * j : bw + 2);                                 \
+                const int32x4_t sv = IDOT(IDOT(vdupq_n_s32(0), vqtbl1q_s8(kv, vandq_u8(c, m4)), vld1q_s8(x->qs)), \
+                                          vqtbl1q_s8(kv, vshrq_n_u8(c, 4)), vld1q_s8(x->qs + 16));               \
+                if (XS) acc += d * (float)(quant_iq4xs_scale(bw, j) - 32) * x->d * (float)vaddvq_s32(sv);      \
+                else acc += d * x->d * (float)vaddvq_s32(sv);                                                   \
+            }                                                                                                   \
+        }                                                                                                       \
+        return acc;                                                                                             \
+    }
+
+/* Q2_K / Q3_K: activation block b's 32 codes are bytes 32 (b / 4) .. + 31
+ * of the superblock's code bytes shifted down by 2 (b % 4) (Q3_K: | bit b
+ * of hmask byte l << 2, less 4); each 16-weight half's integer dot (Q2_K:
+ * and its activation sum) in lanes, then the f32 part as the scalar dots
+ * write it, so their bits */
+#define K23_NEON(NAME, ATTR, IDOT, Q3)                                                                          \
+    ATTR static float NAME(const uint8_t *w, const struct q8a *a, int nsb) {                                   \
+        const uint8x16_t m3 = vdupq_n_u8(3), one = vdupq_n_u8(1);                                               \
+        const int8x16_t ones = vdupq_n_s8(1), four = vdupq_n_s8(4);                                             \
+        float acc = 0;                                                                                          \
+        for (int i = 0; i < nsb; i++, w += (Q3) ? 110 : 84, a += 8) {                                           \
+            const uint8_t *qs = w + ((Q3) ? 32 : 16);                                                           \
+            const float d = h2f(w + ((Q3) ? 108 : 80)), dmin = (Q3) ? 0.0f : h2f(w + 82);                        \
+            const uint8x16_t hm0 = vld1q_u8(w), hm1 = vld1q_u8(w + 16); /* Q3_K's hmask */                     \
+            for (int b = 0; b < 8; b++) {                                                                       \
+                const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * (b % 4))), hs = vdupq_n_s8((int8_t)-b);           \
+                int8x16_t c[2];                                                                                 \
+                for (int h = 0; h < 2; h++) {                                                                   \
+                    uint8x16_t v = vandq_u8(vshlq_u8(vld1q_u8(qs + 32 * (b / 4) + 16 * h), sh), m3);            \
+                    if (Q3) v = vorrq_u8(v, vshlq_n_u8(vandq_u8(vshlq_u8(h ? hm1 : hm0, hs), one), 2));         \
+                    c[h] = (Q3) ? vsubq_s8(vreinterpretq_s8_u8(v), four) : vreinterpretq_s8_u8(v);              \
+                }                                                                                               \
+                const int8x16_t x0 = vld1q_s8(a[b].qs), x1 = vld1q_s8(a[b].qs + 16);                            \
+                const int sq0 = vaddvq_s32(IDOT(vdupq_n_s32(0), c[0], x0)), sq1 = vaddvq_s32(IDOT(vdupq_n_s32(0), c[1], x1)); \
+                if (Q3) {                                                                                       \
+                    const int is = (quant_q3k_scale(w + 96, 2 * b) - 32) * sq0 + (quant_q3k_scale(w + 96, 2 * b + 1) - 32) * sq1; \
+                    acc += d * a[b].d * (float)is;                                                              \
+                } else {                                                                                        \
+                    const int sx0 = vaddvq_s32(IDOT(vdupq_n_s32(0), ones, x0)), sx1 = vaddvq_s32(IDOT(vdupq_n_s32(0), ones, x1)); \
+                    const int is = (w[2 * b] & 15) * sq0 + (w[2 * b + 1] & 15) * sq1, im = (w[2 * b] >> 4) * sx0 + (w[2 * b + 1] >> 4) * sx1; \
+                    acc += a[b].d * (d * (float)is - dmin * (float)im);                                         \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        return acc;                                                                                             \
+    }
+
+IQ4_NEON(dot_iq4nl_neon, , i8dot_neon, 0)
+IQ4_NEON(dot_iq4nl_dotprod, DP_ATTR, i8dot_dp, 0)
+IQ4_NEON(dot_iq4xs_neon, , i8dot_neon, 1)
+IQ4_NEON(dot_iq4xs_dotprod, DP_ATTR, i8dot_dp, 1)
+K23_NEON(dot_q2_k_neon, , i8dot_neon, 0)
+K23_NEON(dot_q2_k_dotprod, DP_ATTR, i8dot_dp, 0)
+K23_NEON(dot_q3_k_neon, , i8dot_neon, 1)
+K23_NEON(dot_q3_k_dotprod, DP_ATTR, i8dot_dp, 1)
 QDOT_NEON(dot_q8_0_neon, , i8dot_neon, 34, Q8_CODES)
 QDOT_NEON(dot_q4_0_neon, , i8dot_neon, 18, Q4_CODES)
 QDOT_NEON(dot_q8_0_dotprod, DP_ATTR, i8dot_dp, 34, Q8_CODES)
@@ -1121,6 +1190,10 @@ static int int8_setup(struct kiln_backend *be, struct ijob *jp, float *out, cons
         case KILN_DTYPE_Q4_K: j.dot = dp ? dot_q4_k_dotprod : dot_q4_k_neon; break;
         case KILN_DTYPE_Q5_K: j.dot = dp ? dot_q5_k_dotprod : dot_q5_k_neon; break;
         case KILN_DTYPE_Q6_K: j.dot = dp ? dot_q6_k_dotprod : dot_q6_k_neon; break;
+        case KILN_DTYPE_IQ4_NL: j.dot = dp ? dot_iq4nl_dotprod : dot_iq4nl_neon; break;
+        case KILN_DTYPE_IQ4_XS: j.dot = dp ? dot_iq4xs_dotprod : dot_iq4xs_neon; break;
+        case KILN_DTYPE_Q2_K: j.dot = dp ? dot_q2_k_dotprod : dot_q2_k_neon; break;
+        case KILN_DTYPE_Q3_K: j.dot = dp ? dot_q3_k_dotprod : dot_q3_k_neon; break;
         default: break;
         }
     }
