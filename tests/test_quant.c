@@ -682,8 +682,8 @@ static void test_qmulti(void) {
             ws[i] = &w[i];
         }
         if (!ok) continue;
-        float *x = kiln_malloc(sizeof(float) * 4 * K), *ref[3], *out[3];
-        for (int k = 0; k < 4 * K; k++) x[k] = kiln_rng_normal(&r);
+        float *x = kiln_malloc(sizeof(float) * 5 * K), *ref[3], *out[3];
+        for (int k = 0; k < 5 * K; k++) x[k] = kiln_rng_normal(&r);
         for (int i = 0; i < 3; i++) ref[i] = kiln_malloc(sizeof(float) * 4 * Ns[i]), out[i] = kiln_malloc(sizeof(float) * 4 * Ns[i]);
         for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++)
             for (int n = 1; n <= 4; n += 3) {
@@ -694,6 +694,20 @@ static void test_qmulti(void) {
                 for (int i = 0; i < 3; i++)
                     CHECK(!memcmp(out[i], ref[i], sizeof(float) * n * Ns[i]), "%s %s n=%d: matmul_multi's linear %d differs from matmul",
                           cpu_isa_name(isa), fmts[f], n, i);
+                /* cpu_matmul_tasks (the MoE experts' lists): linears 0 and 1 on the same x (1 takes 0's set-up, and has a
+                 * bias), 2 on the next row's; rows past the last group of 16; the bits of matmul one at a time, and the
+                 * int8 paths ran it as one job */
+                const struct cpu_mm tl[3] = {{ws[0], x, out[0], n}, {ws[1], x, out[1], n}, {ws[2], x + K, out[2], n}};
+                for (int i = 0; i < 3; i++) be->matmul(be, ref[i], tl[i].x, ws[i], n), memset(out[i], 0xff, sizeof(float) * n * Ns[i]);
+                const long jobs = cpu_test_tasks_jobs();
+                cpu_matmul_tasks(be, tl, 3);
+                for (int i = 0; i < 3; i++)
+                    CHECK(!memcmp(out[i], ref[i], sizeof(float) * n * Ns[i]), "%s %s n=%d: the task list's linear %d differs from matmul",
+                          cpu_isa_name(isa), fmts[f], n, i);
+                const int int8 = !strcmp(fmts[f], "q8_0") || !strcmp(fmts[f], "q4_0") || !strcmp(fmts[f], "q4_k") || !strcmp(fmts[f], "gptq-int4") ||
+                                 !strcmp(fmts[f], "awq");
+                CHECK(cpu_test_tasks_jobs() == jobs + int8, "%s %s n=%d: the task list ran as %ld jobs", cpu_isa_name(isa), fmts[f], n,
+                      cpu_test_tasks_jobs() - jobs);
             }
         for (int i = 0; i < 3; i++) be->release_linear(be, &w[i]), free(ref[i]), free(out[i]);
         free(x);
@@ -727,22 +741,28 @@ static int moe_run(kiln_engine *e, float *lg, int V) {
 }
 
 static void test_moe_tasks(void) {
+    /* last: BF16 / F32 experts 36 wide (SwiGLU per expert: its vector kernels' scalar tails) */
     static const struct {
         const char *quant;
         int x16;
-    } fmts[] = {{"q4_0", 1}, {"q4_0", 0}, {"q8_0", 1}, {"q8_0", 0},  {"q4_1", 1},   {"q5_0", 1},   {"q5_1", 1},      {"q4_k", 1},
-                {"q4_k", 0}, {"q5_k", 1}, {"q6_k", 1}, {"iq4_nl", 1}, {"iq4_xs", 1}, {"q2_k", 1}, {"q3_k", 1}, {"gptq-int4", 1}, {"gptq-int4", 0}, {"awq", 1}, {NULL, 1}};
+        const char *dtype;
+    } fmts[] = {{"q4_0", 1, NULL}, {"q4_0", 0, NULL},   {"q8_0", 1, NULL},   {"q8_0", 0, NULL},      {"q4_1", 1, NULL},      {"q5_0", 1, NULL},
+                {"q5_1", 1, NULL}, {"q4_k", 1, NULL},   {"q4_k", 0, NULL},   {"q5_k", 1, NULL},      {"q6_k", 1, NULL},      {"iq4_nl", 1, NULL},
+                {"iq4_xs", 1, NULL}, {"q2_k", 1, NULL}, {"q3_k", 1, NULL},   {"gptq-int4", 1, NULL}, {"gptq-int4", 0, NULL}, {"awq", 1, NULL},
+                {NULL, 1, "bf16"}, {NULL, 1, "bf16"},   {NULL, 1, "f32"}};
+    const size_t nf = sizeof fmts / sizeof fmts[0];
     const int saved = cpu_isa();
     for (int isa = CPU_ISA_SCALAR; isa <= cpu_isa_max(); isa++) {
         CHECK(cpu_set_isa(isa) == isa);
-        for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        for (size_t f = 0; f < nf; f++) {
             char err[512];
-            struct kiln_engine_opts o = {.dummy = FIXTURES "/dummy/qwen3-moe-small.json", .backend = "cpu", .quant = fmts[f].quant,
-                                         .quant_group = 128, .max_total_tokens = 128, .n_threads = 2};
+            struct kiln_engine_opts o = {.dummy = f + 2 < nf ? FIXTURES "/dummy/qwen3-moe-small.json" : FIXTURES "/dummy/qwen3-moe-odd.json",
+                                         .backend = "cpu", .quant = fmts[f].quant, .dummy_dtype = fmts[f].dtype, .quant_group = 128,
+                                         .max_total_tokens = 128, .n_threads = 2};
             if (!fmts[f].x16) setenv("KILN_CPU_X16", "0", 1);
             kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
             unsetenv("KILN_CPU_X16");
-            const char *name = fmts[f].quant ? fmts[f].quant : "bf16";
+            const char *name = fmts[f].quant ? fmts[f].quant : fmts[f].dtype;
             CHECK(e != NULL, "%s: %s", name, err);
             if (!e) continue;
             const int V = kiln_engine_config(e)->vocab;

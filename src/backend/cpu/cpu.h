@@ -223,8 +223,9 @@ void cpu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x,
 
 /* a list of matmuls, each with its own x (the experts of an MoE layer):
  * t[i].out[n][n_out] = t[i].x[n][n_in] t[i].w^T + b. Linears of one
- * format, dtype and width on a path that allows it (GGUF int8) run as one
- * pool job, else one by one; the bits are the same either way. */
+ * format, dtype and width on a path that allows it (the int8 paths: GGUF
+ * types, GPTQ / AWQ 4-bit without act order; no GEMM among them) run as
+ * one pool job, else one by one; the bits are the same either way. */
 struct cpu_mm {
     const struct qlinear *w;
     const float *x;

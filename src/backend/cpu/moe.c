@@ -7,7 +7,8 @@
  *
  * Decomposition: routing is per token (the pool, over tokens). Then the
  * tokens routed to each expert are gathered into a dense block, experts in
- * order, and a batch of experts (up to MOE_ROWS gathered rows) goes through
+ * order, and a batch of experts (up to max(MOE_ROWS, tokens) gathered
+ * rows: one expert always fits) goes through
  * gate / up as one list of matmuls, SwiGLU, then down as another
  * (cpu_matmul_tasks: one pool job per list where the weights' path allows
  * it, parallel over each expert's weight rows, so at prefill each expert's
@@ -66,7 +67,7 @@ enum { MOE_ROWS = 512 };
 
 /* 0: each expert's matmuls one by one; 1: batches of MOE_ROWS rows; more:
  * batches of that many rows (tests) */
-static int moe_tasks = -1;
+static _Atomic int moe_tasks = -1;
 
 static int moe_tasks_rows(void) {
     if (moe_tasks < 0) {
@@ -90,7 +91,7 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
     const float *x = x_;
     const int E = m->n_expert, K = m->n_used, F = m->ffn;
     /* rows a batch may gather: every (token, expert) pair of the call, at
-     * most MOE_ROWS unless one expert has more (at most n) */
+     * most max(MOE_ROWS, n), since one expert has at most n */
     const int tasks = moe_tasks_rows(), cap = n > tasks ? n : tasks, B = n * K < cap ? n * K : cap;
     /* one scratch block of 4-byte words, each array 64-byte aligned:
      * logits [n][E] | sel, wsel [n][K] | start [E + 1] | rows, rw [n K] |
@@ -140,7 +141,15 @@ void cpu_moe(struct kiln_backend *be, void *out_, const void *x_, const struct m
                 mm[c++] = (struct cpu_mm){&m->up[e], xg + (size_t)o * dim, u + (size_t)o * F, ne};
             }
             run_list(be, mm, c, tasks);
-            be->swiglu(be, g, g, u, np, F);
+            /* one SwiGLU over the batch where F is a whole number of every
+             * kernel's vectors, else per expert: the vector kernels' scalar
+             * tail must fall on each expert's last elements, as one by one */
+            if (F % 16 == 0) be->swiglu(be, g, g, u, np, F);
+            else
+                for (int e = e0; e < e1; e++)
+                    if (start[e + 1] > start[e])
+                        be->swiglu(be, g + (size_t)(start[e] - p0) * F, g + (size_t)(start[e] - p0) * F, u + (size_t)(start[e] - p0) * F,
+                                   start[e + 1] - start[e], F);
             c = 0;
             for (int e = e0; e < e1; e++) {
                 const int o = start[e] - p0, ne = start[e + 1] - start[e];

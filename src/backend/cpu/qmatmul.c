@@ -266,11 +266,11 @@ int qm_run_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count, siz
         bad = m < 0 || m == 1 || (mode >= 0 && m != mode);
         mode = m;
     }
-    const int full = qm_buf_unstack(be);
-    if (full || bad) {
-        /* a piece past the bound, or a GEMM after all: one by one (an allocation that failed: skipped, reported) */
+    if (qm_buf_unstack(be) || bad) {
+        /* a piece past the bound (a set-up's only failure while stacking)
+         * or a GEMM after all: nothing written yet, one by one */
         free(jobs), free(tk);
-        return bad && mode < 0 && !full;
+        return 0;
     }
     int panel = 0;
     for (int i = 0; i < count; i++) panel |= ops->task(jobs + js * (size_t)i, mode, NULL, NULL);

@@ -964,9 +964,12 @@ int qm_gact_multi(struct kiln_backend *be, float *const *outs, const float *x, c
     return 1;
 }
 
-/* the most gact_setup takes from the per-call buffer for n rows of K */
-static size_t gsetup_bytes(int n, int K) {
-    const size_t nb = (size_t)K / 32, r = (size_t)n + 16;
+/* the most gact_setup takes from the per-call buffer for n rows of K: in
+ * groups (g16) the tiles' codes and SX (at most one per block); else the
+ * row paths' pieces too */
+static size_t gsetup_bytes(int n, int K, int g16) {
+    const size_t nb = (size_t)K / 32, r = (size_t)n + 8;
+    if (g16) return r * nb * (sizeof(struct q8a) + sizeof(float)) + 3 * 64;
     return r * nb * (sizeof(struct q8a) + 56) + 192 * (nb / 4 + 1) + 8 * 64;
 }
 
@@ -1013,7 +1016,7 @@ int qm_gact_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
         if (p->gact != p0->gact || p->grp.perm || p->grp.n_group != p0->grp.n_group || t[i].w->n_in != t[0].w->n_in ||
             (p->g16 != NULL) != (p0->g16 != NULL) || (!p->g16 && gact_gemm(cpu_isa(), t[i].n)))
             return 0;
-        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += gsetup_bytes(t[i].n, t[0].w->n_in);
+        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += gsetup_bytes(t[i].n, t[0].w->n_in, p->g16 != NULL);
     }
     return qm_run_tasks(be, t, count, bytes, &ops);
 }

@@ -1475,9 +1475,11 @@ int qm_int8_multi(struct kiln_backend *be, float *const *outs, const float *x, c
 }
 
 /* the most int8_setup takes from the per-call buffer for n activation rows of
- * K (every path's pieces: token tiles rounded up, the decode vectors) */
-static size_t setup_bytes(int n, int K) {
-    const size_t nb = (size_t)K / 32, r = (size_t)n + 16;
+ * K: in groups (x16) the tiles' codes and c8 (tokens rounded up to a tile
+ * of at most 8); else every row path's pieces (the decode vectors) */
+static size_t setup_bytes(int n, int K, int x16) {
+    const size_t nb = (size_t)K / 32, r = (size_t)n + 8;
+    if (x16) return r * nb * (sizeof(struct q8a) + 2 * sizeof(int32_t)) + 4 * 64;
     return r * nb * (sizeof(struct q8a) + 6 * sizeof(float)) + 128 * (nb / 2 + 1) * r + 32 * nb + 8 * 64;
 }
 
@@ -1534,7 +1536,12 @@ int qm_int8_tasks(struct kiln_backend *be, const struct cpu_mm *t, int count) {
 #else
         (void)isa;
 #endif
-        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += setup_bytes(t[i].n, w0->n_in);
+#if defined(KILN_X86)
+        const int x16 = p->x16 != NULL;
+#else
+        const int x16 = 0;
+#endif
+        if (!i || t[i].x != t[i - 1].x || t[i].n != t[i - 1].n) bytes += setup_bytes(t[i].n, w0->n_in, x16);
     }
     return qm_run_tasks(be, t, count, bytes, &ops);
 }
