@@ -485,9 +485,14 @@ def q6k(x):
 IQ4_KV = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
+def div0(a, b):
+    """a / b, 0 where b is 0 (the round-to-nearest packers' scales may be)"""
+    return np.where(b != 0, a / np.where(b != 0, b, 1), 0)
+
+
 def iq4_index(x, scale):
     """the index of the IQ4 value nearest x / scale (scale 0: the value 1)"""
-    v = np.where(scale != 0, x / np.where(scale != 0, scale, 1), 0)
+    v = div0(x, scale)
     return np.abs(v[..., None] - IQ4_KV).argmin(-1).astype(np.uint8)
 
 
@@ -510,7 +515,7 @@ def iq4xs(blocks):
     sub = blocks.reshape(nb, 8, 32)
     s = np.abs(sub).max(2) / 127.0
     d = f16r(s.max(1) / 31.0)
-    ls = np.clip(np.rint(np.where(d[:, None] > 0, s / np.where(d[:, None] > 0, d[:, None], 1), 0)) + 32, 0, 63).astype(np.uint16)
+    ls = np.clip(np.rint(div0(s, d[:, None])) + 32, 0, 63).astype(np.uint16)
     idx = iq4_index(sub, (d[:, None] * (ls.astype(np.float32) - 32))[..., None])
     sh = np.zeros(nb, np.uint16)
     for j in range(8):
@@ -535,10 +540,10 @@ def q2k(x):
     mn, mx = np.minimum(sub.min(2), 0), np.maximum(sub.max(2), 0)
     scf, mf = (mx - mn) / 3, -mn
     d, dmin = f16r(scf.max(1) / 15), f16r(mf.max(1) / 15)
-    sc = np.clip(np.rint(np.where(d[:, None] > 0, scf / np.where(d[:, None] > 0, d[:, None], 1), 0)), 0, 15)
-    m = np.clip(np.rint(np.where(dmin[:, None] > 0, mf / np.where(dmin[:, None] > 0, dmin[:, None], 1), 0)), 0, 15)
+    sc = np.clip(np.rint(div0(scf, d[:, None])), 0, 15)
+    m = np.clip(np.rint(div0(mf, dmin[:, None])), 0, 15)
     step = (d[:, None] * sc)[..., None]
-    q = np.clip(np.rint(np.where(step > 0, (sub + (dmin[:, None] * m)[..., None]) / np.where(step > 0, step, 1), 0)), 0, 3).astype(np.uint8)
+    q = np.clip(np.rint(div0(sub + (dmin[:, None] * m)[..., None], step)), 0, 3).astype(np.uint8)
     scales = (sc.astype(np.uint8) | (m.astype(np.uint8) << 4))
     return np.concatenate([scales, k23_codes(q.reshape(nb, 256)), f16b(d), f16b(dmin)], axis=1)
 
@@ -549,9 +554,9 @@ def q3k(x):
     sub = x.reshape(nb, 16, 16)
     sf = np.abs(sub).max(2) / 4
     d = f16r(sf.max(1) / 31)
-    sc = np.clip(np.rint(np.where(d[:, None] > 0, sf / np.where(d[:, None] > 0, d[:, None], 1), 0)) + 32, 0, 63).astype(np.uint8)
+    sc = np.clip(np.rint(div0(sf, d[:, None])) + 32, 0, 63).astype(np.uint8)
     step = (d[:, None] * (sc.astype(np.float32) - 32))[..., None]
-    q = np.clip(np.rint(np.where(step != 0, sub / np.where(step != 0, step, 1), 0)), -4, 3).astype(np.int16) + 4
+    q = np.clip(np.rint(div0(sub, step)), -4, 3).astype(np.int16) + 4
     u = q.reshape(nb, 256).astype(np.uint8)
     hmask = np.zeros((nb, 32), np.uint8)
     for i in range(8):

@@ -231,7 +231,7 @@ DOT_T(dot_q3_k_avx2, dot_k23_avx2_, 1)
 AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint8_t *w, const struct q8a *const *a, int nx, int nsb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32), one16 = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
     for (int i = 0; i < nsb; i++, w += 210) {
         const __m256 d = _mm256_set1_ps(h2f_c(w + 208));
         const __m128i s16 = _mm_loadu_si128((const __m128i *)(w + 192));
@@ -252,7 +252,7 @@ AVX2 static inline __attribute__((always_inline)) void dot_q6_k_avx2_(const uint
                 #pragma GCC unroll 4
                 for (int j = 0; j < nx; j++) {
                     const struct q8a *x = &a[j][8 * i + 4 * h + s4];
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x->qs), q)), one16);
+                    __m256i p = i8dot_sign_avx2(aq, q, _mm256_loadu_si256((const __m256i *)x->qs));
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sc, _mm256_set1_ps(x->d)), acc[j]);
                 }
             }
@@ -723,7 +723,6 @@ AVX2 static inline __attribute__((always_inline)) void rowm_q8_0_(const uint8_t 
     __m256 acc0[NX], acc1[NX];
     #pragma GCC unroll 4
     for (int t = 0; t < NX; t++) acc0[t] = acc1[t] = _mm256_setzero_ps();
-    const __m256i one16 = _mm256_set1_epi16(1);
     int i = 0;
     for (; i + 8 <= nb; i += 8) {
         const uint8_t *wi = w + (size_t)BS * i;
@@ -737,7 +736,7 @@ AVX2 static inline __attribute__((always_inline)) void rowm_q8_0_(const uint8_t 
             const __m256i qw = _mm256_loadu_si256((const __m256i *)(wi + (size_t)BS * u + 2)), aw = _mm256_sign_epi8(qw, qw);
             #pragma GCC unroll 4
             for (int t = 0; t < nx; t++) {
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(XQS(a[t] + i + u), qw)), one16);
+                const __m256i p = i8dot_sign_avx2(aw, qw, XQS(a[t] + i + u));
                 const __m256 f = _mm256_cvtepi32_ps(p), sc = _mm256_permutevar8x32_ps(dd[t], _mm256_set1_epi32(u));
                 if (u & 1) acc1[t] = _mm256_fmadd_ps(f, sc, acc1[t]);
                 else acc0[t] = _mm256_fmadd_ps(f, sc, acc0[t]);
@@ -999,7 +998,7 @@ AVX2 static inline __attribute__((always_inline)) void dotk_q6k_(const uint8_t *
                                                                  int nsb, float *out) {
     __m256 acc[NX];
     for (int j = 0; j < NX; j++) acc[j] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32), one16 = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
     for (int i = 0; i < nsb; i++, w += 210) {
         PF8(w, 210);
         const __m256 d = _mm256_set1_ps(h2f_c(w + 208));
@@ -1025,7 +1024,7 @@ AVX2 static inline __attribute__((always_inline)) void dotk_q6k_(const uint8_t *
                 const __m256i ix = _mm256_setr_epi32(2 * s4, 2 * s4, 2 * s4, 2 * s4, 2 * s4 + 1, 2 * s4 + 1, 2 * s4 + 1, 2 * s4 + 1);
                 #pragma GCC unroll 4
                 for (int j = 0; j < nx; j++) {
-                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQS(a[j] + 8 * i + 4 * h + s4), q)), one16);
+                    const __m256i p = i8dot_sign_avx2(aq, q, XQS(a[j] + 8 * i + 4 * h + s4));
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sx[j], ix), acc[j]);
                 }
             }

@@ -514,6 +514,12 @@ VNNI float qm_dot1_q8_0_vnni(const uint8_t *w, const struct q8a *a, int nb);
  * (not with pre: a panel x16_unpack5 wrote holds them merged). */
 #define BC4_512(p) _mm512_broadcastd_epi32(_mm_loadu_si32(p))
 #define BC4_256(p) _mm256_broadcastd_epi32(_mm_loadu_si32(p))
+/* AVX2's signed int8 dot (no vpdpbssd): per i32 lane the sum of 4 products
+ * w x of signed bytes, as maddubs of |w| (aw, given: shared by tokens) with
+ * x signed by w, then madd with 1 (exact: |w x| <= 128 x 127) */
+AVX2 static inline __attribute__((always_inline)) __m256i i8dot_sign_avx2(__m256i aw, __m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
 /* chunk k of a block at c as VNNI takes it: low and high nibbles (or pre:
  * a panel's rows) */
 VNNI static inline __attribute__((always_inline)) void x16_nibbles512(const uint8_t *c, int pre, int k, __m512i *lo, __m512i *hi) {
@@ -630,7 +636,6 @@ VNNI static inline __attribute__((always_inline)) void x16_isum_iq4_vnni(const u
     x16_dots_vnni(lo, hi, x, c0, T, s);
 }
 AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const uint8_t *c, int pre, const struct q8a *x, int T, __m256i (*s)[2]) {
-    const __m256i one16 = _mm256_set1_epi16(1);
     const __m256i kv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_kv));
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
@@ -643,11 +648,9 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum_iq4_avx2(const u
             if (!pre) lo = _mm256_shuffle_epi8(kv, lo), hi = _mm256_shuffle_epi8(kv, hi); /* the values */
             const __m256i al = _mm256_sign_epi8(lo, lo), ah = _mm256_sign_epi8(hi, hi);
             #pragma GCC unroll 2
-            for (int t = 0; t < T; t++) {
-                const __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(BC4_256(x[t].qs + 4 * k), lo));
-                const __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(BC4_256(x[t].qs + 16 + 4 * k), hi));
-                s[t][e] = _mm256_add_epi32(s[t][e], _mm256_add_epi32(_mm256_madd_epi16(pl, one16), _mm256_madd_epi16(ph, one16)));
-            }
+            for (int t = 0; t < T; t++)
+                s[t][e] = _mm256_add_epi32(s[t][e], _mm256_add_epi32(i8dot_sign_avx2(al, lo, BC4_256(x[t].qs + 4 * k)),
+                                                                     i8dot_sign_avx2(ah, hi, BC4_256(x[t].qs + 16 + 4 * k))));
         }
     }
 }
@@ -695,7 +698,6 @@ VNNI static inline __attribute__((always_inline)) void x16_isum8_vnni(const uint
         for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], w[k], BC4_512(x[t].qs + 4 * k));
 }
 AVX2 static inline __attribute__((always_inline)) void x16_isum8_avx2(const uint8_t *c, const struct q8a *x, int T, __m256i (*s)[2]) {
-    const __m256i one16 = _mm256_set1_epi16(1);
     #pragma GCC unroll 2
     for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
     #pragma GCC unroll 8
@@ -705,7 +707,7 @@ AVX2 static inline __attribute__((always_inline)) void x16_isum8_avx2(const uint
             const __m256i w = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32 * e)), aw = _mm256_sign_epi8(w, w);
             #pragma GCC unroll 2
             for (int t = 0; t < T; t++)
-                s[t][e] = _mm256_add_epi32(s[t][e], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(BC4_256(x[t].qs + 4 * k), w)), one16));
+                s[t][e] = _mm256_add_epi32(s[t][e], i8dot_sign_avx2(aw, w, BC4_256(x[t].qs + 4 * k)));
         }
     }
 }
