@@ -229,6 +229,17 @@ static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, c
     const float scale = 1.0f / sqrtf((float)hd);
     memset(o, 0xff, sizeof(float) * (size_t)rows * NH * hd); /* NaN: every output must be written */
     be->attention(be, o, q, &kv, 0, &ba, NH, scale);
+    {
+        /* the row path's L2 prefetch of the pages ahead (K pages, then the V
+         * pass's first ones; here up to 4 pages ahead over 7) moves no bit */
+        float *o0 = kiln_malloc(sizeof(float) * (size_t)rows * NH * hd);
+        cpu_set_att_pfd(0);
+        be->attention(be, o0, q, &kv, 0, &ba, NH, scale);
+        cpu_set_att_pfd(ATT_PFD_DEFAULT);
+        CHECK(!memcmp(o, o0, sizeof(float) * (size_t)rows * NH * hd), "%s attention hd=%d G=%d page=%d: prefetch changed the output", isa,
+              hd, G, P);
+        free(o0);
+    }
     cpu_attention_ref(be, oref, q, &kv, 0, &ba, NH, scale);
     if (kvt != KILN_DTYPE_F32) {
         struct kv_cache k32 = {1, NKV, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL};

@@ -4,7 +4,7 @@
  * VM: ±15% from one minute to the next).
  *
  *   make decode-ab
- *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]
+ *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]
  *   ./build/decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]
  *
  * SWITCH is a setting the CPU backend can change between calls; today
@@ -15,7 +15,8 @@
  * batch 1), `b12-vbmi` (the AVX-512 12-bit decode with VBMI, 0 / 1),
  * `b12-pairs2` (the AVX2 12-bit loop's pairs of rows at batch 1, 0 / 1),
  * `moe-tasks` (an MoE layer's experts as lists of matmuls: 0 off, 1 on,
- * more: batches of that many gathered rows),
+ * more: batches of that many gathered rows), `att-pfd` (how far ahead in
+ * bytes decode attention's L2 prefetch runs, 0 none),
  * `gemv-rows` (the
  * L1D bytes a row must overflow for its batch-1 loop to read four rows at
  * a time, 0 never, nor AVX-512's pairs at 2-4 activation rows) and, on
@@ -29,8 +30,9 @@
  *
  * model: `--dummy` MODEL (QUANT as --quant), or the checkpoint or .gguf file at
  *   MODEL when it holds a '/' (F16 KV cache, 2 threads), one
- *   untimed token, then per arm `steps` decode steps (default 32) with the
- *   last logits read, the sequence cut back to one token before each arm.
+ *   untimed token (or `past` tokens of context, default 1, prefilled once),
+ *   then per arm `steps` decode steps (default 32) with the last logits
+ *   read, the sequence cut back to its context before each arm.
  * gemv: distinct BF16 (or F16) K x N matrices filling ~256 MB (walloc'd, as the
  *   model's), each arm one sweep of the decode GEMV over all of them, for
  *   n activation rows (1..7, default 1: a decode batch of n); rates in GB/s
@@ -62,6 +64,7 @@ static int set_switch(const char *sw, int v) {
     if (!strcmp(sw, "b12-vbmi")) return cpu_set_b12_vbmi(v) == v ? 0 : -1;
     if (!strcmp(sw, "b12-pairs2")) return cpu_set_b12_pairs2(v) == v ? 0 : -1;
     if (!strcmp(sw, "moe-tasks")) return cpu_set_moe_tasks(v) == v ? 0 : -1;
+    if (!strcmp(sw, "att-pfd")) return cpu_set_att_pfd(v) == v ? 0 : -1;
 #if defined(__x86_64__)
     if (!strcmp(sw, "qm-pfd")) return cpu_set_qm_pfd(v) == v ? 0 : -1;
     if (!strcmp(sw, "qm-pf2")) return cpu_set_qm_pf2(v) == v ? 0 : -1;
@@ -84,13 +87,19 @@ static void report(const char *what, const char *unit, int a, int b, double *con
 
 /* one engine on the CPU (2 threads, F16 KV) with its sequence after one
  * untimed token; NULL with err */
-static kiln_engine *open_one(const char *model, const char *quant, int file, kiln_seq **s, char *err, size_t errlen) {
+static kiln_engine *open_one(const char *model, const char *quant, int file, int past, int steps, kiln_seq **s, char *err,
+                             size_t errlen) {
     struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,
-                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16", .max_total_tokens = 1024, .seed = 1};
+                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16",
+                                 .max_total_tokens = past + steps + 1024, .seed = 1};
     kiln_engine *e = kiln_engine_open(&o, err, errlen);
     if (!e) return NULL;
-    int32_t t = 1;
-    if (!(*s = kiln_seq_new(e, err, errlen)) || kiln_seq_eval(*s, &t, 1, NULL, 0, err, errlen)) {
+    const int vocab = kiln_engine_config(e)->vocab;
+    int32_t *t = kiln_malloc(sizeof(int32_t) * (size_t)past);
+    for (int i = 0; i < past; i++) t[i] = (int32_t)((1 + (int64_t)i * 7919) % vocab);
+    const int bad = !(*s = kiln_seq_new(e, err, errlen)) || kiln_seq_eval(*s, t, past, NULL, 0, err, errlen);
+    free(t);
+    if (bad) {
         if (*s) kiln_seq_free(*s);
         kiln_engine_close(e);
         return NULL;
@@ -98,7 +107,7 @@ static kiln_engine *open_one(const char *model, const char *quant, int file, kil
     return e;
 }
 
-static int run_model(const char *spec, const char *sw, int A, int B, int rounds, int steps) {
+static int run_model(const char *spec, const char *sw, int A, int B, int rounds, int steps, int past) {
     char model[128], err[512];
     snprintf(model, sizeof model, "%s", spec);
     char *quant = strchr(model, ':');
@@ -112,7 +121,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
         char v[32];
         snprintf(v, sizeof v, "%d", arm ? B : A);
         if (env) setenv(env, v, 1);
-        if (!(e[arm] = open_one(model, quant, file, &s[arm], err, sizeof err))) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+        if (!(e[arm] = open_one(model, quant, file, past, steps, &s[arm], err, sizeof err))) return fprintf(stderr, "decode-ab: %s\n", err), 1;
         if (env) unsetenv(env);
     }
     if (!env) e[1] = e[0], s[1] = s[0];
@@ -125,7 +134,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
         for (int k = 0; k < 2 && !rc; k++) {
             const int arm = r & 1 ? 1 - k : k;
             if (!env && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
-            kiln_seq_truncate(s[arm], 1);
+            kiln_seq_truncate(s[arm], past);
             const double t0 = kiln_now();
             for (int i = 0; i < steps && !rc; i++) {
                 t = (int32_t)((t * 7919 + 13) % 100000 % vocab);
@@ -135,7 +144,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
         }
     if (rc) return fprintf(stderr, "decode-ab: %s\n", err), 1;
     char what[256];
-    snprintf(what, sizeof what, "%s decode, %s, %d steps per arm", spec, sw, steps);
+    snprintf(what, sizeof what, "%s decode, %s, %d steps per arm after %d tokens", spec, sw, steps, past);
     report(what, "tok/s", A, B, rate, rounds);
     free(rate[0]), free(rate[1]), free(lg);
     for (int arm = 0; arm < (env ? 2 : 1); arm++) kiln_seq_free(s[arm]), kiln_engine_close(e[arm]);
@@ -196,9 +205,9 @@ int main(int argc, char **argv) {
     const int gemv = argc > 1 && !strcmp(argv[1], "gemv");
     const int base = gemv ? 5 : 4; /* index of A */
     if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
-        fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps]\n"
+        fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
-                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, moe-tasks, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
+                        "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, moe-tasks, att-pfd, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
         return 2;
     }
@@ -213,6 +222,6 @@ int main(int argc, char **argv) {
         const int f16 = argc > base + 4 && !strcmp(argv[base + 4], "f16");
         return run_gemv(K, N, n, f16, argv[4], A, B, rounds);
     }
-    const int steps = argc > base + 3 ? atoi(argv[base + 3]) : 32;
-    return run_model(argv[2], argv[3], A, B, rounds, steps < 1 ? 1 : steps);
+    const int steps = argc > base + 3 ? atoi(argv[base + 3]) : 32, past = argc > base + 4 ? atoi(argv[base + 4]) : 1;
+    return run_model(argv[2], argv[3], A, B, rounds, steps < 1 ? 1 : steps, past < 1 ? 1 : past);
 }

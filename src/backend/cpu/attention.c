@@ -161,9 +161,11 @@ typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
  * head g at q + 128 g with its scores at sc + sl g; its output at o + 128 g
  * with its probabilities at p + sl g. Each row is loaded (and widened) once
  * for all ng heads; a head's sums do not depend on ng or the row type.
- * nx: the block read next, prefetched row by row (or NULL). */
-typedef void (*qk128_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx);
-typedef void (*pv128_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx);
+ * nx: the block read next, prefetched row by row into L1 (or NULL); far:
+ * a block further along the thread's stream, row by row into L2 (or NULL). */
+typedef void (*qk128_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx,
+                         const void *far);
+typedef void (*pv128_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx, const void *far);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -221,17 +223,24 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
  * prefetched while row j of this one is read, one block (4 KB at 16 keys)
  * ahead of use, as a plain stream would be: the hardware prefetcher alone
  * fed these loops ~5 GB/s a core, against ~9 with it (one AVX2 core, F16
- * rows from DRAM). */
-KV_INLINE void pf_row128(const void *nx, size_t r, int t) {
-    const char *p = (const char *)nx + r * (t == KV_F32 ? 4 : 2);
-    for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+ * rows from DRAM). far: row j of the same head's block some pages further
+ * along the thread's stream (far_block), into L2: a thread's stream is
+ * runs of a page's heads with the other threads' runs between them, and
+ * the L1 lead alone left two Zen 4 cores at ~18 GB/s of F16 rows against
+ * ~28 with both (docs/cpu.md, "pages ahead into L2"). */
+KV_INLINE void pf_row128(const void *nx, const void *far, size_t r, int t) {
+    const size_t o = r * (t == KV_F32 ? 4 : 2);
+    if (far)
+        for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch((const char *)far + o + 64 * l, _MM_HINT_T1);
+    if (nx)
+        for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch((const char *)nx + o + 64 * l, _MM_HINT_T0);
 }
 
 KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                     const void *nx) {
+                                     const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
-        if (nx) pf_row128(nx, r, t);
+        if (nx || far) pf_row128(nx, far, r, t);
         __m256 a0[4], a1[4];
         const __m256 k0 = ld8_kv(k, r, t), k1 = ld8_kv(k, r + 8, t);
 #pragma GCC unroll 4
@@ -251,7 +260,7 @@ KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, floa
     }
 }
 
-KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx) {
+KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far) {
     enum { SMAX = 4 };
     const int S = GQ <= 2 ? 4 : 2; /* chunks of 8 per pass: GQ S accumulators + S chunks + 1 broadcast <= 13 */
     for (int c0 = 0; c0 < 16; c0 += S) {
@@ -261,7 +270,7 @@ KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const 
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) a[g][c] = _mm256_loadu_ps(o + 128 * g + 8 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if (nx && c0 == 0) pf_row128(nx, (size_t)j * 128, t);
+            if ((nx || far) && c0 == 0) pf_row128(nx, far, (size_t)j * 128, t);
             __m256 vv[SMAX];
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) vv[c] = ld8_kv(v, (size_t)j * 128 + 8 * (c0 + c), t);
@@ -280,10 +289,10 @@ KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const 
 }
 
 KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                         const void *nx) {
+                                         const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
-        if (nx) pf_row128(nx, r, t);
+        if (nx || far) pf_row128(nx, far, r, t);
         __m512 a0[4], a1[4];
         const __m512 k0 = ld16_kv(k, r, t), k1 = ld16_kv(k, r + 16, t);
 #pragma GCC unroll 4
@@ -303,7 +312,7 @@ KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, 
     }
 }
 
-KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx) {
+KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far) {
     enum { S = 4 }; /* chunks of 16 per pass: 4 GQ accumulators + 4 chunks + 1 broadcast <= 21 of 32 registers */
     for (int c0 = 0; c0 < 8; c0 += S) {
         __m512 a[4][S];
@@ -312,7 +321,7 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + 128 * g + 16 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if (nx && c0 == 0) pf_row128(nx, (size_t)j * 128, t);
+            if ((nx || far) && c0 == 0) pf_row128(nx, far, (size_t)j * 128, t);
             __m512 vv[S];
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) vv[c] = ld16_kv(v, (size_t)j * 128 + 16 * (c0 + c), t);
@@ -335,21 +344,22 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
  * unrolled */
 #define QK128G(NAME, ISA, BODY, T)                                                                                        \
     ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
-                         const void *nx) {                                                                               \
-        for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl, nx = NULL) switch (ng - g) {                        \
-            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx); break;                                                      \
-            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx); break;                                                      \
-            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx); break;                                                      \
-            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx); break;                                                     \
+                         const void *nx, const void *far) {                                                              \
+        for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl, nx = far = NULL) switch (ng - g) {                  \
+            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far); break;                                                 \
+            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far); break;                                                 \
+            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far); break;                                                 \
+            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far); break;                                                \
             }                                                                                                            \
     }
 #define PV128G(NAME, ISA, BODY, T)                                                                                        \
-    ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx) {           \
-        for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl, nx = NULL) switch (ng - g) {                        \
-            case 1: BODY(o, p, sl, v, nk, T, 1, nx); break;                                                              \
-            case 2: BODY(o, p, sl, v, nk, T, 2, nx); break;                                                              \
-            case 3: BODY(o, p, sl, v, nk, T, 3, nx); break;                                                              \
-            default: BODY(o, p, sl, v, nk, T, 4, nx); break;                                                             \
+    ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx,            \
+                         const void *far) {                                                                              \
+        for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl, nx = far = NULL) switch (ng - g) {                  \
+            case 1: BODY(o, p, sl, v, nk, T, 1, nx, far); break;                                                         \
+            case 2: BODY(o, p, sl, v, nk, T, 2, nx, far); break;                                                         \
+            case 3: BODY(o, p, sl, v, nk, T, 3, nx, far); break;                                                         \
+            default: BODY(o, p, sl, v, nk, T, 4, nx, far); break;                                                        \
             }                                                                                                            \
     }
 QK128G(qk128_f32_avx2, KILN_AVX2, qk128g_avx2, KV_F32)
@@ -830,6 +840,7 @@ struct att_job {
     qk128_fn qk128; /* head_dim 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
     pv128_fn pv128;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
+    int far_pages; /* row path, head_dim 128: pages ahead of the one read whose blocks go to L2 (0: none) */
 };
 
 /* the next page of one head towards L2 while this one is computed: pages
@@ -847,6 +858,15 @@ static const float *page_rows(const struct att_job *j, const void *base, int pag
     if (kv->dtype == KILN_DTYPE_F32) return p;
     kv_widen(buf, p, (size_t)n * kv->head_dim, kv->dtype, j->isa);
     return buf;
+}
+
+/* head kh's block far_pages pages past page pi of a row's stream (its K
+ * pages, then its V pages: v = 1 in the V pass), or NULL past its end */
+static inline const void *far_block(const struct att_job *j, const struct kiln_seq_view *sq, int pi, int kh, int npg, int v) {
+    if (!j->far_pages) return NULL;
+    int f = pi + j->far_pages + (v ? npg : 0);
+    if (f >= 2 * npg) return NULL;
+    return kv_at(j->kv, f < npg ? j->kv->k[j->layer] : j->kv->v[j->layer], sq->pages[f < npg ? f : f - npg], kh, 0);
 }
 
 /* one row and a run of nkh adjacent KV heads (each with its G query heads),
@@ -870,7 +890,7 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : kv_at(kv, kv->v[j->layer], sq->pages[0], kh0, 0);
-                j->qk128(q, G, kp, n, j->scale, s, j->sc_len, nx);
+                j->qk128(q, G, kp, n, j->scale, s, j->sc_len, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 0));
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -896,7 +916,7 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : NULL;
-                j->pv128(o, p, G, j->sc_len, vp, n, nx);
+                j->pv128(o, p, G, j->sc_len, vp, n, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 1));
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -1001,6 +1021,9 @@ static int item_cmp(const void *a_, const void *b_) {
 enum { ATT_PAR_MIN = 8192 };
 
 static int row_kh_env = -1; /* KILN_CPU_ATT_ROWKH: KV heads per row item (A/B timing) */
+static _Atomic int att_pfd = -1; /* KILN_CPU_ATT_PFD: bytes of a row item's stream its L2 prefetch runs ahead (0: off) */
+
+int cpu_set_att_pfd(int bytes) { return att_pfd = bytes < 0 ? 0 : bytes; }
 
 /* isa < 0: the reference (every row on the row path, scalar loops) */
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
@@ -1075,6 +1098,14 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
         }
     }
     qsort(items, (size_t)n_items, sizeof *items, item_cmp);
+    if (att_pfd < 0) {
+        const char *e = getenv("KILN_CPU_ATT_PFD");
+        att_pfd = e ? atoi(e) : ATT_PFD_DEFAULT;
+    }
+    if (j.qk128 && att_pfd > 0) { /* pages of a row item's run (row_kh heads) that make att_pfd bytes */
+        const size_t run = (size_t)row_kh * kv->page_size * hd * kv_esize(kv);
+        j.far_pages = (int)(((size_t)att_pfd + run - 1) / run);
+    }
     j.items = items;
     j.sc_len = (max_len + 31) & ~31;
     size_t row_len = (size_t)G * row_kh * j.sc_len;
