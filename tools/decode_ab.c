@@ -85,8 +85,8 @@ static void report(const char *what, const char *unit, int a, int b, double *con
     free(ratio);
 }
 
-/* one engine on the CPU (2 threads, F16 KV) with its sequence after one
- * untimed token; NULL with err */
+/* one engine on the CPU (2 threads, F16 KV) with its sequence after past
+ * untimed tokens (ids below the vocabulary); NULL with err */
 static kiln_engine *open_one(const char *model, const char *quant, int file, int past, int steps, kiln_seq **s, char *err,
                              size_t errlen) {
     struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,

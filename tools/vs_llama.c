@@ -22,7 +22,7 @@
  * With -d D the tg steps follow D tokens of context (an untimed prefill of
  * D random ids, as llama-bench's "tg128 @ dD"; pp stays from an empty
  * cache), and kiln's share of the probe counts the cache it reads too.
- * llama.cpp's context is llama-bench's (n_ctx = p + n + 1, n_batch 2048,
+ * llama.cpp's context is llama-bench's (n_ctx = max(p, D) + n + 1, n_batch 2048 or more,
  * n_ubatch 512, F16 KV, flash attention auto, the given threads); kiln's is
  * `kiln bench --profile pp-tg`'s. KILN_MODEL is a checkpoint folder or a
  * .gguf file, or with --dummy a built-in config whose weights kiln makes
@@ -105,9 +105,10 @@ static double llama_run(struct arms *a, int tg) {
  * steps, kiln's and llama.cpp's in turn, the one that opens a window pair
  * alternating (first, then by window), each engine's rate its n steps
  * over the sum of its windows' times. Each engine decodes its own
- * sequence, both after the untimed context (one token, or -d's). On a host whose bandwidth moves
- * within seconds, a window pair of ~1 s sees one state of it where two
- * whole tg runs (~10 s on 1.7B) often see two. 0, or -1 on an error. */
+ * sequence, both after the untimed context (one token, or -d's). On a
+ * host whose bandwidth moves within seconds, a window pair of ~1 s sees
+ * one state of it where two whole tg runs (~10 s on 1.7B) often see two.
+ * 0, or -1 on an error. */
 static int tg_windows(struct arms *a, int w, int first, double *rk, double *rl) {
     char err[256];
     kiln_seq *s = kiln_seq_new(a->ke, err, sizeof err);
