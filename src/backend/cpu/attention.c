@@ -1098,13 +1098,14 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
         }
     }
     qsort(items, (size_t)n_items, sizeof *items, item_cmp);
-    if (att_pfd < 0) {
+    int pfd = att_pfd;
+    if (pfd < 0) {
         const char *e = getenv("KILN_CPU_ATT_PFD");
-        att_pfd = e ? atoi(e) : ATT_PFD_DEFAULT;
+        att_pfd = pfd = e && atoi(e) > 0 ? atoi(e) : e ? 0 : ATT_PFD_DEFAULT;
     }
-    if (j.qk128 && att_pfd > 0) { /* pages of a row item's run (row_kh heads) that make att_pfd bytes */
+    if (j.qk128 && pfd > 0) { /* pages of a row item's run (row_kh heads) that make pfd bytes */
         const size_t run = (size_t)row_kh * kv->page_size * hd * kv_esize(kv);
-        j.far_pages = (int)(((size_t)att_pfd + run - 1) / run);
+        j.far_pages = (int)(((size_t)pfd + run - 1) / run);
     }
     j.items = items;
     j.sc_len = (max_len + 31) & ~31;
