@@ -156,16 +156,16 @@ typedef void (*qk_fn)(const float *q, const float *k, int nk, int hd, float scal
 typedef float (*expsum_fn)(float *sc, int n, float mx);
 /* o[0..hd) += sum_j p[j] * v[j] for nk values of hd floats, contiguous */
 typedef void (*pv_fn)(float *o, const float *p, const float *v, int nk, int hd);
-/* the same two at head_dim 128 on the cache's rows (F32, or F16 / BF16
- * widened in registers), for the ng query heads of a KV group at once: q
- * head g at q + 128 g with its scores at sc + sl g; its output at o + 128 g
- * with its probabilities at p + sl g. Each row is loaded (and widened) once
+/* the same two at head_dim HD = 64 or 128 on the cache's rows (F32, or
+ * F16 / BF16 widened in registers), for the ng query heads of a KV group at
+ * once: q head g at q + HD g with its scores at sc + sl g; its output at
+ * o + HD g with its probabilities at p + sl g. Each row is loaded (and widened) once
  * for all ng heads; a head's sums do not depend on ng or the row type.
  * nx: the block read next, prefetched row by row into L1 (or NULL); far:
  * a block further along the thread's stream, row by row into L2 (or NULL). */
-typedef void (*qk128_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx,
+typedef void (*qkg_fn)(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl, const void *nx,
                          const void *far);
-typedef void (*pv128_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx, const void *far);
+typedef void (*pvg_fn)(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx, const void *far);
 
 static void qk_scalar(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -190,12 +190,15 @@ static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) 
 }
 
 #if defined(KILN_X86)
-/* The head_dim 128 loops of the row path (qk128_fn, pv128_fn), one body for
+/* The head_dim 64 and 128 loops of the row path (qkg_fn, pvg_fn), one body for
  * every row type the cache holds: f32 rows, or 16-bit rows whose loads of 8
  * (AVX2) or 16 (AVX-512) values are widened in registers (F16: vcvtph2ps;
  * BF16: zero-extend and shift), so a 16-bit page is read once at half the
  * bytes and its sums are the f32 rows' to the bit. t is a constant in each
- * caller (the bodies are inlined). Other head sizes take qk_fn / pv_fn. */
+ * caller (the bodies are inlined). Other head sizes take qk_fn / pv_fn.
+ * Head_dim 64 (Qwen2.5-0.5B, Llama-3.2-1B) took those until the
+ * thirty-eighth session: a page widened into scratch and each query head
+ * on its own, 5-7 GB/s of K and V on two Zen 4 cores against ~16-28 now. */
 enum { KV_F32 = 0, KV_F16, KV_BF16 };
 #define KV_INLINE static inline __attribute__((always_inline))
 
@@ -211,12 +214,14 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
     return t == KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The grouped loops behind qk128_fn / pv128_fn: GQ <= 4 query heads of a
+/* The grouped loops behind qkg_fn / pvg_fn: GQ <= 4 query heads of a
  * KV group per pass over a page's rows (a group of more heads takes
  * several passes), each key or value chunk loaded (and widened) once for
- * all of them. Per head, whatever GQ is: scores from two accumulators over
- * alternate chunks (a multiply, then FMAs in chunk order), one horizontal
- * sum, times scale; outputs accumulate p[j] v[j] over j in order (a pass
+ * all of them. Per head, whatever GQ is: scores (head_dim 128) from two
+ * accumulators over alternate chunks (a multiply, then FMAs in chunk
+ * order), one horizontal sum, times scale, or (head_dim 64) qk_avx2's /
+ * qk_avx512's one accumulator in chunk order, so 64-wide heads kept their
+ * bits when they moved here; outputs accumulate p[j] v[j] over j in order (a pass
  * covers S chunks of the head for all GQ heads, so accumulators and chunks
  * fit in the registers). nx: the block the caller reads next (the next
  * head of the run, or the next page's first), or NULL; row j of it is
@@ -228,19 +233,21 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
  * runs of a page's heads with the other threads' runs between them, and
  * the L1 lead alone left two Zen 4 cores at ~18 GB/s of F16 rows against
  * ~28 with both (docs/cpu.md, "pages ahead into L2"). */
-KV_INLINE void pf_row128(const void *nx, const void *far, size_t r, int t) {
+KV_INLINE void pf_row(const void *nx, const void *far, size_t r, int t, int HD) {
     const size_t o = r * (t == KV_F32 ? 4 : 2);
+    const int lines = HD / (t == KV_F32 ? 16 : 32); /* a row's 64-byte lines */
     if (far)
-        for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch((const char *)far + o + 64 * l, _MM_HINT_T1);
+        for (int l = 0; l < lines; l++) _mm_prefetch((const char *)far + o + 64 * l, _MM_HINT_T1);
     if (nx)
-        for (int l = 0; l < (t == KV_F32 ? 8 : 4); l++) _mm_prefetch((const char *)nx + o + 64 * l, _MM_HINT_T0);
+        for (int l = 0; l < lines; l++) _mm_prefetch((const char *)nx + o + 64 * l, _MM_HINT_T0);
 }
 
 KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                     const void *nx, const void *far) {
+                                     const void *nx, const void *far, int HD) {
+    (void)HD; /* 128 */
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
-        if (nx || far) pf_row128(nx, far, r, t);
+        if (nx || far) pf_row(nx, far, r, t, 128);
         __m256 a0[4], a1[4];
         const __m256 k0 = ld8_kv(k, r, t), k1 = ld8_kv(k, r + 8, t);
 #pragma GCC unroll 4
@@ -260,20 +267,21 @@ KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, floa
     }
 }
 
-KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far) {
+KV_INLINE KILN_AVX2 void pvg_avx2(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far,
+                                  int HD) {
     enum { SMAX = 4 };
     const int S = GQ <= 2 ? 4 : 2; /* chunks of 8 per pass: GQ S accumulators + S chunks + 1 broadcast <= 13 */
-    for (int c0 = 0; c0 < 16; c0 += S) {
+    for (int c0 = 0; c0 < HD / 8; c0 += S) {
         __m256 a[4][SMAX];
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) a[g][c] = _mm256_loadu_ps(o + 128 * g + 8 * (c0 + c));
+            for (int c = 0; c < S; c++) a[g][c] = _mm256_loadu_ps(o + HD * g + 8 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if ((nx || far) && c0 == 0) pf_row128(nx, far, (size_t)j * 128, t);
+            if ((nx || far) && c0 == 0) pf_row(nx, far, (size_t)j * HD, t, HD);
             __m256 vv[SMAX];
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) vv[c] = ld8_kv(v, (size_t)j * 128 + 8 * (c0 + c), t);
+            for (int c = 0; c < S; c++) vv[c] = ld8_kv(v, (size_t)j * HD + 8 * (c0 + c), t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 const __m256 pj = _mm256_set1_ps(p[sl * g + j]);
@@ -284,15 +292,16 @@ KV_INLINE KILN_AVX2 void pv128g_avx2(float *o, const float *p, size_t sl, const 
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) _mm256_storeu_ps(o + 128 * g + 8 * (c0 + c), a[g][c]);
+            for (int c = 0; c < S; c++) _mm256_storeu_ps(o + HD * g + 8 * (c0 + c), a[g][c]);
     }
 }
 
 KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                         const void *nx, const void *far) {
+                                         const void *nx, const void *far, int HD) {
+    (void)HD; /* 128 */
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
-        if (nx || far) pf_row128(nx, far, r, t);
+        if (nx || far) pf_row(nx, far, r, t, 128);
         __m512 a0[4], a1[4];
         const __m512 k0 = ld16_kv(k, r, t), k1 = ld16_kv(k, r + 16, t);
 #pragma GCC unroll 4
@@ -312,19 +321,20 @@ KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, 
     }
 }
 
-KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far) {
+KV_INLINE KILN_AVX512 void pvg_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far,
+                                      int HD) {
     enum { S = 4 }; /* chunks of 16 per pass: 4 GQ accumulators + 4 chunks + 1 broadcast <= 21 of 32 registers */
-    for (int c0 = 0; c0 < 8; c0 += S) {
+    for (int c0 = 0; c0 < HD / 16; c0 += S) {
         __m512 a[4][S];
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + 128 * g + 16 * (c0 + c));
+            for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + HD * g + 16 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if ((nx || far) && c0 == 0) pf_row128(nx, far, (size_t)j * 128, t);
+            if ((nx || far) && c0 == 0) pf_row(nx, far, (size_t)j * HD, t, HD);
             __m512 vv[S];
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) vv[c] = ld16_kv(v, (size_t)j * 128 + 16 * (c0 + c), t);
+            for (int c = 0; c < S; c++) vv[c] = ld16_kv(v, (size_t)j * HD + 16 * (c0 + c), t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 const __m512 pj = _mm512_set1_ps(p[sl * g + j]);
@@ -335,45 +345,88 @@ KV_INLINE KILN_AVX512 void pv128g_avx512(float *o, const float *p, size_t sl, co
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) _mm512_storeu_ps(o + 128 * g + 16 * (c0 + c), a[g][c]);
+            for (int c = 0; c < S; c++) _mm512_storeu_ps(o + HD * g + 16 * (c0 + c), a[g][c]);
     }
 }
 
-/* the head_dim-128 row kernels of the table (qk128_fn, pv128_fn), one per
- * row type: a group's heads four at a time, the constant GQ of each call
- * unrolled */
-#define QK128G(NAME, ISA, BODY, T)                                                                                        \
+/* head_dim 64: the one-accumulator order of qk_avx2 / qk_avx512 (the
+ * generic loops these replace there), so a 64-wide head's scores keep
+ * their bits; each key row is loaded (and widened) once for the GQ heads */
+KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
+                                    const void *nx, const void *far, int HD) {
+    (void)HD; /* 64 */
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 64;
+        if (nx || far) pf_row(nx, far, r, t, 64);
+        __m256 kk[8], a[4];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) kk[i] = ld8_kv(k, r + 8 * i, t);
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) {
+            a[g] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 64 * g + 8 * i), kk[i], a[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) sc[sl * g + j] = kiln_hsum8(a[g]) * scale;
+    }
+}
+
+KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
+                                        const void *nx, const void *far, int HD) {
+    (void)HD; /* 64 */
+    for (int j = 0; j < nk; j++) {
+        const size_t r = (size_t)j * 64;
+        if (nx || far) pf_row(nx, far, r, t, 64);
+        __m512 kk[4], a[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) kk[i] = ld16_kv(k, r + 16 * i, t);
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) {
+            a[g] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 64 * g + 16 * i), kk[i], a[g]);
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GQ; g++) sc[sl * g + j] = _mm512_reduce_add_ps(a[g]) * scale;
+    }
+}
+
+/* the head_dim-HD row kernels of the table (qkg_fn, pvg_fn; HD 64 or 128),
+ * one per row type: a group's heads four at a time, the constant GQ of
+ * each call unrolled */
+#define QKG(NAME, ISA, BODY, T, HD)                                                                                       \
     ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
                          const void *nx, const void *far) {                                                              \
-        for (int g = 0; g < ng; g += 4, q += 4 * 128, sc += 4 * sl, nx = far = NULL) switch (ng - g) {                  \
-            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far); break;                                                 \
-            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far); break;                                                 \
-            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far); break;                                                 \
-            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far); break;                                                \
+        for (int g = 0; g < ng; g += 4, q += 4 * HD, sc += 4 * sl, nx = far = NULL) switch (ng - g) {                   \
+            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far, HD); break;                                             \
+            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far, HD); break;                                             \
+            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far, HD); break;                                             \
+            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far, HD); break;                                            \
             }                                                                                                            \
     }
-#define PV128G(NAME, ISA, BODY, T)                                                                                        \
+#define PVG(NAME, ISA, BODY, T, HD)                                                                                       \
     ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx,            \
                          const void *far) {                                                                              \
-        for (int g = 0; g < ng; g += 4, o += 4 * 128, p += 4 * sl, nx = far = NULL) switch (ng - g) {                  \
-            case 1: BODY(o, p, sl, v, nk, T, 1, nx, far); break;                                                         \
-            case 2: BODY(o, p, sl, v, nk, T, 2, nx, far); break;                                                         \
-            case 3: BODY(o, p, sl, v, nk, T, 3, nx, far); break;                                                         \
-            default: BODY(o, p, sl, v, nk, T, 4, nx, far); break;                                                        \
+        for (int g = 0; g < ng; g += 4, o += 4 * HD, p += 4 * sl, nx = far = NULL) switch (ng - g) {                   \
+            case 1: BODY(o, p, sl, v, nk, T, 1, nx, far, HD); break;                                                     \
+            case 2: BODY(o, p, sl, v, nk, T, 2, nx, far, HD); break;                                                     \
+            case 3: BODY(o, p, sl, v, nk, T, 3, nx, far, HD); break;                                                     \
+            default: BODY(o, p, sl, v, nk, T, 4, nx, far, HD); break;                                                    \
             }                                                                                                            \
     }
-QK128G(qk128_f32_avx2, KILN_AVX2, qk128g_avx2, KV_F32)
-PV128G(pv128_f32_avx2, KILN_AVX2, pv128g_avx2, KV_F32)
-QK128G(qk128_f32_avx512, KILN_AVX512, qk128g_avx512, KV_F32)
-PV128G(pv128_f32_avx512, KILN_AVX512, pv128g_avx512, KV_F32)
-QK128G(qk128_f16_avx2, KILN_AVX2, qk128g_avx2, KV_F16)
-QK128G(qk128_bf16_avx2, KILN_AVX2, qk128g_avx2, KV_BF16)
-PV128G(pv128_f16_avx2, KILN_AVX2, pv128g_avx2, KV_F16)
-PV128G(pv128_bf16_avx2, KILN_AVX2, pv128g_avx2, KV_BF16)
-QK128G(qk128_f16_avx512, KILN_AVX512, qk128g_avx512, KV_F16)
-QK128G(qk128_bf16_avx512, KILN_AVX512, qk128g_avx512, KV_BF16)
-PV128G(pv128_f16_avx512, KILN_AVX512, pv128g_avx512, KV_F16)
-PV128G(pv128_bf16_avx512, KILN_AVX512, pv128g_avx512, KV_BF16)
+/* the kernels of one head size and instruction set, for each row type */
+#define KV_ROWS(HD, SFX, ISA, QKBODY, PVBODY)                                                                             \
+    QKG(qk##HD##_f32_##SFX, ISA, QKBODY, KV_F32, HD)                                                                      \
+    QKG(qk##HD##_f16_##SFX, ISA, QKBODY, KV_F16, HD)                                                                      \
+    QKG(qk##HD##_bf16_##SFX, ISA, QKBODY, KV_BF16, HD)                                                                    \
+    PVG(pv##HD##_f32_##SFX, ISA, PVBODY, KV_F32, HD)                                                                      \
+    PVG(pv##HD##_f16_##SFX, ISA, PVBODY, KV_F16, HD)                                                                      \
+    PVG(pv##HD##_bf16_##SFX, ISA, PVBODY, KV_BF16, HD)
+KV_ROWS(128, avx2, KILN_AVX2, qk128g_avx2, pvg_avx2)
+KV_ROWS(128, avx512, KILN_AVX512, qk128g_avx512, pvg_avx512)
+KV_ROWS(64, avx2, KILN_AVX2, qk64g_avx2, pvg_avx2)
+KV_ROWS(64, avx512, KILN_AVX512, qk64g_avx512, pvg_avx512)
 #undef QK128G
 #undef PV128G
 
@@ -837,8 +890,8 @@ struct att_job {
     tsm_fn tsm;
     tpv_fn tpv;
     int isa;      /* for widening 16-bit cache rows */
-    qk128_fn qk128; /* head_dim 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
-    pv128_fn pv128;
+    qkg_fn qkg; /* head_dim 64 or 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
+    pvg_fn pvg;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
     int far_pages; /* row path, head_dim 128: pages ahead of the one read whose blocks go to L2 (0: none) */
 };
@@ -885,12 +938,12 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
         for (int h = 0; h < nkh; h++) {
             float *s = sc + (size_t)h * G * j->sc_len + t0;
             const float *q = qr + (size_t)h * G * hd;
-            if (j->qk128) { /* the block after this one (the V pass's first after the last) is prefetched row by row */
+            if (j->qkg) { /* the block after this one (the V pass's first after the last) is prefetched row by row */
                 const void *kp = kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : kv_at(kv, kv->v[j->layer], sq->pages[0], kh0, 0);
-                j->qk128(q, G, kp, n, j->scale, s, j->sc_len, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 0));
+                j->qkg(q, G, kp, n, j->scale, s, j->sc_len, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 0));
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->k[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -911,12 +964,12 @@ static void att_row(const struct att_job *j, const struct att_item *it, float *s
         for (int h = 0; h < nkh; h++) {
             const float *p = sc + (size_t)h * G * j->sc_len + t0;
             float *o = out + (size_t)h * G * hd;
-            if (j->pv128) {
+            if (j->pvg) {
                 const void *vp = kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h, 0);
                 const void *nx = h + 1 < nkh     ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P], kh0 + h + 1, 0)
                                  : t0 + P < len ? kv_at(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0, 0)
                                                 : NULL;
-                j->pv128(o, p, G, j->sc_len, vp, n, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 1));
+                j->pvg(o, p, G, j->sc_len, vp, n, nx, far_block(j, sq, t0 / P, kh0 + h, (len + P - 1) / P, 1));
                 continue;
             }
             if (t0 + P < len) prefetch_page(kv, kv->v[j->layer], sq->pages[t0 / P + 1], kh0 + h, len - t0 - P < P ? len - t0 - P : P);
@@ -1042,10 +1095,16 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
     if (hd == 128 && isa >= CPU_ISA_AVX2) {
         const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
-        j.qk128 = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
-                   : (f32 ? qk128_f32_avx2 : f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
-        j.pv128 = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
-                   : (f32 ? pv128_f32_avx2 : f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
+        j.qkg = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
+                  : (f32 ? qk128_f32_avx2 : f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
+        j.pvg = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
+                  : (f32 ? pv128_f32_avx2 : f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
+    } else if (hd == 64 && isa >= CPU_ISA_AVX2) {
+        const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
+        j.qkg = z ? (f32 ? qk64_f32_avx512 : f16 ? qk64_f16_avx512 : qk64_bf16_avx512)
+                  : (f32 ? qk64_f32_avx2 : f16 ? qk64_f16_avx2 : qk64_bf16_avx2);
+        j.pvg = z ? (f32 ? pv64_f32_avx512 : f16 ? pv64_f16_avx512 : pv64_bf16_avx512)
+                  : (f32 ? pv64_f32_avx2 : f16 ? pv64_f16_avx2 : pv64_bf16_avx2);
     }
 #elif defined(KILN_NEON)
     const int neon = isa >= CPU_ISA_NEON;
@@ -1103,7 +1162,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
         const char *e = getenv("KILN_CPU_ATT_PFD");
         att_pfd = pfd = e && atoi(e) > 0 ? atoi(e) : e ? 0 : ATT_PFD_DEFAULT;
     }
-    if (j.qk128 && pfd > 0) { /* pages of a row item's run (row_kh heads) that make pfd bytes */
+    if (j.qkg && pfd > 0) { /* pages of a row item's run (row_kh heads) that make pfd bytes */
         const size_t run = (size_t)row_kh * kv->page_size * hd * kv_esize(kv);
         j.far_pages = (int)(((size_t)pfd + run - 1) / run);
     }
