@@ -243,8 +243,7 @@ KV_INLINE void pf_row(const void *nx, const void *far, size_t r, int t, int HD) 
 }
 
 KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                     const void *nx, const void *far, int HD) {
-    (void)HD; /* 128 */
+                                     const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
         if (nx || far) pf_row(nx, far, r, t, 128);
@@ -297,8 +296,7 @@ KV_INLINE KILN_AVX2 void pvg_avx2(float *o, const float *p, size_t sl, const voi
 }
 
 KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                         const void *nx, const void *far, int HD) {
-    (void)HD; /* 128 */
+                                         const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 128;
         if (nx || far) pf_row(nx, far, r, t, 128);
@@ -353,8 +351,7 @@ KV_INLINE KILN_AVX512 void pvg_avx512(float *o, const float *p, size_t sl, const
  * generic loops these replace there), so a 64-wide head's scores keep
  * their bits; each key row is loaded (and widened) once for the GQ heads */
 KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                    const void *nx, const void *far, int HD) {
-    (void)HD; /* 64 */
+                                    const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 64;
         if (nx || far) pf_row(nx, far, r, t, 64);
@@ -373,8 +370,7 @@ KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float
 }
 
 KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
-                                        const void *nx, const void *far, int HD) {
-    (void)HD; /* 64 */
+                                        const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
         const size_t r = (size_t)j * 64;
         if (nx || far) pf_row(nx, far, r, t, 64);
@@ -399,10 +395,10 @@ KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, f
     ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
                          const void *nx, const void *far) {                                                              \
         for (int g = 0; g < ng; g += 4, q += 4 * HD, sc += 4 * sl, nx = far = NULL) switch (ng - g) {                   \
-            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far, HD); break;                                             \
-            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far, HD); break;                                             \
-            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far, HD); break;                                             \
-            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far, HD); break;                                            \
+            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far); break;                                         \
+            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far); break;                                         \
+            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far); break;                                         \
+            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far); break;                                        \
             }                                                                                                            \
     }
 #define PVG(NAME, ISA, BODY, T, HD)                                                                                       \
@@ -427,8 +423,9 @@ KV_ROWS(128, avx2, KILN_AVX2, qk128g_avx2, pvg_avx2)
 KV_ROWS(128, avx512, KILN_AVX512, qk128g_avx512, pvg_avx512)
 KV_ROWS(64, avx2, KILN_AVX2, qk64g_avx2, pvg_avx2)
 KV_ROWS(64, avx512, KILN_AVX512, qk64g_avx512, pvg_avx512)
-#undef QK128G
-#undef PV128G
+#undef QKG
+#undef PVG
+#undef KV_ROWS
 
 KILN_AVX2 static void qk_avx2(const float *q, const float *k, int nk, int hd, float scale, float *sc) {
     for (int j = 0; j < nk; j++, k += hd) {
@@ -893,7 +890,7 @@ struct att_job {
     qkg_fn qkg; /* head_dim 64 or 128 with AVX2 / AVX-512, or NULL (then 16-bit pages are widened into scratch) */
     pvg_fn pvg;
     size_t wide;  /* offset in a thread's scratch of the widened rows (16-bit caches) */
-    int far_pages; /* row path, head_dim 128: pages ahead of the one read whose blocks go to L2 (0: none) */
+    int far_pages; /* row path with qkg / pvg: pages ahead of the one read whose blocks go to L2 (0: none) */
 };
 
 /* the next page of one head towards L2 while this one is computed: pages
@@ -1076,7 +1073,7 @@ enum { ATT_PAR_MIN = 8192 };
 static int row_kh_env = -1; /* KILN_CPU_ATT_ROWKH: KV heads per row item (A/B timing) */
 static _Atomic int att_pfd = -1; /* KILN_CPU_ATT_PFD: bytes of a row item's stream its L2 prefetch runs ahead (0: off) */
 
-int cpu_set_att_pfd(int bytes) { return att_pfd = bytes < 0 ? 0 : bytes; }
+int cpu_set_att_pfd(int bytes) { return att_pfd = cpu_pfd_lines(bytes); }
 
 /* isa < 0: the reference (every row on the row path, scalar loops) */
 static void attention(struct kiln_backend *be, float *out, const float *q, const struct kv_cache *kv, int layer,
@@ -1093,18 +1090,19 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tqk = isa == CPU_ISA_AVX512 ? tqk_avx512 : isa == CPU_ISA_AVX2 ? tqk_avx2 : tqk_scalar;
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
-    if (hd == 128 && isa >= CPU_ISA_AVX2) {
-        const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
-        j.qkg = z ? (f32 ? qk128_f32_avx512 : f16 ? qk128_f16_avx512 : qk128_bf16_avx512)
-                  : (f32 ? qk128_f32_avx2 : f16 ? qk128_f16_avx2 : qk128_bf16_avx2);
-        j.pvg = z ? (f32 ? pv128_f32_avx512 : f16 ? pv128_f16_avx512 : pv128_bf16_avx512)
-                  : (f32 ? pv128_f32_avx2 : f16 ? pv128_f16_avx2 : pv128_bf16_avx2);
-    } else if (hd == 64 && isa >= CPU_ISA_AVX2) {
-        const int f16 = kv->dtype == KILN_DTYPE_F16, f32 = kv->dtype == KILN_DTYPE_F32, z = isa == CPU_ISA_AVX512;
-        j.qkg = z ? (f32 ? qk64_f32_avx512 : f16 ? qk64_f16_avx512 : qk64_bf16_avx512)
-                  : (f32 ? qk64_f32_avx2 : f16 ? qk64_f16_avx2 : qk64_bf16_avx2);
-        j.pvg = z ? (f32 ? pv64_f32_avx512 : f16 ? pv64_f16_avx512 : pv64_bf16_avx512)
-                  : (f32 ? pv64_f32_avx2 : f16 ? pv64_f16_avx2 : pv64_bf16_avx2);
+    if ((hd == 128 || hd == 64) && isa >= CPU_ISA_AVX2) {
+        /* [head_dim 64][AVX-512][row type: KV_F32, KV_F16, KV_BF16] */
+        static const qkg_fn qkt[2][2][3] = {{{qk128_f32_avx2, qk128_f16_avx2, qk128_bf16_avx2},
+                                             {qk128_f32_avx512, qk128_f16_avx512, qk128_bf16_avx512}},
+                                            {{qk64_f32_avx2, qk64_f16_avx2, qk64_bf16_avx2},
+                                             {qk64_f32_avx512, qk64_f16_avx512, qk64_bf16_avx512}}};
+        static const pvg_fn pvt[2][2][3] = {{{pv128_f32_avx2, pv128_f16_avx2, pv128_bf16_avx2},
+                                             {pv128_f32_avx512, pv128_f16_avx512, pv128_bf16_avx512}},
+                                            {{pv64_f32_avx2, pv64_f16_avx2, pv64_bf16_avx2},
+                                             {pv64_f32_avx512, pv64_f16_avx512, pv64_bf16_avx512}}};
+        const int h = hd == 64, z = isa == CPU_ISA_AVX512;
+        const int t = kv->dtype == KILN_DTYPE_F32 ? KV_F32 : kv->dtype == KILN_DTYPE_F16 ? KV_F16 : KV_BF16;
+        j.qkg = qkt[h][z][t], j.pvg = pvt[h][z][t];
     }
 #elif defined(KILN_NEON)
     const int neon = isa >= CPU_ISA_NEON;
@@ -1158,10 +1156,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     }
     qsort(items, (size_t)n_items, sizeof *items, item_cmp);
     int pfd = att_pfd;
-    if (pfd < 0) {
-        const char *e = getenv("KILN_CPU_ATT_PFD");
-        att_pfd = pfd = e && atoi(e) > 0 ? atoi(e) : e ? 0 : ATT_PFD_DEFAULT;
-    }
+    if (pfd < 0) att_pfd = pfd = cpu_pfd_env(ATT_PFD_DEFAULT, "KILN_CPU_ATT_PFD");
     if (j.qkg && pfd > 0) { /* pages of a row item's run (row_kh heads) that make pfd bytes */
         const size_t run = (size_t)row_kh * kv->page_size * hd * kv_esize(kv);
         j.far_pages = (int)(((size_t)pfd + run - 1) / run);

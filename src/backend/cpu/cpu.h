@@ -206,12 +206,12 @@ int cpu_set_qm_two(int two);
  * decode-ab: 0 one by one, 1 as by default, more: batches of that many
  * rows. cpu_test_tasks_jobs: the task lists run as one job so far */
 int cpu_set_moe_tasks(int rows);
+long cpu_test_tasks_jobs(void);
 /* how far ahead, in bytes of a thread's stream, decode attention's rows
- * (head_dim 128, x86) prefetch their pages into L2 (attention.c,
+ * (head_dim 64 or 128, x86) prefetch their pages into L2 (attention.c,
  * KILN_CPU_ATT_PFD; 0 none); the setter for decode-ab */
 enum { ATT_PFD_DEFAULT = 32768 };
 int cpu_set_att_pfd(int bytes);
-long cpu_test_tasks_jobs(void);
 int cpu_vnni_dec(void);
 int cpu_set_vnni_dec(int on);
 
