@@ -32,7 +32,7 @@ struct kiln_engine_opts {
                               * memory (SGLang's --mem-fraction-static); with max_total_tokens, the smaller */
     int prefill_chunk;       /* most tokens in one forward; 0 = 512 */
     const char *quant;       /* dummy weights built quantized: "gptq-int4", "q4_k", "fp8", ... (NULL: dense) */
-    const char *kv_dtype;    /* KV cache rows: "f32" (CPU default), "f16", "bf16" (CUDA's only one); NULL = the default */
+    const char *kv_dtype;    /* KV cache rows: "f32" (CPU default), "f16", "bf16" (CUDA's only one), "q8_0" (CPU); NULL = the default */
     int quant_group;         /* their GPTQ/AWQ group size; 0 = 128 */
 };
 

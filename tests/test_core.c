@@ -662,8 +662,13 @@ void test_kv(void) {
     CHECK(kv_pool_alloc(&p, 2, b) == 0 && (b[0] == a[0] || b[1] == a[0]), "freed page is reused");
     kv_pool_free(&p);
     CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 0, KILN_DTYPE_F32, err, sizeof err) < 0 && strstr(err, "empty"));
-    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_Q8_0, err, sizeof err) < 0 && strstr(err, "F32, F16 or BF16"), "%s", err);
+    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_Q4_0, err, sizeof err) < 0 && strstr(err, "F32, F16, BF16 or Q8_0"), "%s", err);
+    CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_Q8_0, err, sizeof err) < 0 && strstr(err, "head_dim 8"), "%s", err);
     CHECK(kv_pool_init(&p, be, 1, 1, 8, 16, 4, KILN_DTYPE_F16, err, sizeof err) == 0, "%s", err);
+    kv_pool_free(&p);
+    /* Q8_0 rows: head_dim / 32 blocks of 34 bytes */
+    CHECK(kv_pool_init(&p, be, 1, 1, 64, 16, 4, KILN_DTYPE_Q8_0, err, sizeof err) == 0, "%s", err);
+    CHECK(kv_row_bytes(KILN_DTYPE_Q8_0, 64) == 68 && kv_bytes_per_token(2, 3, 128, KILN_DTYPE_Q8_0) == 2 * 2 * 3 * 136);
     kv_pool_free(&p);
     be->destroy(be);
 

@@ -188,9 +188,9 @@ static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, c
     for (int s = 0; s < NS; s++) n_pages += (past[s] + nnew[s] + P - 1) / P, rows += nnew[s], tot += past[s] + nnew[s];
     n_pages += 5;
     struct kv_cache kv = {1, NKV, hd, P, n_pages, kvt, NULL, NULL};
-    const size_t kvn = (size_t)n_pages * NKV * P * hd, es = kvt == KILN_DTYPE_F32 ? 4 : 2;
-    void *kb = be->alloc(be, es * kvn), *vb = be->alloc(be, es * kvn);
-    memset(kb, 0xff, es * kvn), memset(vb, 0xff, es * kvn); /* NaN: nothing unwritten may be read */
+    const size_t kvn = (size_t)n_pages * NKV * P * hd, kvb = (size_t)n_pages * NKV * P * kv_row_bytes(kvt, hd);
+    void *kb = be->alloc(be, kvb), *vb = be->alloc(be, kvb);
+    memset(kb, 0xff, kvb), memset(vb, 0xff, kvb); /* NaN (a Q8_0 block's scale too): nothing unwritten may be read */
     kv.k = &kb, kv.v = &vb;
     int32_t *perm = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
     for (int i = 0; i < n_pages; i++) perm[i] = i;
@@ -220,12 +220,33 @@ static void check_attention_tiled(struct kiln_backend *be, struct kiln_rng *r, c
     }
     struct kiln_batch bw = {.n_tokens = tot, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sw};
     struct kiln_batch ba = {.n_tokens = rows, .tokens = toks, .pos = pos, .n_seqs = NS, .seqs = sa};
-    if (kvt != KILN_DTYPE_F32) /* the values the cache will hold */
+    const float *kin = k, *vin = v; /* what kv_write stores */
+    float *kq = NULL, *vq = NULL;
+    if (kvt == KILN_DTYPE_Q8_0) {
+        /* the cache quantizes the rows as given; k, v become the values it
+         * holds, each row through the reference quantizer (quant.c). Key 0
+         * of the first sequence: ties (x / d on a half step, d = 1/32, so
+         * that its scores stay of the others' size), key 1: zeros (d = 0) */
+        for (int i = 0; i < hd; i++) k[i] = (i % 32 == 0 ? 127.0f : (float)(i % 7) - 3.5f) / 32, k[NKV * hd + i] = 0.0f;
+        const size_t nb = sizeof(float) * (size_t)tot * NKV * hd;
+        kq = kiln_malloc(nb), vq = kiln_malloc(nb);
+        memcpy(kq, k, nb), memcpy(vq, v, nb);
+        kin = kq, vin = vq;
+        uint8_t *blk = kiln_malloc(kv_row_bytes(kvt, hd));
+        for (size_t i = 0; i < (size_t)tot * NKV * hd; i += (size_t)hd)
+            for (int w = 0; w < 2; w++) {
+                float *x = (w ? v : k) + i;
+                CHECK(quant_quantize_row(KILN_DTYPE_Q8_0, x, blk, hd) == 0);
+                quant_dequant_row(KILN_DTYPE_Q8_0, blk, x, hd);
+            }
+        free(blk);
+    } else if (kvt != KILN_DTYPE_F32) /* the values the cache will hold */
         for (size_t i = 0; i < (size_t)tot * NKV * hd; i++) {
             k[i] = kvt == KILN_DTYPE_F16 ? kiln_f16_to_f32(kiln_f32_to_f16(k[i])) : kiln_bf16_to_f32(kiln_f32_to_bf16(k[i]));
             v[i] = kvt == KILN_DTYPE_F16 ? kiln_f16_to_f32(kiln_f32_to_f16(v[i])) : kiln_bf16_to_f32(kiln_f32_to_bf16(v[i]));
         }
-    be->kv_write(be, &kv, 0, k, v, &bw);
+    be->kv_write(be, &kv, 0, kin, vin, &bw);
+    free(kq), free(vq);
     const float scale = 1.0f / sqrtf((float)hd);
     memset(o, 0xff, sizeof(float) * (size_t)rows * NH * hd); /* NaN: every output must be written */
     be->attention(be, o, q, &kv, 0, &ba, NH, scale);
@@ -530,6 +551,12 @@ void test_cpukernels(void) {
             check_attention_tiled(be, &r, name, 128, 3, 16, KILN_DTYPE_BF16, &worst);
             check_attention_tiled(be, &r, name, 128, 5, 16, KILN_DTYPE_F16, &worst);
             check_attention_tiled(be, &r, name, 128, 8, 32, KILN_DTYPE_BF16, &worst);
+            /* Q8_0 caches: the grouped kernels at both head sizes, the
+             * generic loops (head_dim 96), pages shorter than a key tile */
+            check_attention_tiled(be, &r, name, 128, 2, 16, KILN_DTYPE_Q8_0, &worst);
+            check_attention_tiled(be, &r, name, 128, 5, 64, KILN_DTYPE_Q8_0, &worst);
+            check_attention_tiled(be, &r, name, 64, 4, 5, KILN_DTYPE_Q8_0, &worst);
+            check_attention_tiled(be, &r, name, 96, 3, 16, KILN_DTYPE_Q8_0, &worst);
         }
         check_swiglu_rope(be, &r, name);
         check_quant_act(&r, name);

@@ -1734,8 +1734,8 @@ static void check_load_refusals(void) {
     }
     /* a KV cache the CUDA attention does not read: refused at open, not at
      * the first forward */
-    static const char *const kvs[] = {"f16", "f32"};
-    for (int i = 0; i < 2; i++) {
+    static const char *const kvs[] = {"f16", "f32", "q8_0"};
+    for (int i = 0; i < 3; i++) {
         char err[512] = "";
         struct kiln_engine_opts o = {.dummy = LONG_CFG, .seed = 7, .backend = "cuda", .max_total_tokens = 256, .kv_dtype = kvs[i]};
         kiln_engine *e = kiln_engine_open(&o, err, sizeof err);

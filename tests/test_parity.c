@@ -125,8 +125,16 @@ static void check_model(const char *name) {
  * and one token at a time (every position read back from the cache), and
  * the top-1 id must agree wherever the reference's top-1/top-2 margin is
  * larger than that.
+ *
+ * A Q8_0 cache (--kv-dtype q8_0) stores d * q per block of 32, d = max|x| /
+ * 127 rounded to f16, q = x / d to nearest: an element moves by at most
+ * d / 2 + 127 d 2^-11 ~ 0.56 d = 0.0044 (2^-7.8) of its block's largest
+ * magnitude, bf16's step measured against the block instead of the element.
+ * On rows not ruled by one element (the fixtures' keys after the q/k norm,
+ * their values) that is bf16's bound again, so it gets bf16's 10 x 2^-8;
+ * head sizes that are not a multiple of 32 are refused with an error.
  */
-static void check_kv16(const char *name, const char *kvt, float frac) {
+static void check_kv_rounded(const char *name, const char *kvt, float frac) {
     char dir[256], err[1024] = "";
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
     struct ref r = {0};
@@ -253,8 +261,17 @@ void test_parity(void) {
     const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny", "qwen3-fp8-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        check_kv16(models[i], "f16", 10.f / 2048);
-        check_kv16(models[i], "bf16", 10.f / 256);
+        check_kv_rounded(models[i], "f16", 10.f / 2048);
+        check_kv_rounded(models[i], "bf16", 10.f / 256);
+    }
+    const char *q8[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen3-fp8-tiny"}; /* head_dim 32 or 64 */
+    for (size_t i = 0; i < sizeof q8 / sizeof q8[0]; i++) check_kv_rounded(q8[i], "q8_0", 10.f / 256);
+    {
+        char err[512] = "";
+        struct kiln_engine_opts o = {.model = FIXTURES "/llama-tiny", .backend = "cpu", .max_total_tokens = 64, .kv_dtype = "q8_0"};
+        kiln_engine *e = kiln_engine_open(&o, err, sizeof err);
+        CHECK(!e && strstr(err, "head_dim 16") && strstr(err, "32"), "llama-tiny (head_dim 16) with --kv-dtype q8_0: %s", e ? "opened" : err);
+        kiln_engine_close(e);
     }
     const char *pruned[] = {"qwen3-dense-small", "qwen2-tiny", "qwen3-moe-tiny"};
     for (size_t i = 0; i < sizeof pruned / sizeof pruned[0]; i++) check_pruned(pruned[i]);

@@ -6,6 +6,7 @@
  *   make decode-ab
  *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]
  *   ./build/decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]
+ *   ./build/decode-ab att PAST HEAD_DIM SWITCH A B [rounds]
  *
  * SWITCH is a setting the CPU backend can change between calls; today
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
@@ -23,7 +24,9 @@
  * x86, `qm-pfd`,
  * `qm-pf2` (the groups' L2 prefetch distance), `qm-streams` (1 or 2) and `vnni-dec` (0 or 1) of the int8 decode kernels;
  * and `env:NAME`, a setting read at load (KILN_CPU_X16, KILN_CPU_B12):
- * each arm decodes on its own engine, opened with NAME=A or NAME=B. Each round times A and B
+ * each arm decodes on its own engine, opened with NAME=A or NAME=B; and
+ * `kv` (model, att), the KV cache's type: 0 f32, 1 f16, 2 bf16, 3 q8_0, an
+ * engine (a cache) per arm. Each round times A and B
  * once each, in ABBA order across rounds, and the tool prints each arm's
  * median rate and the median and quartiles of the per-round B/A ratios:
  * a drift slower than one round cancels out of each ratio.
@@ -39,6 +42,10 @@
  *   of the 16-bit matrices (weights per second x 2, whatever the backend
  *   stores: KILN_CPU_B12's 12-bit rows read 0.76 of that). env:NAME here
  *   prepares a set of matrices per arm (`env:KILN_CPU_B12 0 1`).
+ * att: decode attention alone (be->attention), Qwen3-0.6B's shape (28
+ *   layers, 8 KV heads of HEAD_DIM, 16 query heads), one row after PAST
+ *   cached tokens in pages of 16 scattered over the pool (F16 cache unless
+ *   SWITCH is kv); each arm one step over the 28 layers; rates in steps/s.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,12 +92,15 @@ static void report(const char *what, const char *unit, int a, int b, double *con
     free(ratio);
 }
 
-/* one engine on the CPU (2 threads, F16 KV) with its sequence after past
- * untimed tokens (ids below the vocabulary); NULL with err */
-static kiln_engine *open_one(const char *model, const char *quant, int file, int past, int steps, kiln_seq **s, char *err,
-                             size_t errlen) {
+static const char *const kv_names[] = {"f32", "f16", "bf16", "q8_0"};
+static const enum kiln_dtype kv_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0};
+
+/* one engine on the CPU (2 threads, KV cache of type kvt) with its sequence
+ * after past untimed tokens (ids below the vocabulary); NULL with err */
+static kiln_engine *open_one(const char *model, const char *quant, int file, int past, int steps, const char *kvt, kiln_seq **s,
+                             char *err, size_t errlen) {
     struct kiln_engine_opts o = {.model = file ? model : NULL, .dummy = file ? NULL : model, .quant = file ? NULL : quant,
-                                 .backend = "cpu", .n_threads = 2, .kv_dtype = "f16",
+                                 .backend = "cpu", .n_threads = 2, .kv_dtype = kvt,
                                  .max_total_tokens = past + steps + 1024, .seed = 1};
     kiln_engine *e = kiln_engine_open(&o, err, errlen);
     if (!e) return NULL;
@@ -113,18 +123,21 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     char *quant = strchr(model, ':');
     if (quant) *quant++ = 0;
     const int file = strchr(model, '/') != NULL; /* a checkpoint or .gguf path, else a --dummy name */
-    /* env:NAME: a load-time setting; each arm its own engine, opened with NAME=A or NAME=B */
+    /* env:NAME: a load-time setting; each arm its own engine, opened with NAME=A or NAME=B; kv: with that cache type */
     const char *env = !strncmp(sw, "env:", 4) ? sw + 4 : NULL;
+    const int kv = !strcmp(sw, "kv"), two = env || kv;
+    if (kv && (A < 0 || A > 3 || B < 0 || B > 3)) return fprintf(stderr, "decode-ab: kv is 0 f32, 1 f16, 2 bf16, 3 q8_0\n"), 2;
     kiln_engine *e[2] = {NULL, NULL};
     kiln_seq *s[2] = {NULL, NULL};
-    for (int arm = 0; arm < (env ? 2 : 1); arm++) {
+    for (int arm = 0; arm < (two ? 2 : 1); arm++) {
         char v[32];
         snprintf(v, sizeof v, "%d", arm ? B : A);
         if (env) setenv(env, v, 1);
-        if (!(e[arm] = open_one(model, quant, file, past, steps, &s[arm], err, sizeof err))) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+        if (!(e[arm] = open_one(model, quant, file, past, steps, kv ? kv_names[arm ? B : A] : "f16", &s[arm], err, sizeof err)))
+            return fprintf(stderr, "decode-ab: %s\n", err), 1;
         if (env) unsetenv(env);
     }
-    if (!env) e[1] = e[0], s[1] = s[0];
+    if (!two) e[1] = e[0], s[1] = s[0];
     const int vocab = kiln_engine_config(e[0])->vocab;
     float *lg = kiln_malloc(sizeof(float) * (size_t)vocab);
     int32_t t = 1;
@@ -133,7 +146,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     for (int r = -1; r < rounds && !rc; r++) /* round -1: both arms once, untimed */
         for (int k = 0; k < 2 && !rc; k++) {
             const int arm = r & 1 ? 1 - k : k;
-            if (!env && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            if (!two && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
             kiln_seq_truncate(s[arm], past);
             const double t0 = kiln_now();
             for (int i = 0; i < steps && !rc; i++) {
@@ -147,7 +160,7 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     snprintf(what, sizeof what, "%s decode, %s, %d steps per arm after %d tokens", spec, sw, steps, past);
     report(what, "tok/s", A, B, rate, rounds);
     free(rate[0]), free(rate[1]), free(lg);
-    for (int arm = 0; arm < (env ? 2 : 1); arm++) kiln_seq_free(s[arm]), kiln_engine_close(e[arm]);
+    for (int arm = 0; arm < (two ? 2 : 1); arm++) kiln_seq_free(s[arm]), kiln_engine_close(e[arm]);
     return 0;
 }
 
@@ -201,19 +214,90 @@ static int run_gemv(int K, int N, int n, int f16, const char *sw, int A, int B, 
     return 0; /* the matrices live until exit */
 }
 
+/* a cache of kvt rows for NL layers, NKV heads of hd, past + 1 tokens in
+ * scattered pages, written from the same random rows whatever kvt is */
+enum { ATT_NL = 28, ATT_NKV = 8, ATT_G = 2, ATT_P = 16 };
+static int att_cache(struct kiln_backend *be, struct kv_cache *kv, enum kiln_dtype kvt, int hd, int past, const int32_t *pages,
+                     int n_pages) {
+    *kv = (struct kv_cache){ATT_NL, ATT_NKV, hd, ATT_P, n_pages, kvt, kiln_calloc(ATT_NL, sizeof(void *)), kiln_calloc(ATT_NL, sizeof(void *))};
+    const int T = past + 1;
+    float *k = kiln_malloc(sizeof(float) * (size_t)T * ATT_NKV * hd), *v = kiln_malloc(sizeof(float) * (size_t)T * ATT_NKV * hd);
+    struct kiln_rng rng;
+    kiln_rng_seed(&rng, 3);
+    for (size_t i = 0; i < (size_t)T * ATT_NKV * hd; i++) k[i] = kiln_rng_normal(&rng), v[i] = kiln_rng_normal(&rng);
+    int32_t *zero = kiln_calloc((size_t)T, sizeof(int32_t));
+    struct kiln_seq_view sw = {0, T, 0, pages, n_pages};
+    struct kiln_batch bw = {.n_tokens = T, .tokens = zero, .pos = zero, .n_seqs = 1, .seqs = &sw};
+    const size_t bytes = (size_t)n_pages * ATT_NKV * ATT_P * kv_row_bytes(kvt, hd);
+    int rc = 0;
+    for (int l = 0; l < ATT_NL && !rc; l++) {
+        kv->k[l] = be->alloc(be, bytes), kv->v[l] = be->alloc(be, bytes);
+        if (!kv->k[l] || !kv->v[l]) rc = -1;
+        else be->kv_write(be, kv, l, k, v, &bw);
+    }
+    free(k), free(v), free(zero);
+    return rc;
+}
+
+static int run_att(int past, int hd, const char *sw, int A, int B, int rounds) {
+    char err[256];
+    struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
+    if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
+    const int kv = !strcmp(sw, "kv");
+    if (kv && (A < 0 || A > 3 || B < 0 || B > 3)) return fprintf(stderr, "decode-ab: kv is 0 f32, 1 f16, 2 bf16, 3 q8_0\n"), 2;
+    const int n_pages = (past + 1 + ATT_P - 1) / ATT_P;
+    int32_t *pages = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
+    for (int i = 0; i < n_pages; i++) pages[i] = (int32_t)((int64_t)i * 7919 % n_pages); /* scattered (n_pages not a multiple of 7919) */
+    struct kv_cache c[2];
+    for (int arm = 0; arm < (kv ? 2 : 1); arm++)
+        if (att_cache(be, &c[arm], kv_types[kv ? (arm ? B : A) : 1], hd, past, pages, n_pages))
+            return fprintf(stderr, "decode-ab: out of memory\n"), 1;
+    if (!kv) c[1] = c[0];
+    const int nh = ATT_NKV * ATT_G;
+    float *q = kiln_malloc(sizeof(float) * (size_t)nh * hd), *o = kiln_malloc(sizeof(float) * (size_t)nh * hd);
+    for (int i = 0; i < nh * hd; i++) q[i] = (float)((i * 37) % 17 - 8) * 0.1f;
+    int32_t zero = 0;
+    struct kiln_seq_view sa = {0, 1, past, pages, n_pages};
+    struct kiln_batch ba = {.n_tokens = 1, .tokens = &zero, .pos = &zero, .n_seqs = 1, .seqs = &sa};
+    double *rate[2] = {kiln_malloc(sizeof(double) * (size_t)rounds), kiln_malloc(sizeof(double) * (size_t)rounds)};
+    const int reps = past >= 1024 ? 4 : 64; /* steps per arm and round */
+    for (int r = -1; r < rounds; r++)
+        for (int k = 0; k < 2; k++) {
+            const int arm = r & 1 ? 1 - k : k;
+            if (!kv && set_switch(sw, arm ? B : A)) return fprintf(stderr, "decode-ab: %s cannot be %d\n", sw, arm ? B : A), 1;
+            const double t0 = kiln_now();
+            for (int i = 0; i < reps; i++)
+                for (int l = 0; l < ATT_NL; l++) be->attention(be, o, q, &c[arm], l, &ba, nh, 0.0884f);
+            if (r >= 0) rate[arm][r] = reps / (kiln_now() - t0);
+        }
+    char what[256];
+    snprintf(what, sizeof what, "decode attention, 28 layers x 8 KV heads x %d, one row after %d tokens, %s (KV bytes per step: A %.1f MB, B %.1f MB)",
+             hd, past, sw, 2.0 * ATT_NL * ATT_NKV * (past + 1) * kv_row_bytes(c[0].dtype, hd) / 1e6,
+             2.0 * ATT_NL * ATT_NKV * (past + 1) * kv_row_bytes(c[1].dtype, hd) / 1e6);
+    report(what, "steps/s", A, B, rate, rounds);
+    return 0; /* the caches live until exit */
+}
+
 int main(int argc, char **argv) {
-    const int gemv = argc > 1 && !strcmp(argv[1], "gemv");
-    const int base = gemv ? 5 : 4; /* index of A */
-    if (argc < base + 2 || (!gemv && strcmp(argv[1], "model"))) {
+    const int gemv = argc > 1 && !strcmp(argv[1], "gemv"), att = argc > 1 && !strcmp(argv[1], "att");
+    const int base = gemv ? 5 : att ? 5 : 4; /* index of A */
+    if (argc < base + 2 || (!gemv && !att && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
+                        "       decode-ab att PAST HEAD_DIM SWITCH A B [rounds]\n"
                         "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, moe-tasks, att-pfd, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
-                        "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B)\n");
+                        "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B),\n"
+                        "        kv (model, att: the KV cache's type per arm, 0 f32, 1 f16, 2 bf16, 3 q8_0)\n");
         return 2;
     }
     const int A = atoi(argv[base]), B = atoi(argv[base + 1]);
     const int rounds = argc > base + 2 ? atoi(argv[base + 2]) : 20;
     if (rounds < 4) return fprintf(stderr, "decode-ab: at least 4 rounds\n"), 2;
+    if (att) {
+        const int past = atoi(argv[2]), hd = atoi(argv[3]);
+        if (past < 1 || hd < 32 || hd % 32) return fprintf(stderr, "decode-ab: att PAST >= 1, HEAD_DIM a multiple of 32\n"), 2;
+        return run_att(past, hd, argv[4], A, B, rounds);
+    }
     if (gemv) {
         const int K = atoi(argv[2]), N = atoi(argv[3]);
         if (K < 32 || N < 1) return fprintf(stderr, "decode-ab: K >= 32, N >= 1\n"), 2;

@@ -2,7 +2,7 @@
  * vs_llama.c: kiln and llama.cpp in one process, their runs alternated.
  *
  *   make vs-llama LLAMA_CPP=/path/to/llama.cpp   (its include/ and a build/bin of shared libraries)
- *   ./build/vs-llama KILN_MODEL GGUF [-t 2] [-p 512] [-n 128] [-d 0] [-r 8] [--kv-dtype f16] [--dummy [--quant Q]]
+ *   ./build/vs-llama KILN_MODEL GGUF [-t 2] [-p 512] [-n 128] [-d 0] [-r 8] [--kv-dtype f16|bf16|q8_0] [--dummy [--quant Q]]
  *
  * On a VM whose memory bandwidth moves by 1.5x from one minute to the next
  * (docs/benchmarks.md), two benchmark processes run one after the other
@@ -23,7 +23,9 @@
  * D random ids, as llama-bench's "tg128 @ dD"; pp stays from an empty
  * cache), and kiln's share of the probe counts the cache it reads too.
  * llama.cpp's context is llama-bench's (n_ctx = max(p, D) + n + 1, n_batch 2048 or more,
- * n_ubatch 512, F16 KV, flash attention auto, the given threads); kiln's is
+ * n_ubatch 512, flash attention auto, the given threads, the KV cache type kiln's --kv-dtype
+ * names: f16 (the default on both sides), bf16, or q8_0, with flash attention
+ * on as llama.cpp needs for a quantized V cache); kiln's is
  * `kiln bench --profile pp-tg`'s. KILN_MODEL is a checkpoint folder or a
  * .gguf file, or with --dummy a built-in config whose weights kiln makes
  * (--quant as kiln bench's; GGUF should then hold weights of the same
@@ -148,7 +150,7 @@ static bool no_progress(float progress, void *user) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: vs-llama KILN_MODEL GGUF [-t threads] [-p prompt] [-n gen] [-d depth] [-r rounds] [-w window] [--kv-dtype f16] [--dummy [--quant Q]]\n");
+    fprintf(stderr, "usage: vs-llama KILN_MODEL GGUF [-t threads] [-p prompt] [-n gen] [-d depth] [-r rounds] [-w window] [--kv-dtype f16|bf16|q8_0] [--dummy [--quant Q]]\n");
     return 2;
 }
 
@@ -186,7 +188,11 @@ int main(int argc, char **argv) {
     if (!(a.lm = llama_model_load_from_file(gguf, mp))) return fprintf(stderr, "vs-llama: llama.cpp cannot load %s\n", gguf), 1;
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)(pc + n + 1), cp.n_batch = pc > 2048 ? (uint32_t)pc : 2048, cp.n_ubatch = 512;
-    cp.type_k = cp.type_v = GGML_TYPE_F16, cp.n_threads = cp.n_threads_batch = threads;
+    cp.n_threads = cp.n_threads_batch = threads;
+    if (!strcmp(o.kv_dtype, "f16")) cp.type_k = cp.type_v = GGML_TYPE_F16;
+    else if (!strcmp(o.kv_dtype, "bf16")) cp.type_k = cp.type_v = GGML_TYPE_BF16;
+    else if (!strcmp(o.kv_dtype, "q8_0")) cp.type_k = cp.type_v = GGML_TYPE_Q8_0, cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    else return fprintf(stderr, "vs-llama: --kv-dtype %s: llama.cpp's side takes f16, bf16 or q8_0\n", o.kv_dtype), 1;
     if (!(a.lc = llama_init_from_model(a.lm, cp))) return fprintf(stderr, "vs-llama: llama.cpp: no context\n"), 1;
 
     const int kv = kiln_engine_config(a.ke)->vocab, lv = llama_vocab_n_tokens(llama_model_get_vocab(a.lm));
@@ -211,9 +217,8 @@ int main(int argc, char **argv) {
     }
     /* the bandwidth probe (kiln bench --roofline's) before the first round and after each round's tg
      * pair: kiln's decode as a share of the mean of the probes around it */
-    /* bytes a tg step reads: the weights, and at depth the F16 / BF16 cache (F32: 4 bytes) at the tg's mean context */
-    const struct kiln_config *cf = kiln_engine_config(a.ke);
-    const double kvb = (double)cf->n_layer * 2 * cf->n_head_kv * cf->head_dim * (strcmp(o.kv_dtype, "f32") ? 2 : 4) * (c + n / 2.0);
+    /* bytes a tg step reads: the weights, and at depth the cache at the tg's mean context */
+    const double kvb = kiln_engine_kv_token_bytes(a.ke) * (c + n / 2.0);
     const double bytes = kiln_engine_decode_bytes(a.ke) + (d ? kvb : 0);
     const int width = kiln_engine_load_width(a.ke) > 0 ? kiln_engine_load_width(a.ke) : 16;
     double *bw = kiln_malloc(sizeof(double) * (size_t)(rounds + 1)), *roof = kiln_malloc(sizeof(double) * (size_t)rounds);

@@ -33,18 +33,27 @@ struct kiln_config;
  *               | ...                   |
  *               +-----------------------+
  *
- *   element (layer, page, head, slot, d) is at
- *   k[layer] + ((page * n_head_kv + head) * page_size + slot) * head_dim + d
+ *   row (layer, page, head, slot) starts at byte
+ *   k[layer] + ((page * n_head_kv + head) * page_size + slot) * kv_row_bytes
  *
  * so one head's keys of one page are contiguous (what attention streams).
+ * A row is head_dim elements of dtype (F32, F16, BF16), or for Q8_0 (the
+ * CPU's INT8 cache, `--kv-dtype q8_0`) head_dim / 32 GGUF Q8_0 blocks
+ * (an f16 scale d, then 32 int8 q; the element is d * q, exact in f32).
  * A sequence's token t lives in page pages[t / page_size], slot
  * t % page_size. Page ids index the same pool for every layer.
  */
 struct kv_cache {
     int n_layer, n_head_kv, head_dim, page_size, n_pages;
-    enum kiln_dtype dtype; /* F32, F16 or BF16 */
+    enum kiln_dtype dtype; /* F32, F16, BF16 or Q8_0 */
     void **k, **v;         /* [n_layer] backend buffers of n_pages pages */
 };
+
+/* bytes of one cache row (one token, one KV head): head_dim elements, or
+ * head_dim / 32 Q8_0 blocks of 34 bytes */
+static inline size_t kv_row_bytes(enum kiln_dtype t, int head_dim) {
+    return t == KILN_DTYPE_Q8_0 ? (size_t)head_dim / 32 * 34 : (size_t)head_dim * dtype_size(t);
+}
 
 /*
  * One forward step over a flattened batch: prefill chunks and decode tokens
@@ -94,7 +103,7 @@ struct kiln_backend {
      * are and stores no smaller copy of its own in their place */
     int keep_stored;
     /* the KV cache dtypes its attention reads: bit 1 << dtype; 0 for any
-     * the engine offers (f32, f16, bf16) */
+     * the engine offers (f32, f16, bf16, q8_0) */
     unsigned kv_dtypes;
 
     /* the width in bytes of the vector loads its weight-streaming kernels

@@ -21,7 +21,8 @@ const char *cli_model_usage =
     "  --max-total-tokens N   KV cache capacity in tokens\n"
     "  --mem-fraction F       size the KV cache so that weights + KV use F of the device's memory (0 < F <= 1)\n"
     "  --page-size N          KV page size in tokens (default 16)\n"
-    "  --kv-dtype f32|f16|bf16  KV cache rows (default f32 on the CPU, half the bytes at f16/bf16; bf16 on CUDA)\n"
+    "  --kv-dtype T           KV cache rows: f32 (the CPU's default), f16 or bf16 (half the bytes), q8_0 (CPU:\n"
+    "                         int8 in blocks of 32 with an f16 scale, 17/64 of the bytes); CUDA keeps bf16\n"
     "  --chunk N              most prompt tokens per forward (default 512)\n"
     "  -v                     log more\n";
 

@@ -25,6 +25,7 @@ static enum kiln_dtype parse_dtype(const char *s) {
     if (!s || !strcmp(s, "bf16")) return KILN_DTYPE_BF16;
     if (!strcmp(s, "f16")) return KILN_DTYPE_F16;
     if (!strcmp(s, "f32")) return KILN_DTYPE_F32;
+    if (!strcmp(s, "q8_0")) return KILN_DTYPE_Q8_0;
     return KILN_DTYPE_NONE;
 }
 
@@ -82,13 +83,13 @@ kiln_engine *kiln_engine_open(const struct kiln_engine_opts *o, char *err, size_
     int tokens = o->max_total_tokens > 0 ? o->max_total_tokens : (c->max_pos < 32768 ? c->max_pos : 32768);
     enum kiln_dtype kvt = e->be->act_size == 4 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
     if (o->kv_dtype && (kvt = parse_dtype(o->kv_dtype)) == KILN_DTYPE_NONE) {
-        kiln_errf(err, errlen, "--kv-dtype %s: expected f32, f16 or bf16", o->kv_dtype);
+        kiln_errf(err, errlen, "--kv-dtype %s: expected f32, f16, bf16 or q8_0", o->kv_dtype);
         goto fail;
     }
     if (e->be->kv_dtypes && !(e->be->kv_dtypes & (1u << kvt))) {
         char ok[64] = "";
-        const enum kiln_dtype kvs[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
-        for (int i = 0; i < 3; i++)
+        const enum kiln_dtype kvs[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0};
+        for (int i = 0; i < 4; i++)
             if (e->be->kv_dtypes & (1u << kvs[i])) snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%s%s", *ok ? " or " : "", dtype_name(kvs[i]));
         kiln_errf(err, errlen, "--kv-dtype %s: the %s backend keeps its KV cache in %s", o->kv_dtype, e->be->name, ok);
         goto fail;
@@ -128,7 +129,7 @@ double kiln_engine_decode_bytes(const kiln_engine *e) { return model_decode_byte
 
 double kiln_engine_kv_token_bytes(const kiln_engine *e) {
     const struct kv_cache *c = &e->kv.cache;
-    return 2.0 * c->n_layer * c->n_head_kv * c->head_dim * (double)dtype_size(c->dtype);
+    return 2.0 * c->n_layer * c->n_head_kv * (double)kv_row_bytes(c->dtype, c->head_dim);
 }
 
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id) {

@@ -7,23 +7,27 @@
 #include "base/base.h"
 
 size_t kv_bytes_per_token(int n_layer, int n_head_kv, int head_dim, enum kiln_dtype dtype) {
-    return 2 * (size_t)n_layer * n_head_kv * head_dim * dtype_size(dtype);
+    return 2 * (size_t)n_layer * n_head_kv * kv_row_bytes(dtype, head_dim);
 }
 
 int kv_pool_init(struct kv_pool *p, struct kiln_backend *be, int n_layer, int n_head_kv, int head_dim, int page_size,
                  int n_pages, enum kiln_dtype dtype, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     if (n_pages <= 0 || page_size <= 0) return kiln_errf(err, errlen, "kv pool: %d pages of %d tokens is empty", n_pages, page_size);
-    /* the CPU backend (f32 activations) reads F32, F16 or BF16 rows; CUDA's kernels read BF16 */
-    if (be->act_size == 4 ? dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_F16 && dtype != KILN_DTYPE_BF16 : dtype != KILN_DTYPE_BF16)
+    /* the CPU backend (f32 activations) reads F32, F16, BF16 or Q8_0 rows; CUDA's kernels read BF16 */
+    if (be->act_size == 4 ? dtype != KILN_DTYPE_F32 && dtype != KILN_DTYPE_F16 && dtype != KILN_DTYPE_BF16 && dtype != KILN_DTYPE_Q8_0
+                          : dtype != KILN_DTYPE_BF16)
         return kiln_errf(err, errlen, "kv pool: the %s backend keeps its KV cache in %s, not %s", be->name,
-                         be->act_size == 4 ? "F32, F16 or BF16" : "BF16", dtype_name(dtype));
+                         be->act_size == 4 ? "F32, F16, BF16 or Q8_0" : "BF16", dtype_name(dtype));
+    if (dtype == KILN_DTYPE_Q8_0 && head_dim % 32)
+        return kiln_errf(err, errlen, "kv pool: a Q8_0 cache holds rows of 32-element blocks; head_dim %d is not a multiple of 32",
+                         head_dim);
     struct kv_cache *c = &p->cache;
     *c = (struct kv_cache){n_layer, n_head_kv, head_dim, page_size, n_pages, dtype, NULL, NULL};
     p->be = be;
     c->k = kiln_calloc((size_t)n_layer, sizeof *c->k);
     c->v = kiln_calloc((size_t)n_layer, sizeof *c->v);
-    size_t bytes = (size_t)n_pages * page_size * n_head_kv * head_dim * dtype_size(dtype);
+    size_t bytes = (size_t)n_pages * page_size * n_head_kv * kv_row_bytes(dtype, head_dim);
     for (int l = 0; l < n_layer; l++) {
         c->k[l] = be->alloc(be, bytes);
         c->v[l] = be->alloc(be, bytes);

@@ -56,22 +56,27 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/simd.h"
+#include "format/quant.h"
 #include "base/base.h"
 
-/* ==== the cache's rows: F32, or F16 / BF16 (--kv-dtype) ====
+/* ==== the cache's rows: F32, F16 / BF16, or Q8_0 (--kv-dtype) ====
  *
  * The kernels below read f32 rows. A cache of 16-bit rows holds half the
- * bytes (what decode at long contexts streams); its rows are widened into
- * the thread's scratch on the way in (exact), a page at a time on the row
- * path and a key tile at a time on the tiled path (reused there by every
- * subtile), and rounded to nearest even on the way in by kv_write. The same
- * f32 kernels then see the same numbers as an F32 cache holding the
- * rounded values: the tests check that bit for bit. */
+ * bytes (what decode at long contexts streams), a Q8_0 cache 17/64 of them
+ * (blocks of 32 int8 q with an f16 scale d: backend.h); their rows are
+ * widened on the way in (exact: d * q has at most 19 significant bits), in
+ * registers by the row kernels, into the thread's scratch otherwise (a page
+ * at a time on the generic row path, a key tile at a time on the tiled
+ * path, reused there by every subtile). kv_write rounds 16-bit rows to
+ * nearest even and quantizes Q8_0 rows as `kiln quantize` does (d = max|x|
+ * / 127, q = x / d to nearest even: quant_quantize_row, to the byte). The
+ * same f32 kernels then see the same numbers as an F32 cache holding the
+ * stored values: the tests check that bit for bit. */
 
-static inline size_t kv_esize(const struct kv_cache *kv) { return kv->dtype == KILN_DTYPE_F32 ? 4 : 2; }
+static inline size_t kv_rowb(const struct kv_cache *kv) { return kv_row_bytes(kv->dtype, kv->head_dim); }
 
 static inline char *kv_at(const struct kv_cache *kv, void *base, int page, int head, int slot) {
-    return (char *)base + ((((size_t)page * kv->n_head_kv + head) * kv->page_size + slot) * kv->head_dim) * kv_esize(kv);
+    return (char *)base + (((size_t)page * kv->n_head_kv + head) * kv->page_size + slot) * kv_rowb(kv);
 }
 
 static void narrow_scalar(uint16_t *dst, const float *src, size_t n, enum kiln_dtype t) {
@@ -86,6 +91,43 @@ KILN_AVX2 static void narrow_avx2(uint16_t *dst, const float *src, size_t n, enu
             _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     narrow_scalar(dst + i, src + i, n - i, t); /* BF16: the scalar rounding (kiln_f32_to_bf16) */
 }
+
+/* n f32 values (whole blocks) to Q8_0 blocks, the bytes quant_quantize_row
+ * writes: the same f32 division, cvtps's round to nearest even for lrintf */
+KILN_AVX2 static void q8_store_avx2(uint8_t *b, const float *x, size_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t o = 0; o < n; o += 32, b += 34, x += 32) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int c = 0; c < 4; c++) v[c] = _mm256_loadu_ps(x + 8 * c), m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[c]));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float d = _mm_cvtss_f32(h) / 127;
+        const uint16_t dh = kiln_f32_to_f16(d);
+        memcpy(b, &dh, 2);
+        if (!(d > 0)) {
+            memset(b + 2, 0, 32);
+            continue;
+        }
+        const __m256 dv = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int c = 0; c < 4; c++) q[c] = _mm256_cvtps_epi32(_mm256_div_ps(v[c], dv));
+        /* packs work within 128-bit lanes: the dwords come out as 0 2 4 6 1 3 5 7 */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(b + 2), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
+
+/* n values (whole blocks) of Q8_0 blocks to f32: d * q, exact */
+KILN_AVX2 static void q8_widen_avx2(float *y, const uint8_t *b, size_t n) {
+    for (size_t o = 0; o < n; o += 32, b += 34, y += 32) {
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(y + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c)))), d));
+    }
+}
 #endif
 
 #if defined(KILN_NEON)
@@ -96,8 +138,18 @@ static void widen_neon(float *dst, const uint16_t *src, size_t n, enum kiln_dtyp
 }
 #endif
 
-/* n values of a 16-bit cache row to f32 (exact), in the ISA's way */
+/* n values of cache rows (16-bit, or whole Q8_0 blocks) to f32 (exact), in the ISA's way */
 static void kv_widen(float *dst, const void *src, size_t n, enum kiln_dtype t, int isa) {
+    if (t == KILN_DTYPE_Q8_0) {
+#if defined(KILN_X86)
+        if (isa >= CPU_ISA_AVX2) {
+            q8_widen_avx2(dst, src, n);
+            return;
+        }
+#endif
+        quant_dequant_row(KILN_DTYPE_Q8_0, src, dst, (int64_t)n);
+        return;
+    }
 #if defined(KILN_X86)
     if (isa >= CPU_ISA_AVX2) {
         kiln_widen16(dst, src, n, t == KILN_DTYPE_F16, 1);
@@ -121,12 +173,14 @@ static void kv_store(void *dst, const float *src, size_t n, enum kiln_dtype t, i
     }
 #if defined(KILN_X86)
     if (isa >= CPU_ISA_AVX2) {
-        narrow_avx2(dst, src, n, t);
+        if (t == KILN_DTYPE_Q8_0) q8_store_avx2(dst, src, n);
+        else narrow_avx2(dst, src, n, t);
         return;
     }
 #endif
     (void)isa;
-    narrow_scalar(dst, src, n, t);
+    if (t == KILN_DTYPE_Q8_0) quant_quantize_row(KILN_DTYPE_Q8_0, src, dst, (int64_t)n);
+    else narrow_scalar(dst, src, n, t);
 }
 
 /* a copy (memory bound, a few MB at most per layer): on the caller */
@@ -193,24 +247,41 @@ static void pv_scalar(float *o, const float *p, const float *v, int nk, int hd) 
 /* The head_dim 64 and 128 loops of the row path (qkg_fn, pvg_fn), one body for
  * every row type the cache holds: f32 rows, or 16-bit rows whose loads of 8
  * (AVX2) or 16 (AVX-512) values are widened in registers (F16: vcvtph2ps;
- * BF16: zero-extend and shift), so a 16-bit page is read once at half the
- * bytes and its sums are the f32 rows' to the bit. t is a constant in each
- * caller (the bodies are inlined). Other head sizes take qk_fn / pv_fn.
+ * BF16: zero-extend and shift), or Q8_0 rows (int8 sign-extended, converted,
+ * times the block's scale, broadcast from f16 once per block of 32), so a
+ * page is read once at its stored bytes and its sums are the f32 rows' to
+ * the bit. t is a constant in each caller (the bodies are inlined). Other
+ * head sizes take qk_fn / pv_fn.
  * Head_dim 64 (Qwen2.5-0.5B, Llama-3.2-1B) took those until the
  * thirty-eighth session: a page widened into scratch and each query head
  * on its own, 5-7 GB/s of K and V on two Zen 4 cores against ~16-28 now. */
-enum { KV_F32 = 0, KV_F16, KV_BF16 };
+enum { KV_F32 = 0, KV_F16, KV_BF16, KV_Q8 };
 #define KV_INLINE static inline __attribute__((always_inline))
 
-KV_INLINE KILN_AVX2 __m256 ld8_kv(const void *p, size_t i, int t) {
-    if (t == KV_F32) return _mm256_loadu_ps((const float *)p + i);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+/* bytes of a row of HD values of type t, and row j of a page block */
+KV_INLINE size_t row_b(int t, int HD) { return t == KV_F32 ? 4 * (size_t)HD : t == KV_Q8 ? (size_t)HD / 32 * 34 : 2 * (size_t)HD; }
+KV_INLINE const char *kv_row(const void *blk, int j, int t, int HD) { return (const char *)blk + (size_t)j * row_b(t, HD); }
+
+/* values i .. i + 7 (i + 15) of a row as f32; a Q8_0 chunk never crosses its block */
+KV_INLINE KILN_AVX2 __m256 ld8_kv(const char *row, int i, int t) {
+    if (t == KV_F32) return _mm256_loadu_ps((const float *)row + i);
+    if (t == KV_Q8) {
+        const char *b = row + 34 * (i / 32);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(*(const short *)b));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % 32)))), d);
+    }
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
     return t == KV_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
-    if (t == KV_F32) return _mm512_loadu_ps((const float *)p + i);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+KV_INLINE KILN_AVX512 __m512 ld16_kv(const char *row, int i, int t) {
+    if (t == KV_F32) return _mm512_loadu_ps((const float *)row + i);
+    if (t == KV_Q8) {
+        const char *b = row + 34 * (i / 32);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(*(const short *)b));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % 32)))), d);
+    }
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
     return t == KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
@@ -233,9 +304,10 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const void *p, size_t i, int t) {
  * runs of a page's heads with the other threads' runs between them, and
  * the L1 lead alone left two Zen 4 cores at ~18 GB/s of F16 rows against
  * ~28 with both (docs/cpu.md, "pages ahead into L2"). */
-KV_INLINE void pf_row(const void *nx, const void *far, size_t r, int t, int HD) {
-    const size_t o = r * (t == KV_F32 ? 4 : 2);
-    const int lines = HD / (t == KV_F32 ? 16 : 32); /* a row's 64-byte lines */
+KV_INLINE void pf_row(const void *nx, const void *far, int j, int t, int HD) {
+    const size_t o = (size_t)j * row_b(t, HD);
+    const int lines = (int)((row_b(t, HD) + 63) / 64); /* a row's 64-byte lines (Q8_0 rows of 136 or 68 bytes: the
+                                                          next row's first line covers the rest) */
     if (far)
         for (int l = 0; l < lines; l++) _mm_prefetch((const char *)far + o + 64 * l, _MM_HINT_T1);
     if (nx)
@@ -245,16 +317,16 @@ KV_INLINE void pf_row(const void *nx, const void *far, size_t r, int t, int HD) 
 KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
                                      const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 128;
-        if (nx || far) pf_row(nx, far, r, t, 128);
+        const char *kr = kv_row(k, j, t, 128);
+        if (nx || far) pf_row(nx, far, j, t, 128);
         __m256 a0[4], a1[4];
-        const __m256 k0 = ld8_kv(k, r, t), k1 = ld8_kv(k, r + 8, t);
+        const __m256 k0 = ld8_kv(kr, 0, t), k1 = ld8_kv(kr, 8, t);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
             a0[g] = _mm256_mul_ps(_mm256_loadu_ps(q + 128 * g), k0), a1[g] = _mm256_mul_ps(_mm256_loadu_ps(q + 128 * g + 8), k1);
 #pragma GCC unroll 7
         for (int i = 2; i < 16; i += 2) {
-            const __m256 ka = ld8_kv(k, r + 8 * i, t), kb = ld8_kv(k, r + 8 * i + 8, t);
+            const __m256 ka = ld8_kv(kr, 8 * i, t), kb = ld8_kv(kr, 8 * i + 8, t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 a0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 128 * g + 8 * i), ka, a0[g]);
@@ -277,10 +349,11 @@ KV_INLINE KILN_AVX2 void pvg_avx2(float *o, const float *p, size_t sl, const voi
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) a[g][c] = _mm256_loadu_ps(o + HD * g + 8 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if ((nx || far) && c0 == 0) pf_row(nx, far, (size_t)j * HD, t, HD);
+            if ((nx || far) && c0 == 0) pf_row(nx, far, j, t, HD);
             __m256 vv[SMAX];
+            const char *vr = kv_row(v, j, t, HD);
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) vv[c] = ld8_kv(v, (size_t)j * HD + 8 * (c0 + c), t);
+            for (int c = 0; c < S; c++) vv[c] = ld8_kv(vr, 8 * (c0 + c), t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 const __m256 pj = _mm256_set1_ps(p[sl * g + j]);
@@ -298,16 +371,16 @@ KV_INLINE KILN_AVX2 void pvg_avx2(float *o, const float *p, size_t sl, const voi
 KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
                                          const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 128;
-        if (nx || far) pf_row(nx, far, r, t, 128);
+        const char *kr = kv_row(k, j, t, 128);
+        if (nx || far) pf_row(nx, far, j, t, 128);
         __m512 a0[4], a1[4];
-        const __m512 k0 = ld16_kv(k, r, t), k1 = ld16_kv(k, r + 16, t);
+        const __m512 k0 = ld16_kv(kr, 0, t), k1 = ld16_kv(kr, 16, t);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
             a0[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g), k0), a1[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g + 16), k1);
 #pragma GCC unroll 3
         for (int i = 2; i < 8; i += 2) {
-            const __m512 ka = ld16_kv(k, r + 16 * i, t), kb = ld16_kv(k, r + 16 * i + 16, t);
+            const __m512 ka = ld16_kv(kr, 16 * i, t), kb = ld16_kv(kr, 16 * i + 16, t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 128 * g + 16 * i), ka, a0[g]);
@@ -329,10 +402,11 @@ KV_INLINE KILN_AVX512 void pvg_avx512(float *o, const float *p, size_t sl, const
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + HD * g + 16 * (c0 + c));
         for (int j = 0; j < nk; j++) {
-            if ((nx || far) && c0 == 0) pf_row(nx, far, (size_t)j * HD, t, HD);
+            if ((nx || far) && c0 == 0) pf_row(nx, far, j, t, HD);
             __m512 vv[S];
+            const char *vr = kv_row(v, j, t, HD);
 #pragma GCC unroll 4
-            for (int c = 0; c < S; c++) vv[c] = ld16_kv(v, (size_t)j * HD + 16 * (c0 + c), t);
+            for (int c = 0; c < S; c++) vv[c] = ld16_kv(vr, 16 * (c0 + c), t);
 #pragma GCC unroll 4
             for (int g = 0; g < GQ; g++) {
                 const __m512 pj = _mm512_set1_ps(p[sl * g + j]);
@@ -353,11 +427,11 @@ KV_INLINE KILN_AVX512 void pvg_avx512(float *o, const float *p, size_t sl, const
 KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
                                     const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 64;
-        if (nx || far) pf_row(nx, far, r, t, 64);
+        const char *kr = kv_row(k, j, t, 64);
+        if (nx || far) pf_row(nx, far, j, t, 64);
         __m256 kk[8], a[4];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) kk[i] = ld8_kv(k, r + 8 * i, t);
+        for (int i = 0; i < 8; i++) kk[i] = ld8_kv(kr, 8 * i, t);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++) {
             a[g] = _mm256_setzero_ps();
@@ -372,11 +446,11 @@ KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float
 KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, float scale, float *sc, size_t sl, int t, int GQ,
                                         const void *nx, const void *far) {
     for (int j = 0; j < nk; j++) {
-        const size_t r = (size_t)j * 64;
-        if (nx || far) pf_row(nx, far, r, t, 64);
+        const char *kr = kv_row(k, j, t, 64);
+        if (nx || far) pf_row(nx, far, j, t, 64);
         __m512 kk[4], a[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) kk[i] = ld16_kv(k, r + 16 * i, t);
+        for (int i = 0; i < 4; i++) kk[i] = ld16_kv(kr, 16 * i, t);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++) {
             a[g] = _mm512_setzero_ps();
@@ -418,7 +492,9 @@ KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, f
     QKG(qk##HD##_bf16_##SFX, ISA, QKBODY, KV_BF16, HD)                                                                    \
     PVG(pv##HD##_f32_##SFX, ISA, PVBODY, KV_F32, HD)                                                                      \
     PVG(pv##HD##_f16_##SFX, ISA, PVBODY, KV_F16, HD)                                                                      \
-    PVG(pv##HD##_bf16_##SFX, ISA, PVBODY, KV_BF16, HD)
+    PVG(pv##HD##_bf16_##SFX, ISA, PVBODY, KV_BF16, HD)                                                                    \
+    QKG(qk##HD##_q8_##SFX, ISA, QKBODY, KV_Q8, HD)                                                                        \
+    PVG(pv##HD##_q8_##SFX, ISA, PVBODY, KV_Q8, HD)
 KV_ROWS(128, avx2, KILN_AVX2, qk128g_avx2, pvg_avx2)
 KV_ROWS(128, avx512, KILN_AVX512, qk128g_avx512, pvg_avx512)
 KV_ROWS(64, avx2, KILN_AVX2, qk64g_avx2, pvg_avx2)
@@ -896,7 +972,7 @@ struct att_job {
 /* the next page of one head towards L2 while this one is computed: pages
  * are a few KB apart, so the hardware prefetcher restarts at every page */
 static inline void prefetch_page(const struct kv_cache *kv, const void *base, int page, int kh, int n) {
-    const char *p = kv_at(kv, (void *)base, page, kh, 0), *e = p + (size_t)n * kv->head_dim * kv_esize(kv);
+    const char *p = kv_at(kv, (void *)base, page, kh, 0), *e = p + (size_t)n * kv_rowb(kv);
     for (; p < e; p += 64) _mm_prefetch(p, _MM_HINT_T1);
 }
 
@@ -1010,7 +1086,7 @@ static void att_tile(const struct att_job *j, const struct att_item *it, float *
     memset(ot, 0, sizeof(float) * (size_t)nst * hd * L);
     const int n_keys = st_hi[nst - 1] + 1; /* rows are position-major: the last subtile sees the most */
     void *kbase = kv->k[j->layer], *vbase = kv->v[j->layer];
-    const size_t rowb = (size_t)hd * kv_esize(kv);
+    const size_t rowb = kv_rowb(kv);
     for (int t0 = 0; t0 < n_keys; t0 += BK) {
         int nt = n_keys - t0 < BK ? n_keys - t0 : BK;
         for (int u = 0; u < BK; u++) {
@@ -1091,17 +1167,17 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
     if ((hd == 128 || hd == 64) && isa >= CPU_ISA_AVX2) {
-        /* [head_dim 64][AVX-512][row type: KV_F32, KV_F16, KV_BF16] */
-        static const qkg_fn qkt[2][2][3] = {{{qk128_f32_avx2, qk128_f16_avx2, qk128_bf16_avx2},
-                                             {qk128_f32_avx512, qk128_f16_avx512, qk128_bf16_avx512}},
-                                            {{qk64_f32_avx2, qk64_f16_avx2, qk64_bf16_avx2},
-                                             {qk64_f32_avx512, qk64_f16_avx512, qk64_bf16_avx512}}};
-        static const pvg_fn pvt[2][2][3] = {{{pv128_f32_avx2, pv128_f16_avx2, pv128_bf16_avx2},
-                                             {pv128_f32_avx512, pv128_f16_avx512, pv128_bf16_avx512}},
-                                            {{pv64_f32_avx2, pv64_f16_avx2, pv64_bf16_avx2},
-                                             {pv64_f32_avx512, pv64_f16_avx512, pv64_bf16_avx512}}};
+        /* [head_dim 64][AVX-512][row type: KV_F32, KV_F16, KV_BF16, KV_Q8] */
+        static const qkg_fn qkt[2][2][4] = {{{qk128_f32_avx2, qk128_f16_avx2, qk128_bf16_avx2, qk128_q8_avx2},
+                                             {qk128_f32_avx512, qk128_f16_avx512, qk128_bf16_avx512, qk128_q8_avx512}},
+                                            {{qk64_f32_avx2, qk64_f16_avx2, qk64_bf16_avx2, qk64_q8_avx2},
+                                             {qk64_f32_avx512, qk64_f16_avx512, qk64_bf16_avx512, qk64_q8_avx512}}};
+        static const pvg_fn pvt[2][2][4] = {{{pv128_f32_avx2, pv128_f16_avx2, pv128_bf16_avx2, pv128_q8_avx2},
+                                             {pv128_f32_avx512, pv128_f16_avx512, pv128_bf16_avx512, pv128_q8_avx512}},
+                                            {{pv64_f32_avx2, pv64_f16_avx2, pv64_bf16_avx2, pv64_q8_avx2},
+                                             {pv64_f32_avx512, pv64_f16_avx512, pv64_bf16_avx512, pv64_q8_avx512}}};
         const int h = hd == 64, z = isa == CPU_ISA_AVX512;
-        const int t = kv->dtype == KILN_DTYPE_F32 ? KV_F32 : kv->dtype == KILN_DTYPE_F16 ? KV_F16 : KV_BF16;
+        const int t = kv->dtype == KILN_DTYPE_F32 ? KV_F32 : kv->dtype == KILN_DTYPE_F16 ? KV_F16 : kv->dtype == KILN_DTYPE_BF16 ? KV_BF16 : KV_Q8;
         j.qkg = qkt[h][z][t], j.pvg = pvt[h][z][t];
     }
 #elif defined(KILN_NEON)
@@ -1158,7 +1234,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     int pfd = att_pfd;
     if (pfd < 0) att_pfd = pfd = cpu_pfd_env(ATT_PFD_DEFAULT, "KILN_CPU_ATT_PFD");
     if (j.qkg && pfd > 0) { /* pages of a row item's run (row_kh heads) that make pfd bytes */
-        const size_t run = (size_t)row_kh * kv->page_size * hd * kv_esize(kv);
+        const size_t run = (size_t)row_kh * kv->page_size * kv_rowb(kv);
         j.far_pages = (int)(((size_t)pfd + run - 1) / run);
     }
     j.items = items;
