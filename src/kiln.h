@@ -60,6 +60,8 @@ double kiln_engine_decode_bytes(const kiln_engine *e);
 /* KV cache bytes one token of context holds (keys and values, every layer):
  * what attention reads per cached token at each decode step. */
 double kiln_engine_kv_token_bytes(const kiln_engine *e);
+/* the KV cache's row type ("F32", "F16", "BF16", "Q8_0") */
+const char *kiln_engine_kv_dtype(const kiln_engine *e);
 
 /* One sequence with its own KV pages: for run, logits and in-process bench. */
 kiln_seq *kiln_seq_new(kiln_engine *e, char *err, size_t errlen);

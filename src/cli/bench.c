@@ -608,6 +608,7 @@ int cli_bench(int argc, char **argv) {
     bt_meta(&t, "weights", "%.2f GiB", nb / (1 << 30));
     bt_meta(&t, "backend", "%s", lab->backend);
     bt_meta(&t, "threads", "%d", lab->threads);
+    bt_meta(&t, "kv_cache", "%s, %.1f KB per token", kiln_engine_kv_dtype(e), kiln_engine_kv_token_bytes(e) / 1e3);
     bt_meta(&t, "target", "in-process");
     common_meta(&t, "kiln bench", argc, argv, c.label);
     rc = emit(&t, c.fmt, c.out_path, c.plot_path, c.label);

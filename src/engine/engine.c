@@ -132,6 +132,8 @@ double kiln_engine_kv_token_bytes(const kiln_engine *e) {
     return 2.0 * c->n_layer * c->n_head_kv * (double)kv_row_bytes(c->dtype, c->head_dim);
 }
 
+const char *kiln_engine_kv_dtype(const kiln_engine *e) { return dtype_name(e->kv.cache.dtype); }
+
 int kiln_engine_is_eos(const kiln_engine *e, int32_t id) {
     const struct kiln_config *c = &e->model.cfg;
     for (int i = 0; i < c->n_eos; i++)
