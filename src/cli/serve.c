@@ -137,6 +137,8 @@ int cli_serve(int argc, char **argv) {
     } else {
         fprintf(stderr, "kiln serve: %s on %s backend, listening on http://%s:%d%s\n", oo.model_name, kiln_engine_backend(e), oo.host,
                 oo.port, oo.api_key && oo.api_key[0] ? " (API key required)" : "");
+        fprintf(stderr, "kiln serve: KV cache of %d tokens in %s rows, %.1f MiB\n", kiln_engine_max_tokens(e), kiln_engine_kv_dtype(e),
+                kiln_engine_kv_token_bytes(e) * kiln_engine_max_tokens(e) / (1 << 20));
         int sig = 0;
         sigwait(&sigs, &sig);
         fprintf(stderr, "kiln serve: signal %d, shutting down\n", sig);

@@ -441,3 +441,24 @@ def test_soak(srv, client, model):
     assert m["kiln_kv_pages_used"] == 0, "every page free after a cache flush"
     assert m['kiln_requests_total{finish="error"}'] == 0
     assert srv.alive()
+
+
+def test_int8_kv_cache(model):
+    """`--kv-dtype q8_0`: the cache rows are quantized once, when written, and
+    a row's quantization depends on that row alone, so continuous batching
+    (several sequences in one attention call) and the prefix cache serve the
+    same greedy outputs as requests one at a time."""
+    s = Server("--kv-dtype", "q8_0", "--max-total-tokens", "4096")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        reqs = [(p, 8 + 3 * i) for i, p in enumerate(PROMPTS)]
+        seq = [greedy_completion(c, model, p, n)[0] for p, n in reqs]
+        assert all(seq), seq
+        with cf.ThreadPoolExecutor(len(reqs)) as ex:
+            conc = list(ex.map(lambda a: greedy_completion(c, model, a[0], a[1])[0], reqs))
+        assert conc == seq
+        assert [greedy_completion(c, model, p, n)[0] for p, n in reqs] == seq  # cached prefixes now
+        assert "KV cache of 4096 tokens in Q8_0 rows" in s.read_log()
+        assert s.alive()
+    finally:
+        s.stop()
