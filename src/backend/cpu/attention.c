@@ -267,7 +267,9 @@ KV_INLINE KILN_AVX2 __m256 ld8_kv(const char *row, int i, int t) {
     if (t == KV_F32) return _mm256_loadu_ps((const float *)row + i);
     if (t == KV_Q8) {
         const char *b = row + 34 * (i / 32);
-        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(*(const short *)b));
+        short dh; /* the block's scale (2-byte aligned at best) */
+        memcpy(&dh, b, 2);
+        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(dh));
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % 32)))), d);
     }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
@@ -278,7 +280,9 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const char *row, int i, int t) {
     if (t == KV_F32) return _mm512_loadu_ps((const float *)row + i);
     if (t == KV_Q8) {
         const char *b = row + 34 * (i / 32);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(*(const short *)b));
+        short dh;
+        memcpy(&dh, b, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(dh));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % 32)))), d);
     }
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
