@@ -183,7 +183,7 @@ static void kv_store(void *dst, const float *src, size_t n, enum kiln_dtype t, i
     else narrow_scalar(dst, src, n, t);
 }
 
-/* a copy (memory bound, a few MB at most per layer): on the caller */
+/* a copy, a rounding or a quantization per row (a few MB at most per layer): on the caller */
 void cpu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const void *k_, const void *v_,
                   const struct kiln_batch *b) {
     (void)be;
