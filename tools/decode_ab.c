@@ -6,7 +6,7 @@
  *   make decode-ab
  *   ./build/decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]
  *   ./build/decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]
- *   ./build/decode-ab att PAST HEAD_DIM SWITCH A B [rounds]
+ *   ./build/decode-ab att PAST HEAD_DIM SWITCH A B [rounds] [group]
  *
  * SWITCH is a setting the CPU backend can change between calls; today
  * `gemv-streams` (cpu_set_gemv_streams: 1 or 2 streams, 0 by row size) and
@@ -43,7 +43,8 @@
  *   stores: KILN_CPU_B12's 12-bit rows read 0.76 of that). env:NAME here
  *   prepares a set of matrices per arm (`env:KILN_CPU_B12 0 1`).
  * att: decode attention alone (be->attention), Qwen3-0.6B's shape (28
- *   layers, 8 KV heads of HEAD_DIM, 16 query heads), one row after PAST
+ *   layers, 8 KV heads of HEAD_DIM, `group` query heads each, default 2:
+ *   Qwen3-0.6B / 1.7B; 4: 4B / 8B, 5: 14B, 8: 32B), one row after PAST
  *   cached tokens in pages of 16 scattered over the pool (F16 cache unless
  *   SWITCH is kv); each arm one step over the 28 layers; rates in steps/s.
  */
@@ -216,7 +217,7 @@ static int run_gemv(int K, int N, int n, int f16, const char *sw, int A, int B, 
 
 /* a cache of kvt rows for NL layers, NKV heads of hd, past + 1 tokens in
  * scattered pages, written from the same random rows whatever kvt is */
-enum { ATT_NL = 28, ATT_NKV = 8, ATT_G = 2, ATT_P = 16 };
+enum { ATT_NL = 28, ATT_NKV = 8, ATT_P = 16 };
 static int att_cache(struct kiln_backend *be, struct kv_cache *kv, enum kiln_dtype kvt, int hd, int past, const int32_t *pages,
                      int n_pages) {
     *kv = (struct kv_cache){ATT_NL, ATT_NKV, hd, ATT_P, n_pages, kvt, kiln_calloc(ATT_NL, sizeof(void *)), kiln_calloc(ATT_NL, sizeof(void *))};
@@ -239,7 +240,7 @@ static int att_cache(struct kiln_backend *be, struct kv_cache *kv, enum kiln_dty
     return rc;
 }
 
-static int run_att(int past, int hd, const char *sw, int A, int B, int rounds) {
+static int run_att(int past, int hd, int G, const char *sw, int A, int B, int rounds) {
     char err[256];
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
@@ -253,7 +254,7 @@ static int run_att(int past, int hd, const char *sw, int A, int B, int rounds) {
         if (att_cache(be, &c[arm], kv_types[kv ? (arm ? B : A) : 1], hd, past, pages, n_pages))
             return fprintf(stderr, "decode-ab: out of memory\n"), 1;
     if (!kv) c[1] = c[0];
-    const int nh = ATT_NKV * ATT_G;
+    const int nh = ATT_NKV * G;
     float *q = kiln_malloc(sizeof(float) * (size_t)nh * hd), *o = kiln_malloc(sizeof(float) * (size_t)nh * hd);
     for (int i = 0; i < nh * hd; i++) q[i] = (float)((i * 37) % 17 - 8) * 0.1f;
     int32_t zero = 0;
@@ -271,8 +272,8 @@ static int run_att(int past, int hd, const char *sw, int A, int B, int rounds) {
             if (r >= 0) rate[arm][r] = reps / (kiln_now() - t0);
         }
     char what[256];
-    snprintf(what, sizeof what, "decode attention, 28 layers x 8 KV heads x %d, one row after %d tokens, %s (KV bytes per step: A %.1f MB, B %.1f MB)",
-             hd, past, sw, 2.0 * ATT_NL * ATT_NKV * (past + 1) * kv_row_bytes(c[0].dtype, hd) / 1e6,
+    snprintf(what, sizeof what, "decode attention, 28 layers x 8 KV heads x %d, groups of %d, one row after %d tokens, %s (KV bytes per step: A %.1f MB, B %.1f MB)",
+             hd, G, past, sw, 2.0 * ATT_NL * ATT_NKV * (past + 1) * kv_row_bytes(c[0].dtype, hd) / 1e6,
              2.0 * ATT_NL * ATT_NKV * (past + 1) * kv_row_bytes(c[1].dtype, hd) / 1e6);
     report(what, "steps/s", A, B, rate, rounds);
     return 0; /* the caches live until exit */
@@ -284,7 +285,7 @@ int main(int argc, char **argv) {
     if (argc < base + 2 || (!gemv && !att && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
-                        "       decode-ab att PAST HEAD_DIM SWITCH A B [rounds]\n"
+                        "       decode-ab att PAST HEAD_DIM SWITCH A B [rounds] [group]\n"
                         "SWITCH: gemv-streams (1, 2, or 0: by row size), isa, gemv-pfd, gemv-pfd-batch, b12-pfd, b12-vbmi, b12-pairs2, moe-tasks, att-pfd, gemv-rows, qm-pfd, qm-pf2, qm-streams, vnni-dec,\n"
                         "        env:NAME (a load-time setting: an engine or set of matrices per arm, with NAME=A / NAME=B),\n"
                         "        kv (model, att: the KV cache's type per arm, 0 f32, 1 f16, 2 bf16, 3 q8_0)\n");
@@ -294,9 +295,9 @@ int main(int argc, char **argv) {
     const int rounds = argc > base + 2 ? atoi(argv[base + 2]) : 20;
     if (rounds < 4) return fprintf(stderr, "decode-ab: at least 4 rounds\n"), 2;
     if (att) {
-        const int past = atoi(argv[2]), hd = atoi(argv[3]);
-        if (past < 1 || hd < 32 || hd % 32) return fprintf(stderr, "decode-ab: att PAST >= 1, HEAD_DIM a multiple of 32\n"), 2;
-        return run_att(past, hd, argv[4], A, B, rounds);
+        const int past = atoi(argv[2]), hd = atoi(argv[3]), G = argc > base + 3 ? atoi(argv[base + 3]) : 2;
+        if (past < 1 || hd < 32 || hd % 32 || G < 1) return fprintf(stderr, "decode-ab: att PAST >= 1, HEAD_DIM a multiple of 32, group >= 1\n"), 2;
+        return run_att(past, hd, G, argv[4], A, B, rounds);
     }
     if (gemv) {
         const int K = atoi(argv[2]), N = atoi(argv[3]);
