@@ -136,6 +136,41 @@ static void widen_neon(float *dst, const uint16_t *src, size_t n, enum kiln_dtyp
     for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, t == KILN_DTYPE_F16 ? kiln_f16x4(src + i) : kiln_bf16x4(src + i));
     kiln_widen16(dst + i, src + i, n - i, t == KILN_DTYPE_F16, 0);
 }
+
+/* q8_widen_avx2's and q8_store_avx2's NEON twins (the same values, the same
+ * bytes): the row path widens every page it reads on NEON, so a scalar loop
+ * here would cost more than the bytes it saves */
+static void q8_widen_neon(float *y, const uint8_t *b, size_t n) {
+    for (size_t o = 0; o < n; o += 32, b += 34, y += 32) {
+        uint16_t dh;
+        memcpy(&dh, b, 2);
+        const float d = kiln_f16_to_f32(dh);
+        for (int c = 0; c < 32; c += 8) {
+            const int16x8_t w = vmovl_s8(vld1_s8((const int8_t *)b + 2 + c));
+            vst1q_f32(y + c, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), d));
+            vst1q_f32(y + c + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(w))), d));
+        }
+    }
+}
+
+static void q8_store_neon(uint8_t *b, const float *x, size_t n) {
+    for (size_t o = 0; o < n; o += 32, b += 34, x += 32) {
+        float32x4_t v[8], m = vdupq_n_f32(0);
+        for (int c = 0; c < 8; c++) v[c] = vld1q_f32(x + 4 * c), m = vmaxq_f32(m, vabsq_f32(v[c]));
+        const float d = vmaxvq_f32(m) / 127;
+        const uint16_t dh = kiln_f32_to_f16(d);
+        memcpy(b, &dh, 2);
+        if (!(d > 0)) {
+            memset(b + 2, 0, 32);
+            continue;
+        }
+        const float32x4_t dv = vdupq_n_f32(d);
+        for (int c = 0; c < 8; c += 2) { /* x / d to nearest even (lrintf), narrowed without saturation: |q| <= 127 */
+            const int32x4_t q0 = vcvtnq_s32_f32(vdivq_f32(v[c], dv)), q1 = vcvtnq_s32_f32(vdivq_f32(v[c + 1], dv));
+            vst1_s8((int8_t *)b + 2 + 4 * c, vmovn_s16(vcombine_s16(vmovn_s32(q0), vmovn_s32(q1))));
+        }
+    }
+}
 #endif
 
 /* n values of cache rows (16-bit, or whole Q8_0 blocks) to f32 (exact), in the ISA's way */
@@ -144,6 +179,11 @@ static void kv_widen(float *dst, const void *src, size_t n, enum kiln_dtype t, i
 #if defined(KILN_X86)
         if (isa >= CPU_ISA_AVX2) {
             q8_widen_avx2(dst, src, n);
+            return;
+        }
+#elif defined(KILN_NEON)
+        if (isa >= CPU_ISA_NEON) {
+            q8_widen_neon(dst, src, n);
             return;
         }
 #endif
@@ -175,6 +215,11 @@ static void kv_store(void *dst, const float *src, size_t n, enum kiln_dtype t, i
     if (isa >= CPU_ISA_AVX2) {
         if (t == KILN_DTYPE_Q8_0) q8_store_avx2(dst, src, n);
         else narrow_avx2(dst, src, n, t);
+        return;
+    }
+#elif defined(KILN_NEON)
+    if (isa >= CPU_ISA_NEON && t == KILN_DTYPE_Q8_0) {
+        q8_store_neon(dst, src, n);
         return;
     }
 #endif
