@@ -557,6 +557,10 @@ void test_cpukernels(void) {
             check_attention_tiled(be, &r, name, 128, 5, 64, KILN_DTYPE_Q8_0, &worst);
             check_attention_tiled(be, &r, name, 64, 4, 5, KILN_DTYPE_Q8_0, &worst);
             check_attention_tiled(be, &r, name, 96, 3, 16, KILN_DTYPE_Q8_0, &worst);
+            /* AVX-512 takes up to 8 heads a pass: every group size from 5 to 8 */
+            check_attention_tiled(be, &r, name, 64, 6, 16, KILN_DTYPE_Q8_0, &worst);
+            check_attention_tiled(be, &r, name, 128, 7, 16, KILN_DTYPE_F16, &worst);
+            check_attention_tiled(be, &r, name, 64, 8, 32, KILN_DTYPE_Q8_0, &worst);
         }
         check_swiglu_rope(be, &r, name);
         check_quant_act(&r, name);

@@ -334,10 +334,11 @@ KV_INLINE KILN_AVX512 __m512 ld16_kv(const char *row, int i, int t) {
     return t == KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The grouped loops behind qkg_fn / pvg_fn: GQ <= 4 query heads of a
- * KV group per pass over a page's rows (a group of more heads takes
- * several passes), each key or value chunk loaded (and widened) once for
- * all of them. Per head, whatever GQ is: scores (head_dim 128) from two
+/* The grouped loops behind qkg_fn / pvg_fn: GQ query heads of a KV
+ * group per pass over a page's rows, up to 4 on AVX2 and 8 on AVX-512
+ * (its 32 registers hold 8 heads' accumulators; a group of more heads
+ * takes several passes), each key or value chunk loaded (and widened)
+ * once for all of them. Per head, whatever GQ is: scores (head_dim 128) from two
  * accumulators over alternate chunks (a multiply, then FMAs in chunk
  * order), one horizontal sum, times scale, or (head_dim 64) qk_avx2's /
  * qk_avx512's one accumulator in chunk order, so 64-wide heads kept their
@@ -368,7 +369,7 @@ KV_INLINE KILN_AVX2 void qk128g_avx2(const float *q, const void *k, int nk, floa
     for (int j = 0; j < nk; j++) {
         const char *kr = kv_row(k, j, t, 128);
         if (nx || far) pf_row(nx, far, j, t, 128);
-        __m256 a0[4], a1[4];
+        __m256 a0[8], a1[8]; /* GQ <= 4 here (8: the size the macros' dead cases compile with) */
         const __m256 k0 = ld8_kv(kr, 0, t), k1 = ld8_kv(kr, 8, t);
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
@@ -392,7 +393,7 @@ KV_INLINE KILN_AVX2 void pvg_avx2(float *o, const float *p, size_t sl, const voi
     enum { SMAX = 4 };
     const int S = GQ <= 2 ? 4 : 2; /* chunks of 8 per pass: GQ S accumulators + S chunks + 1 broadcast <= 13 */
     for (int c0 = 0; c0 < HD / 8; c0 += S) {
-        __m256 a[4][SMAX];
+        __m256 a[8][SMAX];
 #pragma GCC unroll 4
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
@@ -422,48 +423,49 @@ KV_INLINE KILN_AVX512 void qk128g_avx512(const float *q, const void *k, int nk, 
     for (int j = 0; j < nk; j++) {
         const char *kr = kv_row(k, j, t, 128);
         if (nx || far) pf_row(nx, far, j, t, 128);
-        __m512 a0[4], a1[4];
+        __m512 a0[8], a1[8];
         const __m512 k0 = ld16_kv(kr, 0, t), k1 = ld16_kv(kr, 16, t);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++)
             a0[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g), k0), a1[g] = _mm512_mul_ps(_mm512_loadu_ps(q + 128 * g + 16), k1);
 #pragma GCC unroll 3
         for (int i = 2; i < 8; i += 2) {
             const __m512 ka = ld16_kv(kr, 16 * i, t), kb = ld16_kv(kr, 16 * i + 16, t);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int g = 0; g < GQ; g++) {
                 a0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 128 * g + 16 * i), ka, a0[g]);
                 a1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 128 * g + 16 * i + 16), kb, a1[g]);
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++) sc[sl * g + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[g], a1[g])) * scale;
     }
 }
 
 KV_INLINE KILN_AVX512 void pvg_avx512(float *o, const float *p, size_t sl, const void *v, int nk, int t, int GQ, const void *nx, const void *far,
                                       int HD) {
-    enum { S = 4 }; /* chunks of 16 per pass: 4 GQ accumulators + 4 chunks + 1 broadcast <= 21 of 32 registers */
+    enum { SMAX = 4 };
+    const int S = GQ <= 4 ? 4 : 2; /* chunks of 16 per pass: GQ S accumulators + S chunks + 1 broadcast <= 21 of 32 registers */
     for (int c0 = 0; c0 < HD / 16; c0 += S) {
-        __m512 a[4][S];
-#pragma GCC unroll 4
+        __m512 a[8][SMAX];
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) a[g][c] = _mm512_loadu_ps(o + HD * g + 16 * (c0 + c));
         for (int j = 0; j < nk; j++) {
             if ((nx || far) && c0 == 0) pf_row(nx, far, j, t, HD);
-            __m512 vv[S];
+            __m512 vv[SMAX];
             const char *vr = kv_row(v, j, t, HD);
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) vv[c] = ld16_kv(vr, 16 * (c0 + c), t);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int g = 0; g < GQ; g++) {
                 const __m512 pj = _mm512_set1_ps(p[sl * g + j]);
 #pragma GCC unroll 4
                 for (int c = 0; c < S; c++) a[g][c] = _mm512_fmadd_ps(pj, vv[c], a[g][c]);
             }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++)
 #pragma GCC unroll 4
             for (int c = 0; c < S; c++) _mm512_storeu_ps(o + HD * g + 16 * (c0 + c), a[g][c]);
@@ -478,7 +480,7 @@ KV_INLINE KILN_AVX2 void qk64g_avx2(const float *q, const void *k, int nk, float
     for (int j = 0; j < nk; j++) {
         const char *kr = kv_row(k, j, t, 64);
         if (nx || far) pf_row(nx, far, j, t, 64);
-        __m256 kk[8], a[4];
+        __m256 kk[8], a[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) kk[i] = ld8_kv(kr, 8 * i, t);
 #pragma GCC unroll 4
@@ -497,57 +499,67 @@ KV_INLINE KILN_AVX512 void qk64g_avx512(const float *q, const void *k, int nk, f
     for (int j = 0; j < nk; j++) {
         const char *kr = kv_row(k, j, t, 64);
         if (nx || far) pf_row(nx, far, j, t, 64);
-        __m512 kk[4], a[4];
+        __m512 kk[4], a[8];
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) kk[i] = ld16_kv(kr, 16 * i, t);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++) {
             a[g] = _mm512_setzero_ps();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 64 * g + 16 * i), kk[i], a[g]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int g = 0; g < GQ; g++) sc[sl * g + j] = _mm512_reduce_add_ps(a[g]) * scale;
     }
 }
 
 /* the head_dim-HD row kernels of the table (qkg_fn, pvg_fn; HD 64 or 128),
- * one per row type: a group's heads four at a time, the constant GQ of
- * each call unrolled */
-#define QKG(NAME, ISA, BODY, T, HD)                                                                                       \
+ * one per row type: a group's heads MG at a time (4 on AVX2, 8 on
+ * AVX-512), the constant GQ of each call unrolled; with MG 4 the cases
+ * past 4 are dead code the compiler drops (the bodies' arrays hold 8 so
+ * that they compile) */
+#define QKG(NAME, ISA, BODY, T, HD, MG)                                                                                   \
     ISA static void NAME(const float *q, int ng, const void *k, int nk, float scale, float *sc, size_t sl,               \
                          const void *nx, const void *far) {                                                              \
-        for (int g = 0; g < ng; g += 4, q += 4 * HD, sc += 4 * sl, nx = far = NULL) switch (ng - g) {                   \
-            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far); break;                                         \
-            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far); break;                                         \
-            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far); break;                                         \
-            default: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far); break;                                        \
+        for (int g = 0; g < ng; g += MG, q += MG * HD, sc += MG * sl, nx = far = NULL) switch (ng - g < MG ? ng - g : MG) { \
+            case 1: BODY(q, k, nk, scale, sc, sl, T, 1, nx, far); break;                                                 \
+            case 2: BODY(q, k, nk, scale, sc, sl, T, 2, nx, far); break;                                                 \
+            case 3: BODY(q, k, nk, scale, sc, sl, T, 3, nx, far); break;                                                 \
+            case 4: BODY(q, k, nk, scale, sc, sl, T, 4, nx, far); break;                                                 \
+            case 5: if (MG > 4) BODY(q, k, nk, scale, sc, sl, T, 5, nx, far); break;                                     \
+            case 6: if (MG > 4) BODY(q, k, nk, scale, sc, sl, T, 6, nx, far); break;                                     \
+            case 7: if (MG > 4) BODY(q, k, nk, scale, sc, sl, T, 7, nx, far); break;                                     \
+            default: if (MG > 4) BODY(q, k, nk, scale, sc, sl, T, 8, nx, far); break;                                    \
             }                                                                                                            \
     }
-#define PVG(NAME, ISA, BODY, T, HD)                                                                                       \
+#define PVG(NAME, ISA, BODY, T, HD, MG)                                                                                   \
     ISA static void NAME(float *o, const float *p, int ng, size_t sl, const void *v, int nk, const void *nx,            \
                          const void *far) {                                                                              \
-        for (int g = 0; g < ng; g += 4, o += 4 * HD, p += 4 * sl, nx = far = NULL) switch (ng - g) {                   \
+        for (int g = 0; g < ng; g += MG, o += MG * HD, p += MG * sl, nx = far = NULL) switch (ng - g < MG ? ng - g : MG) { \
             case 1: BODY(o, p, sl, v, nk, T, 1, nx, far, HD); break;                                                     \
             case 2: BODY(o, p, sl, v, nk, T, 2, nx, far, HD); break;                                                     \
             case 3: BODY(o, p, sl, v, nk, T, 3, nx, far, HD); break;                                                     \
-            default: BODY(o, p, sl, v, nk, T, 4, nx, far, HD); break;                                                    \
+            case 4: BODY(o, p, sl, v, nk, T, 4, nx, far, HD); break;                                                     \
+            case 5: if (MG > 4) BODY(o, p, sl, v, nk, T, 5, nx, far, HD); break;                                         \
+            case 6: if (MG > 4) BODY(o, p, sl, v, nk, T, 6, nx, far, HD); break;                                         \
+            case 7: if (MG > 4) BODY(o, p, sl, v, nk, T, 7, nx, far, HD); break;                                         \
+            default: if (MG > 4) BODY(o, p, sl, v, nk, T, 8, nx, far, HD); break;                                        \
             }                                                                                                            \
     }
 /* the kernels of one head size and instruction set, for each row type */
-#define KV_ROWS(HD, SFX, ISA, QKBODY, PVBODY)                                                                             \
-    QKG(qk##HD##_f32_##SFX, ISA, QKBODY, KV_F32, HD)                                                                      \
-    QKG(qk##HD##_f16_##SFX, ISA, QKBODY, KV_F16, HD)                                                                      \
-    QKG(qk##HD##_bf16_##SFX, ISA, QKBODY, KV_BF16, HD)                                                                    \
-    PVG(pv##HD##_f32_##SFX, ISA, PVBODY, KV_F32, HD)                                                                      \
-    PVG(pv##HD##_f16_##SFX, ISA, PVBODY, KV_F16, HD)                                                                      \
-    PVG(pv##HD##_bf16_##SFX, ISA, PVBODY, KV_BF16, HD)                                                                    \
-    QKG(qk##HD##_q8_##SFX, ISA, QKBODY, KV_Q8, HD)                                                                        \
-    PVG(pv##HD##_q8_##SFX, ISA, PVBODY, KV_Q8, HD)
-KV_ROWS(128, avx2, KILN_AVX2, qk128g_avx2, pvg_avx2)
-KV_ROWS(128, avx512, KILN_AVX512, qk128g_avx512, pvg_avx512)
-KV_ROWS(64, avx2, KILN_AVX2, qk64g_avx2, pvg_avx2)
-KV_ROWS(64, avx512, KILN_AVX512, qk64g_avx512, pvg_avx512)
+#define KV_ROWS(HD, SFX, ISA, QKBODY, PVBODY, MG)                                                                             \
+    QKG(qk##HD##_f32_##SFX, ISA, QKBODY, KV_F32, HD, MG)                                                                      \
+    QKG(qk##HD##_f16_##SFX, ISA, QKBODY, KV_F16, HD, MG)                                                                      \
+    QKG(qk##HD##_bf16_##SFX, ISA, QKBODY, KV_BF16, HD, MG)                                                                    \
+    PVG(pv##HD##_f32_##SFX, ISA, PVBODY, KV_F32, HD, MG)                                                                      \
+    PVG(pv##HD##_f16_##SFX, ISA, PVBODY, KV_F16, HD, MG)                                                                      \
+    PVG(pv##HD##_bf16_##SFX, ISA, PVBODY, KV_BF16, HD, MG)                                                                    \
+    QKG(qk##HD##_q8_##SFX, ISA, QKBODY, KV_Q8, HD, MG)                                                                        \
+    PVG(pv##HD##_q8_##SFX, ISA, PVBODY, KV_Q8, HD, MG)
+KV_ROWS(128, avx2, KILN_AVX2, qk128g_avx2, pvg_avx2, 4)
+KV_ROWS(128, avx512, KILN_AVX512, qk128g_avx512, pvg_avx512, 8)
+KV_ROWS(64, avx2, KILN_AVX2, qk64g_avx2, pvg_avx2, 4)
+KV_ROWS(64, avx512, KILN_AVX512, qk64g_avx512, pvg_avx512, 8)
 #undef QKG
 #undef PVG
 #undef KV_ROWS
@@ -1216,6 +1228,7 @@ static void attention(struct kiln_backend *be, float *out, const float *q, const
     j.tsm = isa == CPU_ISA_AVX512 ? tsm_avx512 : isa == CPU_ISA_AVX2 ? tsm_avx2 : tsm_scalar;
     j.tpv = isa == CPU_ISA_AVX512 ? tpv_avx512 : isa == CPU_ISA_AVX2 ? tpv_avx2 : tpv_scalar;
     if ((hd == 128 || hd == 64) && isa >= CPU_ISA_AVX2) {
+        /* [head_dim 64][AVX-512][row type: KV_F32, KV_F16, KV_BF16, KV_Q8] */
         /* [head_dim 64][AVX-512][row type: KV_F32, KV_F16, KV_BF16, KV_Q8] */
         static const qkg_fn qkt[2][2][4] = {{{qk128_f32_avx2, qk128_f16_avx2, qk128_bf16_avx2, qk128_q8_avx2},
                                              {qk128_f32_avx512, qk128_f16_avx512, qk128_bf16_avx512, qk128_q8_avx512}},
