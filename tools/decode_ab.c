@@ -127,7 +127,6 @@ static int run_model(const char *spec, const char *sw, int A, int B, int rounds,
     /* env:NAME: a load-time setting; each arm its own engine, opened with NAME=A or NAME=B; kv: with that cache type */
     const char *env = !strncmp(sw, "env:", 4) ? sw + 4 : NULL;
     const int kv = !strcmp(sw, "kv"), two = env || kv;
-    if (kv && (A < 0 || A > 3 || B < 0 || B > 3)) return fprintf(stderr, "decode-ab: kv is 0 f32, 1 f16, 2 bf16, 3 q8_0\n"), 2;
     kiln_engine *e[2] = {NULL, NULL};
     kiln_seq *s[2] = {NULL, NULL};
     for (int arm = 0; arm < (two ? 2 : 1); arm++) {
@@ -245,7 +244,6 @@ static int run_att(int past, int hd, int G, const char *sw, int A, int B, int ro
     struct kiln_backend *be = backend_create("cpu", 2, err, sizeof err);
     if (!be) return fprintf(stderr, "decode-ab: %s\n", err), 1;
     const int kv = !strcmp(sw, "kv");
-    if (kv && (A < 0 || A > 3 || B < 0 || B > 3)) return fprintf(stderr, "decode-ab: kv is 0 f32, 1 f16, 2 bf16, 3 q8_0\n"), 2;
     const int n_pages = (past + 1 + ATT_P - 1) / ATT_P;
     int32_t *pages = kiln_malloc(sizeof(int32_t) * (size_t)n_pages);
     for (int i = 0; i < n_pages; i++) pages[i] = (int32_t)((int64_t)i * 7919 % n_pages); /* scattered (n_pages not a multiple of 7919) */
@@ -281,7 +279,7 @@ static int run_att(int past, int hd, int G, const char *sw, int A, int B, int ro
 
 int main(int argc, char **argv) {
     const int gemv = argc > 1 && !strcmp(argv[1], "gemv"), att = argc > 1 && !strcmp(argv[1], "att");
-    const int base = gemv ? 5 : att ? 5 : 4; /* index of A */
+    const int base = gemv || att ? 5 : 4; /* index of A */
     if (argc < base + 2 || (!gemv && !att && strcmp(argv[1], "model"))) {
         fprintf(stderr, "usage: decode-ab model MODEL[:QUANT] SWITCH A B [rounds] [steps] [past]\n"
                         "       decode-ab gemv K N SWITCH A B [rounds] [n] [bf16|f16]\n"
@@ -294,6 +292,8 @@ int main(int argc, char **argv) {
     const int A = atoi(argv[base]), B = atoi(argv[base + 1]);
     const int rounds = argc > base + 2 ? atoi(argv[base + 2]) : 20;
     if (rounds < 4) return fprintf(stderr, "decode-ab: at least 4 rounds\n"), 2;
+    if (!strcmp(argv[base - 1], "kv") && (A < 0 || A > 3 || B < 0 || B > 3))
+        return fprintf(stderr, "decode-ab: kv is 0 f32, 1 f16, 2 bf16, 3 q8_0\n"), 2;
     if (att) {
         const int past = atoi(argv[2]), hd = atoi(argv[3]), G = argc > base + 3 ? atoi(argv[base + 3]) : 2;
         if (past < 1 || hd < 32 || hd % 32 || G < 1) return fprintf(stderr, "decode-ab: att PAST >= 1, HEAD_DIM a multiple of 32, group >= 1\n"), 2;

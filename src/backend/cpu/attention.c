@@ -118,16 +118,9 @@ KILN_AVX2 static void q8_store_avx2(uint8_t *b, const float *x, size_t n) {
     }
 }
 
-/* n values (whole blocks) of Q8_0 blocks to f32: d * q, exact */
-KILN_AVX2 static void q8_widen_avx2(float *y, const uint8_t *b, size_t n) {
-    for (size_t o = 0; o < n; o += 32, b += 34, y += 32) {
-        uint16_t dh;
-        memcpy(&dh, b, 2);
-        const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-        for (int c = 0; c < 4; c++)
-            _mm256_storeu_ps(y + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * c)))), d));
-    }
-}
+/* n values (whole blocks) of Q8_0 blocks to f32: d * q, exact (below,
+ * with the row kernels' loads) */
+KILN_AVX2 static void q8_widen_avx2(float *y, const uint8_t *b, size_t n);
 #endif
 
 #if defined(KILN_NEON)
@@ -319,6 +312,11 @@ KV_INLINE KILN_AVX2 __m256 ld8_kv(const char *row, int i, int t) {
     }
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
     return t == KV_F16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KILN_AVX2 static void q8_widen_avx2(float *y, const uint8_t *b, size_t n) {
+    for (size_t o = 0; o < n; o += 32, b += 34, y += 32)
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(y + 8 * c, ld8_kv((const char *)b, 8 * c, KV_Q8));
 }
 
 KV_INLINE KILN_AVX512 __m512 ld16_kv(const char *row, int i, int t) {
