@@ -60,6 +60,9 @@
 
 #include "backend/cuda/cuda.cuh"
 #include "format/config.h"
+extern "C" {
+#include "format/quant.h"
+}
 
 /* decode steps (one token per sequence) of at most this many tokens may be
  * captured as graphs; the ops they call must all be device-driven or depend
@@ -590,10 +593,76 @@ static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
 static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
 
 /* vectors (norms) -> f32; matrices (the embedding) -> bf16 */
+/* A quantized matrix the 4-bit kernels do not take, as bf16 on the host
+ * (n_out, n_in), computed as the CPU's reference dequantization does it
+ * (f32, then rounded to bf16): GGUF blocks of any type (the embedding table
+ * and head of a GGUF file, Q8_0 and K-quant linears), GPTQ / AWQ int8 and
+ * group shapes qgemm.cu does not take, and every quantized weight of an
+ * MoE model. NULL with err if the format is not one of these. */
+static uint16_t *dequant_bf16(enum kiln_wfmt fmt, const struct qlinear *w, const struct ktensor *t, int64_t N, int64_t K,
+                              char *err, size_t errlen) {
+    uint16_t *h = (uint16_t *)malloc((size_t)N * K * 2);
+    if (!h) {
+        kiln_errf(err, errlen, "cuda: out of host memory dequantizing a %lld x %lld weight", (long long)N, (long long)K);
+        return NULL;
+    }
+    if (fmt == KILN_WFMT_GGUF) {
+        const size_t rb = quant_row_bytes(t->dtype, K);
+#pragma omp parallel
+        {
+            float *row = (float *)kiln_malloc((size_t)K * 4);
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; n++) {
+                quant_dequant_row(t->dtype, (const uint8_t *)t->data + (size_t)n * rb, row, K);
+                for (int64_t k = 0; k < K; k++) h[(size_t)n * K + k] = kiln_f32_to_bf16(row[k]);
+            }
+            free(row);
+        }
+        return h;
+    }
+    struct qgrp g;
+    if ((fmt != KILN_WFMT_GPTQ && fmt != KILN_WFMT_AWQ) || qgrp_pack(&g, w, err, errlen)) {
+        if (fmt != KILN_WFMT_GPTQ && fmt != KILN_WFMT_AWQ) kiln_errf(err, errlen, "cuda: weights of this format are not supported");
+        free(h);
+        return NULL;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        int gi = 0;
+        for (int64_t j = 0; j < K; j++) {
+            while (j >= g.gstart[gi + 1]) gi++;
+            const float *sb = g.sb + ((size_t)n * g.n_group + gi) * 2;
+            const int64_t k = g.perm ? g.perm[j] : j;
+            h[(size_t)n * K + k] = kiln_f32_to_bf16(sb[0] * (float)qgrp_code(&g, (int)n, (int)j) + sb[1]);
+        }
+    }
+    qgrp_free(&g);
+    return h;
+}
+
+/* says once per backend that weights were widened at load, and why */
+static void say_dequant(struct cuda_ctx *c, const char *what) {
+    if (c->deq_said++) return;
+    kiln_log(KILN_LOG_INFO, "cuda: %s weights are dequantized to bf16 at load (the CUDA backend computes on GPTQ / AWQ int4 "
+                            "and Q4_0 of dense models as stored, on every other format in bf16)", what);
+}
+
 static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen) {
     struct cuda_ctx *c = cu_ctx(be);
-    if (!dense_dtype(t->dtype)) return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
     size_t n = (size_t)(t->rows * t->cols);
+    if (!dense_dtype(t->dtype)) {
+        if (t->rows == 1 || !quant_type_of(t->dtype))
+            return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
+        uint16_t *h = dequant_bf16(KILN_WFMT_GGUF, NULL, t, t->rows, t->cols, err, errlen);
+        if (!h) return -1;
+        say_dequant(c, dtype_name(t->dtype));
+        bf16 *d = upload_bf16(c, h, KILN_DTYPE_BF16, n, err, errlen);
+        free(h);
+        if (!d) return -1;
+        t->be = d;
+        if (!c->embed_host) c->embed_host = t->data, c->embed_dev = d;
+        return 0;
+    }
     if (t->rows == 1) {
         t->be = upload_f32(c, t->data, t->dtype, n, err, errlen);
         return t->be ? 0 : -1;
@@ -607,18 +676,35 @@ static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *e
 
 static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen) {
     struct cuda_ctx *c = cu_ctx(be);
-    if (w->fmt != KILN_WFMT_DENSE || !dense_dtype(w->w.dtype))
+    const int dense = w->fmt == KILN_WFMT_DENSE && dense_dtype(w->w.dtype);
+    if (!dense && w->fmt != KILN_WFMT_GPTQ && w->fmt != KILN_WFMT_AWQ && !(w->fmt == KILN_WFMT_GGUF && quant_type_of(w->w.dtype)))
         return kiln_errf(err, errlen, "cuda: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
     struct cu_linear *L = (struct cu_linear *)kiln_calloc(1, sizeof *L);
+    int rc = 0;
     if (c->embed_host && w->w.data == c->embed_host) {
         L->w = c->embed_dev;
         L->shared = 1;
-    } else if (!(L->w = upload_bf16(c, w->w.data, w->w.dtype, (size_t)w->n_out * w->n_in, err, errlen))) {
+    } else if (dense) {
+        L->w = upload_bf16(c, w->w.data, w->w.dtype, (size_t)w->n_out * w->n_in, err, errlen);
+    } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0) {
+        /* 4-bit, kept as stored (rc 1), or an upload error (-1) */
+    } else {
+        uint16_t *h = dequant_bf16(w->fmt, w, &w->w, w->n_out, w->n_in, err, errlen);
+        if (h) {
+            char what[48];
+            quant_linear_label(w, what, sizeof what);
+            say_dequant(c, what);
+            L->w = upload_bf16(c, h, KILN_DTYPE_BF16, (size_t)w->n_out * w->n_in, err, errlen);
+            free(h);
+        }
+    }
+    if (rc < 0 || (!L->w && !L->q4)) {
         free(L);
         return -1;
     }
     if (w->bias.data && !(L->bias = upload_f32(c, w->bias.data, w->bias.dtype, (size_t)w->n_out, err, errlen))) {
-        if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+        if (L->q4) cu_w4_release(c, L);
+        else if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
         free(L);
         return -1;
     }
@@ -633,7 +719,6 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
  * at most CU_MOE_MAX_USED of at most CU_MOE_MAX_EXPERTS experts per token
  * (moe.cu), and weights are BF16/F16/F32. */
 static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
-    (void)be;
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
         return kiln_errf(err, errlen, "the CUDA backend runs head_dim 16, 32, 64, 128 or 256, not %d (use --backend cpu)", hd);
@@ -643,11 +728,19 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
                          "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most %d "
                          "experts and at most %d experts per token (got %d, %d, %d, %d; use --backend cpu)",
                          CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
-    const enum kiln_quant_method q = cfg->quant.method;
-    if (q == KILN_QUANT_GPTQ || q == KILN_QUANT_AWQ || q == KILN_QUANT_FP8)
-        return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16 and F32 weights; %s checkpoints run on --backend cpu",
-                         q == KILN_QUANT_GPTQ ? "GPTQ" : q == KILN_QUANT_AWQ ? "AWQ" : "FP8");
+    if (cfg->quant.method == KILN_QUANT_FP8)
+        return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16, F32, GPTQ, AWQ and GGUF weights; FP8 checkpoints run on --backend cpu");
+    /* the MoE kernels read bf16 experts: an MoE model's quantized weights are widened at load */
+    cu_ctx(be)->w4_off = cfg->n_expert > 0 || env_is("KILN_CUDA_W4", "0");
     return 0;
+}
+
+/* the bytes a pass over w reads: its bf16 matrix, or its 4-bit codes and scales */
+static int64_t cu_linear_bytes(struct kiln_backend *be, const struct qlinear *w) {
+    (void)be;
+    const struct cu_linear *L = (const struct cu_linear *)w->be;
+    if (!L) return quant_linear_bytes(w);
+    return (int64_t)(L->q4 ? cu_w4_bytes(L) : (size_t)w->n_out * w->n_in * 2) + (L->bias ? (int64_t)w->n_out * 4 : 0);
 }
 
 static int cu_prepare_rope(struct kiln_backend *be, struct rope *r, char *err, size_t errlen) {
@@ -671,7 +764,8 @@ static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
     if (!L) return;
     struct cuda_ctx *c = cu_ctx(be);
     graphs_drop(c);
-    if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+    if (L->q4) cu_w4_release(c, L);
+    else if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
     if (L->bias) cudaFree(L->bias), c->bytes_weights -= (size_t)w->n_out * 4;
     free(L);
     w->be = NULL;
@@ -952,7 +1046,7 @@ static void cu_destroy(struct kiln_backend *be) {
     free(c->graphs);
     for (int i = 0; i < c->n_moe_tabs; i++) cudaFree((void *)c->moe_tabs[i].gate), free(c->moe_tabs[i].host);
     free(c->moe_tabs);
-    void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->moe_buf, c->blas_ws};
+    void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->w4_x, c->w4_deq, c->moe_buf, c->blas_ws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (c->meta_host) cudaFreeHost(c->meta_host);
@@ -1121,6 +1215,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->write = cu_write;
     be->prepare_tensor = cu_prepare_tensor;
     be->prepare_linear = cu_prepare_linear;
+    be->linear_bytes = cu_linear_bytes;
     be->check_model = cu_check_model;
     be->error = cu_error;
     be->prepare_rope = cu_prepare_rope;

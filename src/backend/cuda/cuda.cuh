@@ -74,8 +74,10 @@ extern int cu_inject_launch;
     } while (0)
 
 /* A linear layer's prepared form (qlinear.be). */
+struct cu_w4;
 struct cu_linear {
-    bf16 *w;      /* (n_out, n_in) */
+    bf16 *w;      /* (n_out, n_in); NULL for 4-bit weights (q4) */
+    struct cu_w4 *q4; /* GPTQ / AWQ int4 and Q4_0 kept 4-bit (qgemm.cu), or NULL */
     float *bias;  /* (n_out) or NULL */
     int shared;   /* w belongs to another tensor (the tied embedding) */
 };
@@ -201,6 +203,10 @@ struct cuda_ctx {
     float *att_part;  size_t att_part_cap;  /* split-K partials (row kernel and split flash entries) */
     int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row or split group, head), kept zero between launches */
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
+    bf16 *w4_x;       size_t w4_x_cap;      /* act-order 4-bit matmuls: x with its columns permuted (qgemm.cu) */
+    bf16 *w4_deq;     size_t w4_deq_cap;    /* 4-bit prefill: the weight dequantized to bf16 for cuBLAS */
+    int w4_off;       /* quantized weights all go to bf16 at load (an MoE model: its expert kernels read bf16; KILN_CUDA_W4=0) */
+    int deq_said;     /* the load-time dequantization has been logged */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
     int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
     void **moe_ptr_host; size_t moe_ptr_cap; /* pinned: pointer tables of the grouped expert GEMMs */
@@ -500,6 +506,23 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
 void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
 /* the queued gate and up matmuls fused with out = silu(gate) * up; 0 if they do not match */
 int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn);
+
+/* qgemm.cu: 4-bit weights. prepare: 1 when L now holds w in the W4 layout,
+ * 0 when w is not a format (or group shape) W4 takes, -1 with err */
+int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, char *err, size_t errlen);
+void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L);
+size_t cu_w4_bytes(const struct cu_linear *L);
+/* x, or x with its columns in the act-order permutation (scratch); NULL when out of memory */
+const bf16 *cu_w4_x(struct cuda_ctx *c, const struct cu_linear *L, const bf16 *x, int n);
+/* out = x W^T + b for n <= W4_GEMV_ROWS rows (x from cu_w4_x) */
+#define W4_GEMV_ROWS 16
+void cu_w4_gemv(struct cuda_ctx *c, bf16 *out, const bf16 *x, const struct cu_linear *L, int n);
+/* one launch of nl <= 3 such matmuls over the same x (GLU: gate and up, out[0] = silu(gate) * up, out[1] = up) */
+void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_linear *const *Ls, int nl, int glu, const bf16 *x, int n);
+/* the linear's columns are in act-order (x must go through cu_w4_x) */
+int cu_w4_permuted(const struct cu_linear *L);
+/* the weight as bf16 (n_out, n_in) in scratch, for cuBLAS; NULL when out of memory */
+const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L);
 
 /* step.cu: the persistent decode step kernel */
 int cu_sk_enabled(struct cuda_ctx *c);

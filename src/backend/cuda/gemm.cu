@@ -811,6 +811,15 @@ static struct gemv_norm take_norm(struct cuda_ctx *c) {
  * with the pending norm folded in when it produced that x. */
 void cu_flush_mm(struct cuda_ctx *c) {
     if (!c->n_pend) return;
+    if (c->pend[0].L->q4) { /* 4-bit weights, queued by cu_matmul (the norm was launched before them) */
+        bf16 *outs[3];
+        const struct cu_linear *Ls[3];
+        for (int i = 0; i < c->n_pend; i++) outs[i] = (bf16 *)c->pend[i].out, Ls[i] = c->pend[i].L;
+        const int nl = c->n_pend;
+        c->n_pend = 0;
+        cu_w4_gemv_multi(c, outs, Ls, nl, 0, c->pend_x, c->pend_n);
+        return;
+    }
     struct gemv_jobs J = {};
     J.nj = c->n_pend;
     for (int i = 0; i < c->n_pend; i++) {
@@ -853,6 +862,13 @@ int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void 
     if (c->n_pend != 2 || c->pend[0].out != gate || c->pend[1].out != up || out != gate || c->pend_n != n ||
         c->pend[0].n_out != ffn || c->pend[1].n_out != ffn)
         return 0;
+    if (c->pend[0].L->q4) { /* both 4-bit (a queue holds one kind) */
+        bf16 *outs[2] = {(bf16 *)out, (bf16 *)up};
+        const struct cu_linear *Ls[2] = {c->pend[0].L, c->pend[1].L};
+        c->n_pend = 0;
+        cu_w4_gemv_multi(c, outs, Ls, 2, 1, c->pend_x, n);
+        return 1;
+    }
     struct gemv_jobs J = {};
     J.nj = 1;
     J.j[0].w = c->pend[0].L->w, J.j[0].w2 = c->pend[1].L->w, J.j[0].bias = c->pend[0].L->bias, J.j[0].bias2 = c->pend[1].L->bias;
@@ -897,7 +913,33 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     struct cuda_ctx *c = cu_ctx(be);
     CU_TAPE(c, SKT_MATMUL, out, x, NULL, w, NULL, NULL, n, 0, 0, 0, 0.f);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
-    const int small = (n <= cu_gemv_rows || tc_fits(n, w->n_out, w->n_in)) && gemv_ok((const bf16 *)x, L->w, w->n_in);
+    const bf16 *W = L->w;
+    if (L->q4) { /* 4-bit weights (qgemm.cu): the GEMV on the codes, or cuBLAS on a bf16 copy */
+        if (n <= W4_GEMV_ROWS && !cu_w4_permuted(L) && !c->no_defer) {
+            /* queued as the dense GEMVs are: matmuls of one x in one launch,
+             * gate / up with the SwiGLU (cu_swiglu_fused); the ops held back
+             * before them go first (no norm folds into the 4-bit GEMV) */
+            if (c->pgemm.on || c->pnorm.on || c->padd.on || c->prope.on || c->pkv.on) cu_flush(c);
+            int ok = c->n_pend < 3 && out != x;
+            if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in || !c->pend[0].L->q4)) ok = 0;
+            for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
+            if (!ok) cu_flush(c);
+            c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = w->n_in;
+            c->pend[c->n_pend].out = out, c->pend[c->n_pend].L = L, c->pend[c->n_pend].n_out = w->n_out;
+            c->n_pend++;
+            return;
+        }
+        cu_flush(c);
+        const bf16 *xq = cu_w4_x(c, L, (const bf16 *)x, n);
+        if (!xq) return; /* out of device memory: recorded (cu_fault), the forward reports it */
+        if (n <= W4_GEMV_ROWS) {
+            cu_w4_gemv(c, (bf16 *)out, xq, L, n);
+            return;
+        }
+        if (!(W = cu_w4_dequant(c, L))) return;
+        x = xq;
+    }
+    const int small = !L->q4 && (n <= cu_gemv_rows || tc_fits(n, w->n_out, w->n_in)) && gemv_ok((const bf16 *)x, W, w->n_in);
     if (small && !c->no_defer) {
         if (c->pgemm.on) cu_flush(c);
         /* a pending norm stays pending only if this matmul reads its output
@@ -907,7 +949,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
         if (c->padd.on || c->prope.on) cu_flush(c);
         /* queue it: matmuls that read the same x run as one launch */
         int ok = c->n_pend < 3 && out != x;
-        if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in)) ok = 0;
+        if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in || c->pend[0].L->q4)) ok = 0;
         for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
         if (!ok) cu_flush(c);
         c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = w->n_in;
@@ -921,11 +963,11 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
         return;
     }
     if (!L->bias && !c->no_gemm_res && !c->no_fuse && !c->no_defer && !c->tape_on && out != x) {
-        c->pgemm.on = 1, c->pgemm.out = (bf16 *)out, c->pgemm.x = (const bf16 *)x, c->pgemm.w = L->w;
+        c->pgemm.on = 1, c->pgemm.out = (bf16 *)out, c->pgemm.x = (const bf16 *)x, c->pgemm.w = W;
         c->pgemm.n = n, c->pgemm.n_out = w->n_out, c->pgemm.n_in = w->n_in;
         return;
     }
-    blas_gemm(c, out, CUDA_R_16BF, (const bf16 *)x, L->w, n, w->n_out, w->n_in);
+    blas_gemm(c, out, CUDA_R_16BF, (const bf16 *)x, W, n, w->n_out, w->n_in);
     if (L->bias) {
         size_t total = (size_t)n * w->n_out;
         cu_launch(c->stream, k_bias, (unsigned)((total + 255) / 256), 256, 0, (bf16 *)out, L->bias, w->n_out, total);

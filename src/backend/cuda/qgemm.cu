@@ -1,0 +1,482 @@
+/*
+ * qgemm.cu: 4-bit weights on the GPU (GPTQ and AWQ int4, GGUF Q4_0), kept
+ * 4-bit in device memory and computed on as such.
+ *
+ * Every one of these formats is, per output row n and input column k (in
+ * GPTQ act-order checkpoints: k in the order that makes each group a
+ * contiguous run, x permuted to match), w[n][k] = s[n][g] * (q[n][k] -
+ * z[n][g]) with a 4-bit code q, a zero point z (Q4_0: 8) and a scale s per
+ * group g of G input columns (Q4_0: 32; GPTQ/AWQ: 32, 64, 128, ... or the
+ * whole row). At load the codes are reordered into the layout below ("W4"),
+ * once; nothing is dequantized to keep. Per linear:
+ *
+ *   q:  [tile of 16 rows][block of 128 columns][lane 0..31][row g, g + 8][4 words]
+ *       lane = 4 g + t holds, for rows 16 T + g and 16 T + g + 8, word u of
+ *       each: the 8 codes of columns 128 b + 32 u + 8 t + j (j = 0..7),
+ *       code j = 2 i at bits 4 i, code 2 i + 1 at bits 16 + 4 i (i = 0..3)
+ *   sc: [tile][group][16 rows] 32-bit words: scale (f16, or bf16 when the
+ *       checkpoint's scales are bf16) in the low half, 128 + z as bf16 in
+ *       the high half
+ *
+ * Rows are padded to 16 and columns to 128 with codes 0 and scales 0.
+ *
+ * Decode (n <= 16 rows of x): k_w4_gemv, the tensor-core GEMV of gemm.cu
+ * (k_gemv_tc) with the weights unpacked in registers. A 16-row tile is the
+ * A operand of mma.m16n8k16, x's rows the B operand (8 or 16 columns; rows
+ * past n are zeros). `lop3` puts two codes into the mantissas of a bf16
+ * pair 128 + q (0x4300 | q), a bf16 subtract of 128 + z leaves q - z
+ * exactly (|q - z| <= 16), so A is the integer weight, B the activations
+ * as they are, and the products are exact in the f32 accumulators; each
+ * 32-column chunk (one group) is summed by two mma into fresh accumulators
+ * and added into the running sums times its scale (f32). Since a chunk's
+ * 32 columns are split 8 per lane between the four lanes t of a row, the
+ * code layout is exactly the mma fragment: word u of lane (g, t) is A's
+ * row-g registers for chunk u, and B's registers are x's 16 bytes at
+ * columns 32 u + 8 t. Decomposition: block b owns rows 16 b..16 b + 15,
+ * its 8 warps split the 128-column blocks into 8 contiguous ranges, lane
+ * (g, t) loads 32 contiguous bytes per block (the warp: 1 KB), two blocks
+ * ahead, the first before griddepcontrol.wait (weights are written by no
+ * kernel); the warps' sums meet in shared memory.
+ *
+ * Prefill (n > 16): k_w4_deq writes the weight as bf16 into a scratch
+ * matrix and the matmul goes on as for a BF16 weight (cuBLAS). The bf16
+ * rounding of s * (q - z) is the only difference from the decode path.
+ */
+#include "backend/cuda/cuda.cuh"
+#include "backend/cuda/stream.cuh"
+
+extern "C" {
+#include "format/quant.h"
+}
+
+/* ==== host: the W4 layout from the stored formats ==== */
+
+/* exactly representable as f16 / bf16 */
+static int f16_exact(float s) { return kiln_f16_to_f32(kiln_f32_to_f16(s)) == s; }
+static int bf16_exact(float s) { return kiln_bf16_to_f32(kiln_f32_to_bf16(s)) == s; }
+
+/* A linear as rows of (permuted) codes with per-group scale and zero: the
+ * common form of the formats W4 takes, built on the host at load. */
+struct w4_src {
+    int N, K, G;          /* G: columns per group, a multiple of 32 */
+    const uint8_t *rows;  /* qgrp layout: row n, chunk c (16 bytes): byte j = q[32c + j] | q[32c + j + 16] << 4 */
+    size_t row_bytes;
+    const uint8_t *q4_0;  /* or GGUF Q4_0 blocks (18 bytes: f16 d, 16 code bytes in the same order) */
+    const float *sb;      /* qgrp: [N][n_group][2] = (s, -s z) */
+    int n_group;
+};
+
+static inline int src_code(const struct w4_src *s, int n, int k) {
+    const uint8_t *r = s->q4_0 ? s->q4_0 + (size_t)n * (s->K / 32) * 18 + (size_t)(k / 32) * 18 + 2
+                               : s->rows + (size_t)n * s->row_bytes + (size_t)(k / 32) * 16;
+    const int i = k & 31;
+    return (r[i & 15] >> ((i >> 4) * 4)) & 15;
+}
+
+/* scale and zero of row n, group gi */
+static inline void src_sz(const struct w4_src *s, int n, int gi, float *sc, int *z) {
+    if (s->q4_0) {
+        const uint8_t *b = s->q4_0 + (size_t)n * (s->K / 32) * 18 + (size_t)gi * 18;
+        *sc = kiln_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), *z = 8;
+        return;
+    }
+    const float *p = s->sb + ((size_t)n * s->n_group + gi) * 2;
+    *sc = p[0];
+    *z = p[0] != 0.f ? (int)lrintf(-p[1] / p[0]) : 8;
+}
+
+struct cu_w4 {
+    uint4 *q;         /* device: the codes (layout above) */
+    uint32_t *sc;     /* device: scales and zeros */
+    int32_t *perm;    /* device: act-order column order (x'[k] = x[perm[k]]), or NULL */
+    int n_out, n_in, nkb, ng, gsh, sbf; /* gsh: log2 of 32-column chunks per group; sbf: scales are bf16 */
+    size_t bytes;     /* device bytes of q, sc and perm */
+};
+
+/* the codes and scales of s in the W4 layout (host arrays, malloc'd) */
+static void w4_layout(const struct w4_src *s, int sbf, uint8_t **qo, uint32_t **sco, size_t *qbytes, size_t *scn, int *nkb_o, int *ng_o) {
+    const int tiles = (s->N + 15) / 16, nkb = (s->K + 127) / 128, ng = (nkb * 128 + s->G - 1) / s->G;
+    const size_t qb = (size_t)tiles * nkb * 1024;
+    uint8_t *q = (uint8_t *)kiln_calloc(qb, 1);
+    uint32_t *sc = (uint32_t *)kiln_calloc((size_t)tiles * ng * 16, 4);
+#pragma omp parallel for schedule(static)
+    for (int T = 0; T < tiles; T++) {
+        for (int h = 0; h < 16; h++) {
+            const int n = 16 * T + h;
+            if (n >= s->N) break;
+            const int g = h & 7, half = h >> 3;
+            for (int k0 = 0; k0 < s->K; k0 += 8) { /* 8 codes: lane (g, t), word u of block b */
+                const int b = k0 / 128, u = (k0 / 32) & 3, t = (k0 / 8) & 3;
+                uint32_t wd = 0;
+                for (int j = 0; j < 8; j++) wd |= (uint32_t)src_code(s, n, k0 + j) << ((j & 1) * 16 + (j >> 1) * 4);
+                uint8_t *dst = q + ((size_t)T * nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4;
+                memcpy(dst, &wd, 4);
+            }
+            for (int gi = 0; gi * s->G < s->K; gi++) {
+                float sv;
+                int z;
+                src_sz(s, n, gi, &sv, &z);
+                const uint16_t sbits = sbf ? kiln_f32_to_bf16(sv) : kiln_f32_to_f16(sv);
+                sc[((size_t)T * ng + gi) * 16 + h] = sbits | (uint32_t)kiln_f32_to_bf16(128.f + (float)z) << 16;
+            }
+        }
+    }
+    *qo = q, *sco = sc, *qbytes = qb, *scn = (size_t)tiles * ng * 16, *nkb_o = nkb, *ng_o = ng;
+}
+
+static int upload(void **d, const void *h, size_t bytes, char *err, size_t errlen) {
+    cudaError_t e = cudaMalloc(d, bytes);
+    if (e == cudaSuccess && (e = cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) cudaFree(*d);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *d = NULL;
+        return kiln_errf(err, errlen, "cuda: uploading %zu bytes of 4-bit weights failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, char *err, size_t errlen) {
+    const int N = w->n_out, K = w->n_in;
+    if (K % 32) return 0;
+    struct w4_src s = {N, K, 0, NULL, 0, NULL, NULL, 0};
+    struct qgrp g = {};
+    int sbf = 0;
+    if (w->fmt == KILN_WFMT_GGUF && w->w.dtype == KILN_DTYPE_Q4_0) {
+        s.q4_0 = (const uint8_t *)w->w.data, s.G = 32;
+    } else if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && w->bits == 4) {
+        if (qgrp_pack(&g, w, err, errlen)) return -1;
+        /* groups: equal runs of a multiple of 32 columns (a power of two
+         * times 32, or the whole row) */
+        const int G = g.n_group > 1 ? g.gstart[1] : K;
+        int ok = G % 32 == 0 && (g.n_group == 1 || ((G / 32) & (G / 32 - 1)) == 0);
+        for (int i = 0; ok && i < g.n_group; i++) ok = g.gstart[i] == i * G;
+        /* scales: the kernel reads f16 or bf16; those of f32 checkpoints that
+         * are neither exactly leave the linear to the BF16 path */
+        int all16 = 1, all_bf = 1;
+        for (size_t i = 0; ok && i < (size_t)N * g.n_group; i++) all16 &= f16_exact(g.sb[2 * i]), all_bf &= bf16_exact(g.sb[2 * i]);
+        if (!ok || !(all16 || all_bf)) {
+            qgrp_free(&g);
+            return 0;
+        }
+        sbf = !all16;
+        s.rows = g.q, s.row_bytes = g.row_bytes, s.sb = g.sb, s.n_group = g.n_group, s.G = G;
+        if (g.n_group == 1) s.G = (K + 127) / 128 * 128 * 2; /* per channel: one group over the padded row */
+    } else {
+        return 0;
+    }
+    uint8_t *hq;
+    uint32_t *hs;
+    size_t qb, sn;
+    int nkb, ng;
+    w4_layout(&s, sbf, &hq, &hs, &qb, &sn, &nkb, &ng);
+    struct cu_w4 *q4 = (struct cu_w4 *)kiln_calloc(1, sizeof *q4);
+    q4->n_out = N, q4->n_in = K, q4->nkb = nkb, q4->ng = ng, q4->sbf = sbf;
+    int gsh = 0;
+    while ((32 << gsh) < s.G) gsh++;
+    q4->gsh = gsh;
+    int rc = upload((void **)&q4->q, hq, qb, err, errlen);
+    if (!rc) rc = upload((void **)&q4->sc, hs, sn * 4, err, errlen);
+    if (!rc && g.perm) rc = upload((void **)&q4->perm, g.perm, (size_t)K * 4, err, errlen);
+    free(hq), free(hs);
+    qgrp_free(&g);
+    q4->bytes = qb + sn * 4 + (q4->perm ? (size_t)K * 4 : 0);
+    if (rc) {
+        cudaFree(q4->q), cudaFree(q4->sc), cudaFree(q4->perm);
+        free(q4);
+        return -1;
+    }
+    c->bytes_weights += q4->bytes;
+    L->q4 = q4;
+    return 1;
+}
+
+void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L) {
+    struct cu_w4 *q4 = L->q4;
+    if (!q4) return;
+    cudaFree(q4->q), cudaFree(q4->sc), cudaFree(q4->perm);
+    c->bytes_weights -= q4->bytes;
+    free(q4);
+    L->q4 = NULL;
+}
+
+size_t cu_w4_bytes(const struct cu_linear *L) { return L->q4 ? L->q4->bytes : 0; }
+int cu_w4_permuted(const struct cu_linear *L) { return L->q4 && L->q4->perm; }
+
+/* ==== device ==== */
+
+/* two codes of word w (bits 4 i and 16 + 4 i) as a bf16 pair 128 + q, less
+ * the pair zz = (128 + z, 128 + z): q - z, exact */
+__device__ __forceinline__ unsigned w4_pair(unsigned w, int i, unsigned zz) {
+    unsigned v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u)); /* (a & b) | c */
+    __nv_bfloat162 r = __hsub2(*(__nv_bfloat162 *)&v, *(__nv_bfloat162 *)&zz);
+    return *(unsigned *)&r;
+}
+
+__device__ __forceinline__ float w4_scale(unsigned sw, int sbf) {
+    return sbf ? __uint_as_float(sw << 16) : __half2float(__ushort_as_half((unsigned short)(sw & 0xFFFFu)));
+}
+
+struct w4_args {
+    const uint4 *q;
+    const uint32_t *sc;
+    int n_out, n_in, nkb, ng, gsh, sbf;
+};
+
+/* up to 3 matmuls over the same x in one launch (q / k / v), or gate and up
+ * of a GLU (j[0], j[1]: out = silu(gate) * up into j[0].out, up into out2) */
+struct w4_job {
+    const uint4 *q;
+    const uint32_t *sc;
+    const float *bias;
+    bf16 *out;
+    int n_out, tiles, ng, gsh, sbf;
+};
+struct w4_jobs {
+    struct w4_job j[3];
+    int nj, n_in, nkb;
+    bf16 *out2;
+};
+
+#define W4J(J, ji, f) ((ji) == 0 ? (J).j[0].f : (ji) == 1 ? (J).j[1].f : (J).j[2].f)
+
+/*
+ * out_j[c][r] = sum_k x[c][k] w_j[r][k] + bias_j[r] for the columns c < n
+ * <= 8 NT. Block T owns tile T of the jobs' concatenated 16-row tiles (GLU:
+ * tile T of gate in warps 0-3 and of up in warps 4-7); its KS warps split
+ * the 128-column blocks into contiguous ranges. U blocks in flight per lane:
+ * their codes (the first U loaded before the wait) and their x chunks,
+ * each slot reloaded U blocks ahead of its use.
+ */
+template <int NT, bool GLU, bool GB, bool XS>
+__global__ void __launch_bounds__(256, XS ? 3 : NT == 1 ? 2 : 1) k_w4_gemv(const struct w4_jobs J, const bf16 *x, int n) {
+    KTRACE();
+    constexpr int U = XS ? 4 : NT == 1 ? 3 : 2, KS = GLU ? 4 : 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int T = blockIdx.x, ji = 0;
+    if (GLU) ji = warp >= KS;
+    else if (J.nj > 1 && T >= J.j[0].tiles) T -= J.j[0].tiles, ji = J.nj > 2 && T >= J.j[1].tiles ? (T -= J.j[1].tiles, 2) : 1;
+    const int nkb = J.nkb, wk = warp % KS;
+    const int kb0 = wk * nkb / KS, kb1 = (wk + 1) * nkb / KS;
+    const int ng = W4J(J, ji, ng), gsh = W4J(J, ji, gsh), sbf = W4J(J, ji, sbf);
+    const uint4 *qp = W4J(J, ji, q) + ((size_t)T * nkb) * 64 + lane * 2;
+    const uint32_t *sp = W4J(J, ji, sc) + (size_t)T * ng * 16;
+    const int nch = J.n_in >> 5; /* chunks of 32 columns in x's rows */
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+    uint4 ra[U], rb[U], xr[XS ? 1 : U][4][NT];
+    extern __shared__ uint4 xsm[]; /* XS: x's n rows, staged once per block */
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (kb0 + u < kb1) ra[u] = ld_stream(qp + (size_t)(kb0 + u) * 64), rb[u] = ld_stream(qp + (size_t)(kb0 + u) * 64 + 1);
+    pdl_wait_release();
+    /* x chunks (column block b, chunk c, x row g + 8 i) of this lane, or zeros */
+#define W4_XLOAD(dst, b)                                                                                                  \
+    _Pragma("unroll") for (int c = 0; c < 4; c++) {                                                                       \
+        const int ch = (b) * 4 + c;                                                                                       \
+        _Pragma("unroll") for (int i = 0; i < NT; i++) {                                                                  \
+            const int col = g + 8 * i;                                                                                    \
+            dst[c][i] = col < n && ch < nch ? __ldg((const uint4 *)(x + (size_t)col * J.n_in + (size_t)ch * 32 + 8 * t)) : z4; \
+        }                                                                                                                 \
+    }
+    if (XS) {
+        const int tot = n * (J.n_in >> 3);
+        for (int i = threadIdx.x; i < tot; i += 256) xsm[i] = __ldg((const uint4 *)x + i);
+        __syncthreads();
+    } else {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (kb0 + u < kb1) { W4_XLOAD(xr[XS ? 0 : u], kb0 + u) }
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] = 0.f;
+    for (int kb = kb0; kb < kb1; kb += U) {
+#pragma unroll
+        for (int uu = 0; uu < U; uu++) {
+            const int b = kb + uu;
+            if (b >= kb1) break;
+            /* GB: one group spans the block's 4 chunks, so its 8 products
+             * go into one set of sums, scaled once */
+            unsigned za = 0, zb = 0;
+            float fa = 0.f, fb = 0.f, tmp[NT][4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (!GB || u == 0) {
+                    const int gi = (b * 4 + u) >> gsh;
+                    const unsigned sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
+                    za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
+                    fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
+#pragma unroll
+                    for (int i = 0; i < NT; i++) tmp[i][0] = tmp[i][1] = tmp[i][2] = tmp[i][3] = 0.f;
+                }
+                const unsigned wa = u == 0 ? ra[uu].x : u == 1 ? ra[uu].y : u == 2 ? ra[uu].z : ra[uu].w;
+                const unsigned wb = u == 0 ? rb[uu].x : u == 1 ? rb[uu].y : u == 2 ? rb[uu].z : rb[uu].w;
+                const unsigned a0[4] = {w4_pair(wa, 0, za), w4_pair(wb, 0, zb), w4_pair(wa, 1, za), w4_pair(wb, 1, zb)};
+                const unsigned a1[4] = {w4_pair(wa, 2, za), w4_pair(wb, 2, zb), w4_pair(wa, 3, za), w4_pair(wb, 3, zb)};
+#pragma unroll
+                for (int i = 0; i < NT; i++) {
+                    uint4 xv;
+                    if (XS) {
+                        const int col = g + 8 * i, ch = b * 4 + u;
+                        xv = col < n && ch < nch ? xsm[((size_t)col * J.n_in + (size_t)ch * 32 + 8 * t) >> 3] : z4;
+                    } else {
+                        xv = xr[XS ? 0 : uu][u][i];
+                    }
+                    mma16816(tmp[i], a0, xv.x, xv.y);
+                    mma16816(tmp[i], a1, xv.z, xv.w);
+                }
+                if (!GB || u == 3) {
+#pragma unroll
+                    for (int i = 0; i < NT; i++) {
+                        acc[i][0] = fmaf(tmp[i][0], fa, acc[i][0]), acc[i][1] = fmaf(tmp[i][1], fa, acc[i][1]);
+                        acc[i][2] = fmaf(tmp[i][2], fb, acc[i][2]), acc[i][3] = fmaf(tmp[i][3], fb, acc[i][3]);
+                    }
+                }
+            }
+            if (b + U < kb1) { /* this slot's next block, U blocks ahead */
+                ra[uu] = ld_stream(qp + (size_t)(b + U) * 64), rb[uu] = ld_stream(qp + (size_t)(b + U) * 64 + 1);
+                if (!XS) { W4_XLOAD(xr[XS ? 0 : uu], b + U) }
+            }
+        }
+    }
+#undef W4_XLOAD
+    /* accumulator e of tile i, lane l: weight row (l / 4) + 8 (e / 2), x row 8 i + 2 (l % 4) + e % 2 */
+    __shared__ float red[8][NT * 4][32];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[warp][i * 4 + e][lane] = acc[i][e];
+    __syncthreads();
+    if (threadIdx.x >= NT * 128) return;
+    const int qd = threadIdx.x >> 5, l = threadIdx.x & 31, e = qd & 3;
+    const int col = (qd >> 2) * 8 + 2 * (l & 3) + (e & 1), row = T * 16 + (l >> 2) + (e & 2 ? 8 : 0);
+    const int oj = GLU ? 0 : ji, n_out = W4J(J, oj, n_out);
+    if (col >= n || row >= n_out) return;
+    float s = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; w++) {
+        s += red[w][qd][l];
+        if (GLU) s2 += red[KS + w][qd][l];
+    }
+    const float *bias = W4J(J, oj, bias);
+    const size_t o = (size_t)col * n_out + row;
+    if (!GLU) {
+        W4J(J, oj, out)[o] = __float2bfloat16(s + (bias ? bias[row] : 0.f));
+    } else { /* rounded as the separate matmuls and swiglu round */
+        const float gv = __bfloat162float(__float2bfloat16(s + (bias ? bias[row] : 0.f)));
+        const bf16 u = __float2bfloat16(s2 + (J.j[1].bias ? J.j[1].bias[row] : 0.f));
+        J.j[0].out[o] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+        J.out2[o] = u;
+    }
+}
+
+/* k_w4_deq: w[r][k] = s (q - z) as bf16, the unpadded (n_out, n_in)
+ * matrix; thread i owns 8 columns (one code word) of one row */
+__global__ void k_w4_deq(const struct w4_args A, bf16 *__restrict__ w) {
+    KTRACE();
+    pdl_wait();
+    const int wpr = A.n_in >> 3; /* words per row */
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)A.n_out * wpr) return;
+    const int r = (int)(i / wpr), k0 = (int)(i % wpr) * 8;
+    const int T = r >> 4, h = r & 15, g = h & 7, half = h >> 3;
+    const int b = k0 >> 7, u = (k0 >> 5) & 3, t = (k0 >> 3) & 3;
+    const unsigned wd = ((const unsigned *)A.q)[(((size_t)T * A.nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4) / 4];
+    const unsigned sw = A.sc[((size_t)T * A.ng + ((b * 4 + u) >> A.gsh)) * 16 + h];
+    const float s = w4_scale(sw, A.sbf), zf = __uint_as_float(sw & 0xFFFF0000u) - 128.f;
+    unsigned o[4];
+#pragma unroll
+    for (int i2 = 0; i2 < 4; i2++) {
+        const float lo = (float)((wd >> (4 * i2)) & 15u), hi = (float)((wd >> (16 + 4 * i2)) & 15u);
+        __nv_bfloat162 p = __floats2bfloat162_rn(s * (lo - zf), s * (hi - zf));
+        o[i2] = *(unsigned *)&p;
+    }
+    *(uint4 *)(w + (size_t)r * A.n_in + k0) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/* k_w4_perm: x'[j][k] = x[j][perm[k]]; one thread per element */
+__global__ void k_w4_perm(bf16 *__restrict__ xp, const bf16 *x, const int32_t *__restrict__ perm, int n_in, size_t total) {
+    KTRACE();
+    pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const size_t j = i / n_in;
+    xp[i] = x[j * n_in + perm[i % n_in]];
+}
+
+/* ==== host launchers ==== */
+
+static struct w4_args w4_args_of(const struct cu_w4 *q) {
+    return {q->q, q->sc, q->n_out, q->n_in, q->nkb, q->ng, q->gsh, q->sbf};
+}
+
+const bf16 *cu_w4_x(struct cuda_ctx *c, const struct cu_linear *L, const bf16 *x, int n) {
+    const struct cu_w4 *q = L->q4;
+    if (!q->perm) return x;
+    const size_t total = (size_t)n * q->n_in;
+    bf16 *xp = (bf16 *)cu_scratch(c, (void **)&c->w4_x, &c->w4_x_cap, total * 2);
+    if (!xp) return NULL;
+    cu_launch(c->stream, k_w4_perm, (unsigned)((total + 255) / 256), 256, 0, xp, x, (const int32_t *)q->perm, q->n_in, total);
+    CU_LAUNCHED();
+    return xp;
+}
+
+static long w4_runs;
+extern "C" long kiln_cuda_w4_count(void);
+extern "C" long kiln_cuda_w4_count(void) { return w4_runs; }
+
+static struct w4_job w4_job_of(const struct cu_linear *L, bf16 *out) {
+    const struct cu_w4 *q = L->q4;
+    return {q->q, q->sc, L->bias, out, q->n_out, (q->n_out + 15) / 16, q->ng, q->gsh, q->sbf};
+}
+
+/* one launch: nl matmuls over x (GLU: gate, up -> out[0] = silu(gate) * up, out[1] = up) */
+void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_linear *const *Ls, int nl, int glu, const bf16 *x, int n) {
+    struct w4_jobs J = {};
+    J.nj = nl, J.n_in = Ls[0]->q4->n_in, J.nkb = Ls[0]->q4->nkb;
+    unsigned tiles = 0;
+    for (int i = 0; i < nl; i++) J.j[i] = w4_job_of(Ls[i], outs[i]), tiles += J.j[i].tiles;
+    if (glu) J.out2 = outs[1], tiles = J.j[0].tiles;
+    int gb = 1; /* every job's groups span whole 128-column blocks */
+    for (int i = 0; i < nl; i++) gb &= J.j[i].gsh >= 2;
+    /* x in shared memory (KILN_CUDA_W4_XS=1, up to 8 rows, 96 KB) */
+    const char *xe = getenv("KILN_CUDA_W4_XS"); /* read per launch (tests switch it); graphs replay what they captured */
+    const int xs_on = xe && !strcmp(xe, "1");
+    const size_t xsb = (size_t)n * J.n_in * 2;
+    const int xs = xs_on && n <= 8 && xsb <= 96 * 1024;
+#define W4_GO(NT, GLU, GB, XS)                                                                                 \
+    do {                                                                                                       \
+        if (XS) cudaFuncSetAttribute(k_w4_gemv<NT, GLU, GB, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024); \
+        cu_launch(c->stream, k_w4_gemv<NT, GLU, GB, XS>, tiles, 256, XS ? xsb : 0, J, x, n);                     \
+    } while (0)
+    if (xs) {
+        if (glu) { if (gb) W4_GO(1, true, true, true); else W4_GO(1, true, false, true); }
+        else { if (gb) W4_GO(1, false, true, true); else W4_GO(1, false, false, true); }
+    } else if (n <= 8) {
+        if (glu) { if (gb) W4_GO(1, true, true, false); else W4_GO(1, true, false, false); }
+        else { if (gb) W4_GO(1, false, true, false); else W4_GO(1, false, false, false); }
+    } else {
+        if (glu) { if (gb) W4_GO(2, true, true, false); else W4_GO(2, true, false, false); }
+        else { if (gb) W4_GO(2, false, true, false); else W4_GO(2, false, false, false); }
+    }
+#undef W4_GO
+    CU_LAUNCHED();
+    w4_runs++;
+    c->gemv_seq = cu_launch_seq; /* wait-then-release, as gemm.cu's GEMVs */
+}
+
+void cu_w4_gemv(struct cuda_ctx *c, bf16 *out, const bf16 *x, const struct cu_linear *L, int n) {
+    cu_w4_gemv_multi(c, &out, &L, 1, 0, x, n);
+}
+
+const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L) {
+    const struct cu_w4 *q = L->q4;
+    const size_t words = (size_t)q->n_out * (q->n_in / 8);
+    bf16 *w = (bf16 *)cu_scratch(c, (void **)&c->w4_deq, &c->w4_deq_cap, words * 16);
+    if (!w) return NULL;
+    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w);
+    CU_LAUNCHED();
+    return w;
+}
