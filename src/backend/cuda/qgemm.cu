@@ -248,10 +248,10 @@ struct w4_jobs {
  * their codes (the first U loaded before the wait) and their x chunks,
  * each slot reloaded U blocks ahead of its use.
  */
-template <int NT, bool GLU, bool GB, bool XS>
-__global__ void __launch_bounds__(256, XS ? 3 : NT == 1 ? 2 : 1) k_w4_gemv(const struct w4_jobs J, const bf16 *x, int n) {
+template <int NT, bool GLU>
+__global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w4_jobs J, const bf16 *x, int n) {
     KTRACE();
-    constexpr int U = XS ? 4 : NT == 1 ? 3 : 2, KS = GLU ? 4 : 8;
+    constexpr int U = NT == 1 ? 3 : 2, KS = GLU ? 4 : 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int T = blockIdx.x, ji = 0;
     if (GLU) ji = warp >= KS;
@@ -263,8 +263,7 @@ __global__ void __launch_bounds__(256, XS ? 3 : NT == 1 ? 2 : 1) k_w4_gemv(const
     const uint32_t *sp = W4J(J, ji, sc) + (size_t)T * ng * 16;
     const int nch = J.n_in >> 5; /* chunks of 32 columns in x's rows */
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    uint4 ra[U], rb[U], xr[XS ? 1 : U][4][NT];
-    extern __shared__ uint4 xsm[]; /* XS: x's n rows, staged once per block */
+    uint4 ra[U], rb[U], xr[U][4][NT];
 #pragma unroll
     for (int u = 0; u < U; u++)
         if (kb0 + u < kb1) ra[u] = ld_stream(qp + (size_t)(kb0 + u) * 64), rb[u] = ld_stream(qp + (size_t)(kb0 + u) * 64 + 1);
@@ -278,15 +277,9 @@ __global__ void __launch_bounds__(256, XS ? 3 : NT == 1 ? 2 : 1) k_w4_gemv(const
             dst[c][i] = col < n && ch < nch ? __ldg((const uint4 *)(x + (size_t)col * J.n_in + (size_t)ch * 32 + 8 * t)) : z4; \
         }                                                                                                                 \
     }
-    if (XS) {
-        const int tot = n * (J.n_in >> 3);
-        for (int i = threadIdx.x; i < tot; i += 256) xsm[i] = __ldg((const uint4 *)x + i);
-        __syncthreads();
-    } else {
 #pragma unroll
-        for (int u = 0; u < U; u++)
-            if (kb0 + u < kb1) { W4_XLOAD(xr[XS ? 0 : u], kb0 + u) }
-    }
+    for (int u = 0; u < U; u++)
+        if (kb0 + u < kb1) { W4_XLOAD(xr[u], kb0 + u) }
     float acc[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++)
@@ -297,47 +290,29 @@ __global__ void __launch_bounds__(256, XS ? 3 : NT == 1 ? 2 : 1) k_w4_gemv(const
         for (int uu = 0; uu < U; uu++) {
             const int b = kb + uu;
             if (b >= kb1) break;
-            /* GB: one group spans the block's 4 chunks, so its 8 products
-             * go into one set of sums, scaled once */
-            unsigned za = 0, zb = 0;
-            float fa = 0.f, fb = 0.f, tmp[NT][4];
+            /* chunk u of the block: its group's two mma into fresh sums, scaled into acc */
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                if (!GB || u == 0) {
-                    const int gi = (b * 4 + u) >> gsh;
-                    const unsigned sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
-                    za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
-                    fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
-#pragma unroll
-                    for (int i = 0; i < NT; i++) tmp[i][0] = tmp[i][1] = tmp[i][2] = tmp[i][3] = 0.f;
-                }
+                const int gi = (b * 4 + u) >> gsh;
+                const unsigned sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
+                const unsigned za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
+                const float fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
                 const unsigned wa = u == 0 ? ra[uu].x : u == 1 ? ra[uu].y : u == 2 ? ra[uu].z : ra[uu].w;
                 const unsigned wb = u == 0 ? rb[uu].x : u == 1 ? rb[uu].y : u == 2 ? rb[uu].z : rb[uu].w;
                 const unsigned a0[4] = {w4_pair(wa, 0, za), w4_pair(wb, 0, zb), w4_pair(wa, 1, za), w4_pair(wb, 1, zb)};
                 const unsigned a1[4] = {w4_pair(wa, 2, za), w4_pair(wb, 2, zb), w4_pair(wa, 3, za), w4_pair(wb, 3, zb)};
 #pragma unroll
                 for (int i = 0; i < NT; i++) {
-                    uint4 xv;
-                    if (XS) {
-                        const int col = g + 8 * i, ch = b * 4 + u;
-                        xv = col < n && ch < nch ? xsm[((size_t)col * J.n_in + (size_t)ch * 32 + 8 * t) >> 3] : z4;
-                    } else {
-                        xv = xr[XS ? 0 : uu][u][i];
-                    }
-                    mma16816(tmp[i], a0, xv.x, xv.y);
-                    mma16816(tmp[i], a1, xv.z, xv.w);
-                }
-                if (!GB || u == 3) {
-#pragma unroll
-                    for (int i = 0; i < NT; i++) {
-                        acc[i][0] = fmaf(tmp[i][0], fa, acc[i][0]), acc[i][1] = fmaf(tmp[i][1], fa, acc[i][1]);
-                        acc[i][2] = fmaf(tmp[i][2], fb, acc[i][2]), acc[i][3] = fmaf(tmp[i][3], fb, acc[i][3]);
-                    }
+                    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma16816(tmp, a0, xr[uu][u][i].x, xr[uu][u][i].y);
+                    mma16816(tmp, a1, xr[uu][u][i].z, xr[uu][u][i].w);
+                    acc[i][0] = fmaf(tmp[0], fa, acc[i][0]), acc[i][1] = fmaf(tmp[1], fa, acc[i][1]);
+                    acc[i][2] = fmaf(tmp[2], fb, acc[i][2]), acc[i][3] = fmaf(tmp[3], fb, acc[i][3]);
                 }
             }
             if (b + U < kb1) { /* this slot's next block, U blocks ahead */
                 ra[uu] = ld_stream(qp + (size_t)(b + U) * 64), rb[uu] = ld_stream(qp + (size_t)(b + U) * 64 + 1);
-                if (!XS) { W4_XLOAD(xr[XS ? 0 : uu], b + U) }
+                W4_XLOAD(xr[uu], b + U)
             }
         }
     }
@@ -439,29 +414,13 @@ void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_lin
     unsigned tiles = 0;
     for (int i = 0; i < nl; i++) J.j[i] = w4_job_of(Ls[i], outs[i]), tiles += J.j[i].tiles;
     if (glu) J.out2 = outs[1], tiles = J.j[0].tiles;
-    int gb = 1; /* every job's groups span whole 128-column blocks */
-    for (int i = 0; i < nl; i++) gb &= J.j[i].gsh >= 2;
-    /* x in shared memory (KILN_CUDA_W4_XS=1, up to 8 rows, 96 KB) */
-    const char *xe = getenv("KILN_CUDA_W4_XS"); /* read per launch (tests switch it); graphs replay what they captured */
-    const int xs_on = xe && !strcmp(xe, "1");
-    const size_t xsb = (size_t)n * J.n_in * 2;
-    const int xs = xs_on && n <= 8 && xsb <= 96 * 1024;
-#define W4_GO(NT, GLU, GB, XS)                                                                                 \
-    do {                                                                                                       \
-        if (XS) cudaFuncSetAttribute(k_w4_gemv<NT, GLU, GB, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024); \
-        cu_launch(c->stream, k_w4_gemv<NT, GLU, GB, XS>, tiles, 256, XS ? xsb : 0, J, x, n);                     \
-    } while (0)
-    if (xs) {
-        if (glu) { if (gb) W4_GO(1, true, true, true); else W4_GO(1, true, false, true); }
-        else { if (gb) W4_GO(1, false, true, true); else W4_GO(1, false, false, true); }
-    } else if (n <= 8) {
-        if (glu) { if (gb) W4_GO(1, true, true, false); else W4_GO(1, true, false, false); }
-        else { if (gb) W4_GO(1, false, true, false); else W4_GO(1, false, false, false); }
+    if (n <= 8) {
+        if (glu) cu_launch(c->stream, k_w4_gemv<1, true>, tiles, 256, 0, J, x, n);
+        else cu_launch(c->stream, k_w4_gemv<1, false>, tiles, 256, 0, J, x, n);
     } else {
-        if (glu) { if (gb) W4_GO(2, true, true, false); else W4_GO(2, true, false, false); }
-        else { if (gb) W4_GO(2, false, true, false); else W4_GO(2, false, false, false); }
+        if (glu) cu_launch(c->stream, k_w4_gemv<2, true>, tiles, 256, 0, J, x, n);
+        else cu_launch(c->stream, k_w4_gemv<2, false>, tiles, 256, 0, J, x, n);
     }
-#undef W4_GO
     CU_LAUNCHED();
     w4_runs++;
     c->gemv_seq = cu_launch_seq; /* wait-then-release, as gemm.cu's GEMVs */
