@@ -47,6 +47,27 @@ int ref_collect(int32_t id, void *ctx) {
     return 0;
 }
 
+float *ref_prompt_logits(const char *path, const char *backend, const int32_t *ids, int n, int chunk, int *vocab, char *err,
+                         size_t errlen) {
+    struct kiln_engine_opts o = {.model = path, .backend = backend, .max_total_tokens = 256, .page_size = 16};
+    kiln_engine *e = kiln_engine_open(&o, err, errlen);
+    if (!e) return NULL;
+    const int V = kiln_engine_config(e)->vocab;
+    float *lg = kiln_malloc(sizeof(float) * (size_t)V * n);
+    kiln_seq *s = kiln_seq_new(e, err, errlen);
+    int rc = s ? 0 : -1;
+    for (int off = 0; off < n && !rc; off += chunk)
+        rc = kiln_seq_eval(s, ids + off, n - off < chunk ? n - off : chunk, lg + (size_t)off * V, 1, err, errlen);
+    kiln_seq_free(s);
+    kiln_engine_close(e);
+    if (rc) {
+        free(lg);
+        return NULL;
+    }
+    *vocab = V;
+    return lg;
+}
+
 int ref_stepwise(struct kiln_engine *e, const int32_t *ids, int n, float *out, char *err, size_t errlen) {
     kiln_seq *s = kiln_seq_new(e, err, errlen);
     if (!s) return -1;

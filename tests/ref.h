@@ -37,6 +37,13 @@ struct kiln_engine;
  * 0, or -1 with err set. */
 int ref_stepwise(struct kiln_engine *e, const int32_t *ids, int n, float *out, char *err, size_t errlen);
 
+/* Every position's logits of ids[0..n) (a malloc'd [n][vocab]) on a new
+ * engine of model path on backend, fed in chunks of `chunk` tokens (n:
+ * one prefill; 1: decode steps), 256 tokens of KV in pages of 16; NULL
+ * with err set. */
+float *ref_prompt_logits(const char *path, const char *backend, const int32_t *ids, int n, int chunk, int *vocab, char *err,
+                         size_t errlen);
+
 /* Greedy continuation of ids[0..n) on e for ng tokens, compared with
  * want[0..ng): the first step that differs (its token in *got), -1 if all
  * are identical, -2 if generation stopped early (err set). */

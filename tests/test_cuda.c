@@ -1516,23 +1516,7 @@ static const int32_t qprompt[] = {1, 17, 42, 99, 5, 64, 120, 3, 77, 8, 31, 90, 2
 #define QNP ((int)(sizeof qprompt / sizeof qprompt[0]))
 
 static float *prompt_logits(const char *path, const char *backend, int chunk, int *vocab, char *err, size_t errlen) {
-    struct kiln_engine_opts o = {.model = path, .backend = backend, .max_total_tokens = 256, .page_size = 16};
-    kiln_engine *e = kiln_engine_open(&o, err, errlen);
-    if (!e) return NULL;
-    const int V = kiln_engine_config(e)->vocab;
-    float *lg = kiln_malloc(sizeof(float) * (size_t)V * QNP);
-    kiln_seq *s = kiln_seq_new(e, err, errlen);
-    int rc = 0;
-    for (int off = 0; off < QNP && !rc; off += chunk)
-        rc = kiln_seq_eval(s, qprompt + off, QNP - off < chunk ? QNP - off : chunk, lg + (size_t)off * V, 1, err, errlen);
-    kiln_seq_free(s);
-    kiln_engine_close(e);
-    if (rc) {
-        free(lg);
-        return NULL;
-    }
-    *vocab = V;
-    return lg;
+    return ref_prompt_logits(path, backend, qprompt, QNP, chunk, vocab, err, errlen);
 }
 
 /* worst |a - b| over the rows of b's logits, as a share of each row's range */

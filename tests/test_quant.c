@@ -35,6 +35,7 @@
 #include "format/quantize.h"
 #include "kiln.h"
 #include "model/model.h"
+#include "ref.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,24 +44,9 @@
 static const int32_t prompt[] = {1, 17, 42, 99, 5, 64, 120, 3, 77, 8, 31, 90, 2, 11, 55, 100, 7, 63, 21, 44};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
+/* every position's logits on the CPU, in chunks of 6 (prefill and cache reuse) */
 static float *all_logits(const char *path, int *vocab, char *err, size_t errlen) {
-    struct kiln_engine_opts o = {.model = path, .backend = "cpu", .max_total_tokens = 256, .page_size = 16};
-    kiln_engine *e = kiln_engine_open(&o, err, errlen);
-    if (!e) return NULL;
-    int V = kiln_engine_config(e)->vocab;
-    float *lg = kiln_malloc(sizeof(float) * (size_t)V * NP);
-    kiln_seq *s = kiln_seq_new(e, err, errlen);
-    int rc = 0;
-    for (int off = 0; off < NP && !rc; off += 6) /* chunks of 6: prefill and cache reuse */
-        rc = kiln_seq_eval(s, prompt + off, NP - off < 6 ? NP - off : 6, lg + (size_t)off * V, 1, err, errlen);
-    kiln_seq_free(s);
-    kiln_engine_close(e);
-    if (rc) {
-        free(lg);
-        return NULL;
-    }
-    *vocab = V;
-    return lg;
+    return ref_prompt_logits(path, "cpu", prompt, NP, 6, vocab, err, errlen);
 }
 
 static float maxdiff(const float *a, const float *b, size_t n) {

@@ -908,6 +908,18 @@ __global__ void k_bias(bf16 *out, const float *bias, int n_out, size_t total) {
     if (i < total) out[i] = __float2bfloat16(__bfloat162float(out[i]) + bias[i % n_out]);
 }
 
+/* queues a decode matmul (launched by cu_flush_mm or cu_swiglu_fused):
+ * those of one x, n and kind (bf16 or 4-bit) go out as one launch, up to 3 */
+static void mm_enqueue(struct cuda_ctx *c, void *out, const void *x, const struct cu_linear *L, int n, int n_in, int n_out) {
+    int ok = c->n_pend < 3 && out != x;
+    if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != n_in || !c->pend[0].L->q4 != !L->q4)) ok = 0;
+    for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
+    if (!ok) cu_flush(c);
+    c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = n_in;
+    c->pend[c->n_pend].out = out, c->pend[c->n_pend].L = L, c->pend[c->n_pend].n_out = n_out;
+    c->n_pend++;
+}
+
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
@@ -920,13 +932,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
              * gate / up with the SwiGLU (cu_swiglu_fused); the ops held back
              * before them go first (no norm folds into the 4-bit GEMV) */
             if (c->pgemm.on || c->pnorm.on || c->padd.on || c->prope.on || c->pkv.on) cu_flush(c);
-            int ok = c->n_pend < 3 && out != x;
-            if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in || !c->pend[0].L->q4)) ok = 0;
-            for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
-            if (!ok) cu_flush(c);
-            c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = w->n_in;
-            c->pend[c->n_pend].out = out, c->pend[c->n_pend].L = L, c->pend[c->n_pend].n_out = w->n_out;
-            c->n_pend++;
+            mm_enqueue(c, out, x, L, n, w->n_in, w->n_out);
             return;
         }
         cu_flush(c);
@@ -948,13 +954,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
             cu_flush(c);
         if (c->padd.on || c->prope.on) cu_flush(c);
         /* queue it: matmuls that read the same x run as one launch */
-        int ok = c->n_pend < 3 && out != x;
-        if (c->n_pend && (c->pend_x != x || c->pend_n != n || c->pend_n_in != w->n_in || c->pend[0].L->q4)) ok = 0;
-        for (int i = 0; i < c->n_pend; i++) ok &= c->pend[i].out != out;
-        if (!ok) cu_flush(c);
-        c->pend_x = (const bf16 *)x, c->pend_n = n, c->pend_n_in = w->n_in;
-        c->pend[c->n_pend].out = out, c->pend[c->n_pend].L = L, c->pend[c->n_pend].n_out = w->n_out;
-        c->n_pend++;
+        mm_enqueue(c, out, x, L, n, w->n_in, w->n_out);
         return;
     }
     cu_flush(c);
