@@ -27,6 +27,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
+#include "backend/cuda/w4pack.h"
 #include "base/base.h"
 #include "engine/engine_internal.h"
 #include "format/config.h"
@@ -1384,6 +1385,97 @@ static void test_dummy_oom(void) {
         }
 }
 
+/* ==== the CUDA backend's 4-bit layout (backend/cuda/w4pack.c), read back on the CPU ==== */
+
+struct wmem {
+    void *p[8];
+    int n;
+};
+static void *wmem_alloc(void *ctx, size_t bytes) {
+    struct wmem *m = ctx;
+    return m->n < 8 ? (m->p[m->n++] = kiln_malloc(bytes)) : NULL;
+}
+
+/*
+ * Each case through w4_pack, then every weight read back from the layout
+ * the way the kernel reads it (w4_pack_weight: the code from its word and
+ * bit position, the scale and 128 + z from the tile's scale word) against
+ * the reference dequantization at the same column (perm[k] for
+ * act-order): equal to the last bit (s (q - z) is exact in f32 both ways),
+ * and the padding rows zero. Formats or group shapes the
+ * layout does not take (GPTQ int8, K % 32, groups of 96, f32 scales that
+ * neither f16 nor bf16 holds) must come back 0, to be widened to bf16.
+ */
+static void test_w4_pack(void) {
+    static const struct {
+        const char *fmt;
+        int n_out, n_in, group, act, asym, scales, want; /* scales: 0 as made, 1 bf16 values beyond f16, 2 f32 beyond both */
+    } cases[] = {
+        {"gptq-int4", 64, 512, 128, 0, 0, 0, 1}, {"gptq-int4", 40, 384, 32, 1, 1, 0, 1}, {"gptq-int4", 24, 256, 64, 1, 1, 0, 1},
+        {"gptq-int4", 24, 160, -1, 0, 1, 0, 1},  {"awq", 48, 4064, 32, 0, 1, 0, 1},   {"awq", 32, 256, 128, 0, 1, 1, 1},
+        {"q4_0", 33, 96, 0, 0, 0, 0, 1},         {"q4_0", 16, 1024, 0, 0, 0, 0, 1},   {"gptq-int4", 16, 200, 8, 0, 1, 0, 0},
+        {"gptq-int4", 16, 384, 96, 0, 0, 0, 0},  {"gptq-int8", 16, 256, 128, 0, 0, 0, 0}, {"gptq-int4", 16, 256, 128, 0, 0, 2, 0},
+        {"q8_0", 16, 256, 0, 0, 0, 0, 0},
+    };
+    char err[256];
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 77);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        struct wmem m = {0};
+        struct qlinear w = {.n_out = cases[ci].n_out, .n_in = cases[ci].n_in};
+        CHECK(quant_dummy_linear(&w, cases[ci].fmt, cases[ci].group, 5 + ci, 0.05f, wmem_alloc, &m, err, sizeof err) == 0, "%s", err);
+        const int N = w.n_out, K = w.n_in;
+        if (cases[ci].asym && w.zeros.data)
+            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols * 4; i++) ((uint8_t *)w.zeros.data)[i] = (uint8_t)kiln_rng_next(&r);
+        if (cases[ci].act) {
+            int32_t *gi = wmem_alloc(&m, sizeof(int32_t) * (size_t)K);
+            for (int k = 0; k < K; k++) gi[k] = k / w.group;
+            for (int k = K - 1; k > 0; k--) {
+                const int j = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1));
+                const int32_t t = gi[k];
+                gi[k] = gi[j], gi[j] = t;
+            }
+            w.g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = K, .data = gi};
+        }
+        if (cases[ci].scales) { /* rewrite the f16 scales: bf16 values f16 cannot hold, or f32 values neither holds */
+            const int64_t ns = w.scales.rows * w.scales.cols;
+            const uint16_t *h = w.scales.data;
+            void *ns_data = wmem_alloc(&m, (size_t)ns * 4);
+            for (int64_t i = 0; i < ns; i++) {
+                const float v = kiln_f16_to_f32(h[i]) * (cases[ci].scales == 1 ? 0x1p-20f : 1.f);
+                if (cases[ci].scales == 1) ((uint16_t *)ns_data)[i] = kiln_f32_to_bf16(v);
+                else ((float *)ns_data)[i] = v * (1.f + 0x1p-20f);
+            }
+            w.scales.data = ns_data, w.scales.dtype = cases[ci].scales == 1 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+        }
+        float *deq = kiln_malloc(sizeof(float) * (size_t)N * K);
+        quant_dequant_linear(&w, deq);
+        struct w4_pack p;
+        const int rc = w4_pack(&p, &w, err, sizeof err);
+        char label[48];
+        quant_linear_label(&w, label, sizeof label);
+        CHECK(rc == cases[ci].want, "%s %dx%d: w4_pack %d, expected %d (%s)", label, N, K, rc, cases[ci].want, rc < 0 ? err : "");
+        if (rc == 1) {
+            const int tiles = (N + 15) / 16;
+            CHECK(p.q_bytes == (size_t)tiles * p.nkb * 1024 && p.nkb == (K + 127) / 128, "%s %dx%d: %zu code bytes", label, N, K, p.q_bytes);
+            CHECK(p.sbf == (cases[ci].scales == 1), "%s %dx%d: scales as %s", label, N, K, p.sbf ? "bf16" : "f16");
+            CHECK(!cases[ci].act || p.perm, "%s %dx%d: act-order without a column order", label, N, K);
+            int bad = 0, bad_n = 0, bad_k = 0;
+            for (int n = 0; n < tiles * 16; n++) /* padding columns: never read (the kernel's x is zero there) */
+                for (int k = 0; k < K; k++) {
+                    const float got = w4_pack_weight(&p, n, k);
+                    const float want = n < N && k < K ? deq[(size_t)n * K + (p.perm ? p.perm[k] : k)] : 0.f;
+                    if (got != want && !bad++) bad_n = n, bad_k = k;
+                }
+            CHECK(bad == 0, "%s %dx%d%s: %d weights read back wrong, first (%d, %d)", label, N, K, cases[ci].act ? " act" : "", bad, bad_n, bad_k);
+            w4_pack_free(&p);
+        }
+        free(deq);
+        free((void *)w.bias.data);
+        for (int i = 0; i < m.n; i++) free(m.p[i]);
+    }
+}
+
 void test_quant(void) {
     const char *ql = getenv("KILN_QUANT_QUALITY");
     if (ql) {
@@ -1409,4 +1501,5 @@ void test_quant(void) {
     test_isa_dispatch();
     test_scratch_oom();
     test_dummy_oom();
+    test_w4_pack();
 }

@@ -17,7 +17,7 @@
 #include "base/base.h"
 #include "format/quant.h"
 
-static const int awq_inv[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+const int awq_inv[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 void awq_element(const struct qlinear *w, int n, int k, int *q, int *z, float *s) {
     const int N = w->n_out, g = k / w->group, sh = 4 * awq_inv[n & 7];

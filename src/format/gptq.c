@@ -88,20 +88,34 @@ int qgrp_pack(struct qgrp *g, const struct qlinear *w, char *err, size_t errlen)
     g->row_bytes = w->bits == 8 ? (size_t)K : (size_t)((K + 31) / 32) * 16;
     g->q = kiln_calloc((size_t)N, g->row_bytes);
     g->sb = kiln_malloc(sizeof(float) * 2 * (size_t)N * G);
-    int awq = w->fmt == KILN_WFMT_AWQ;
+    const int awq = w->fmt == KILN_WFMT_AWQ, b = w->bits, pf = 32 / b, mask = (1 << b) - 1;
+    const uint32_t *qw = w->w.data;
+    /* 16 rows at a time, so that a stored word of codes (GPTQ: 32/b columns
+     * of one row; AWQ: 8 rows of one column) is read from a cache line its
+     * neighbouring rows use too; the code of (n, k) by one shift of a word
+     * found once per column, scale and zero once per row and group (through
+     * gptq_element / awq_element, as before) */
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        uint8_t *r = g->q + (size_t)n * g->row_bytes;
-        float *sb = g->sb + (size_t)n * G * 2;
+    for (int n0 = 0; n0 < N; n0 += 16) {
+        const int n1 = n0 + 16 < N ? n0 + 16 : N;
         for (int j = 0; j < K; j++) {
-            int k = g->perm ? g->perm[j] : j, q, z;
-            float s;
-            if (awq) awq_element(w, n, k, &q, &z, &s);
-            else gptq_element(w, n, k, &q, &z, &s);
-            if (w->bits == 8) r[j] = (uint8_t)q;
-            else r[(j >> 5) * 16 + (j & 15)] |= (uint8_t)(q << (((j & 31) >> 4) * 4));
-            int gg = grp[k];
-            sb[2 * gg] = s, sb[2 * gg + 1] = -s * (float)z;
+            const int k = g->perm ? g->perm[j] : j, gg = grp[k], first = j == 0 || grp[g->perm ? g->perm[j - 1] : j - 1] != gg;
+            const uint32_t *row = awq ? qw + (size_t)k * (N / 8) : qw + (size_t)(k / pf) * N;
+            const int sh = awq ? 0 : b * (k % pf);
+            for (int n = n0; n < n1; n++) {
+                const int q = awq ? (int)(row[n / 8] >> (4 * awq_inv[n & 7])) & 15 : (int)(row[n] >> sh) & mask;
+                uint8_t *r = g->q + (size_t)n * g->row_bytes;
+                if (b == 8) r[j] = (uint8_t)q;
+                else r[(j >> 5) * 16 + (j & 15)] |= (uint8_t)(q << (((j & 31) >> 4) * 4));
+                if (first) {
+                    int q2, z;
+                    float s;
+                    if (awq) awq_element(w, n, k, &q2, &z, &s);
+                    else gptq_element(w, n, k, &q2, &z, &s);
+                    float *sb = g->sb + ((size_t)n * G + gg) * 2;
+                    sb[0] = s, sb[1] = -s * (float)z;
+                }
+            }
         }
     }
     free(grp);

@@ -120,6 +120,8 @@ float fp8_weight_scale(const struct qlinear *w, int n, int k);
 /* GPTQ / AWQ: code, zero (true, v1 offset removed) and scale of (n, k). */
 void gptq_element(const struct qlinear *w, int n, int k, int *q, int *z, float *s);
 void awq_element(const struct qlinear *w, int n, int k, int *q, int *z, float *s);
+/* AWQ's nibble order: output n of a packed word sits at bits 4 awq_inv[n % 8] */
+extern const int awq_inv[8];
 int gptq_check(const struct qlinear *w, const char *name, char *err, size_t errlen);
 int awq_check(const struct qlinear *w, const char *name, char *err, size_t errlen);
 int fp8_check(const struct qlinear *w, const char *name, char *err, size_t errlen);

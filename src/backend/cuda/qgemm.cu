@@ -7,18 +7,8 @@
  * contiguous run, x permuted to match), w[n][k] = s[n][g] * (q[n][k] -
  * z[n][g]) with a 4-bit code q, a zero point z (Q4_0: 8) and a scale s per
  * group g of G input columns (Q4_0: 32; GPTQ/AWQ: 32, 64, 128, ... or the
- * whole row). At load the codes are reordered into the layout below ("W4"),
- * once; nothing is dequantized to keep. Per linear:
- *
- *   q:  [tile of 16 rows][block of 128 columns][lane 0..31][row g, g + 8][4 words]
- *       lane = 4 g + t holds, for rows 16 T + g and 16 T + g + 8, word u of
- *       each: the 8 codes of columns 128 b + 32 u + 8 t + j (j = 0..7),
- *       code j = 2 i at bits 4 i, code 2 i + 1 at bits 16 + 4 i (i = 0..3)
- *   sc: [tile][group][16 rows] 32-bit words: scale (f16, or bf16 when the
- *       checkpoint's scales are bf16) in the low half, 128 + z as bf16 in
- *       the high half
- *
- * Rows are padded to 16 and columns to 128 with codes 0 and scales 0.
+ * whole row). At load the codes are reordered, once, into the layout
+ * w4pack.h describes (w4pack.c builds it); nothing is dequantized to keep.
  *
  * Decode (n <= 16 rows of x): k_w4_gemv, the tensor-core GEMV of gemm.cu
  * (k_gemv_tc) with the weights unpacked in registers. A 16-row tile is the
@@ -34,9 +24,11 @@
  * row-g registers for chunk u, and B's registers are x's 16 bytes at
  * columns 32 u + 8 t. Decomposition: block b owns rows 16 b..16 b + 15,
  * its 8 warps split the 128-column blocks into 8 contiguous ranges, lane
- * (g, t) loads 32 contiguous bytes per block (the warp: 1 KB), two blocks
- * ahead, the first before griddepcontrol.wait (weights are written by no
- * kernel); the warps' sums meet in shared memory.
+ * (g, t) loads 32 contiguous bytes per block (the warp: 1 KB), three blocks
+ * ahead (x's chunks too), the first before griddepcontrol.wait (weights are
+ * written by no kernel); the warps' sums meet in shared memory. Up to 3
+ * matmuls of one x per launch (q / k / v), or gate and up with the SwiGLU
+ * (warps 0-3 gate, 4-7 up).
  *
  * Prefill (n > 16): k_w4_deq writes the weight as bf16 into a scratch
  * matrix and the matmul goes on as for a BF16 weight (cuBLAS). The bf16
@@ -46,83 +38,18 @@
 #include "backend/cuda/stream.cuh"
 
 extern "C" {
-#include "format/quant.h"
+#include "backend/cuda/w4pack.h"
 }
 
-/* ==== host: the W4 layout from the stored formats ==== */
-
-/* exactly representable as f16 / bf16 */
-static int f16_exact(float s) { return kiln_f16_to_f32(kiln_f32_to_f16(s)) == s; }
-static int bf16_exact(float s) { return kiln_bf16_to_f32(kiln_f32_to_bf16(s)) == s; }
-
-/* A linear as rows of (permuted) codes with per-group scale and zero: the
- * common form of the formats W4 takes, built on the host at load. */
-struct w4_src {
-    int N, K, G;          /* G: columns per group, a multiple of 32 */
-    const uint8_t *rows;  /* qgrp layout: row n, chunk c (16 bytes): byte j = q[32c + j] | q[32c + j + 16] << 4 */
-    size_t row_bytes;
-    const uint8_t *q4_0;  /* or GGUF Q4_0 blocks (18 bytes: f16 d, 16 code bytes in the same order) */
-    const float *sb;      /* qgrp: [N][n_group][2] = (s, -s z) */
-    int n_group;
-};
-
-static inline int src_code(const struct w4_src *s, int n, int k) {
-    const uint8_t *r = s->q4_0 ? s->q4_0 + (size_t)n * (s->K / 32) * 18 + (size_t)(k / 32) * 18 + 2
-                               : s->rows + (size_t)n * s->row_bytes + (size_t)(k / 32) * 16;
-    const int i = k & 31;
-    return (r[i & 15] >> ((i >> 4) * 4)) & 15;
-}
-
-/* scale and zero of row n, group gi */
-static inline void src_sz(const struct w4_src *s, int n, int gi, float *sc, int *z) {
-    if (s->q4_0) {
-        const uint8_t *b = s->q4_0 + (size_t)n * (s->K / 32) * 18 + (size_t)gi * 18;
-        *sc = kiln_f16_to_f32((uint16_t)(b[0] | b[1] << 8)), *z = 8;
-        return;
-    }
-    const float *p = s->sb + ((size_t)n * s->n_group + gi) * 2;
-    *sc = p[0];
-    *z = p[0] != 0.f ? (int)lrintf(-p[1] / p[0]) : 8;
-}
+/* ==== host: the layout (w4pack.c) to the device ==== */
 
 struct cu_w4 {
-    uint4 *q;         /* device: the codes (layout above) */
+    uint4 *q;         /* device: the codes (w4pack.h) */
     uint32_t *sc;     /* device: scales and zeros */
     int32_t *perm;    /* device: act-order column order (x'[k] = x[perm[k]]), or NULL */
     int n_out, n_in, nkb, ng, gsh, sbf; /* gsh: log2 of 32-column chunks per group; sbf: scales are bf16 */
     size_t bytes;     /* device bytes of q, sc and perm */
 };
-
-/* the codes and scales of s in the W4 layout (host arrays, malloc'd) */
-static void w4_layout(const struct w4_src *s, int sbf, uint8_t **qo, uint32_t **sco, size_t *qbytes, size_t *scn, int *nkb_o, int *ng_o) {
-    const int tiles = (s->N + 15) / 16, nkb = (s->K + 127) / 128, ng = (nkb * 128 + s->G - 1) / s->G;
-    const size_t qb = (size_t)tiles * nkb * 1024;
-    uint8_t *q = (uint8_t *)kiln_calloc(qb, 1);
-    uint32_t *sc = (uint32_t *)kiln_calloc((size_t)tiles * ng * 16, 4);
-#pragma omp parallel for schedule(static)
-    for (int T = 0; T < tiles; T++) {
-        for (int h = 0; h < 16; h++) {
-            const int n = 16 * T + h;
-            if (n >= s->N) break;
-            const int g = h & 7, half = h >> 3;
-            for (int k0 = 0; k0 < s->K; k0 += 8) { /* 8 codes: lane (g, t), word u of block b */
-                const int b = k0 / 128, u = (k0 / 32) & 3, t = (k0 / 8) & 3;
-                uint32_t wd = 0;
-                for (int j = 0; j < 8; j++) wd |= (uint32_t)src_code(s, n, k0 + j) << ((j & 1) * 16 + (j >> 1) * 4);
-                uint8_t *dst = q + ((size_t)T * nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4;
-                memcpy(dst, &wd, 4);
-            }
-            for (int gi = 0; gi * s->G < s->K; gi++) {
-                float sv;
-                int z;
-                src_sz(s, n, gi, &sv, &z);
-                const uint16_t sbits = sbf ? kiln_f32_to_bf16(sv) : kiln_f32_to_f16(sv);
-                sc[((size_t)T * ng + gi) * 16 + h] = sbits | (uint32_t)kiln_f32_to_bf16(128.f + (float)z) << 16;
-            }
-        }
-    }
-    *qo = q, *sco = sc, *qbytes = qb, *scn = (size_t)tiles * ng * 16, *nkb_o = nkb, *ng_o = ng;
-}
 
 static int upload(void **d, const void *h, size_t bytes, char *err, size_t errlen) {
     cudaError_t e = cudaMalloc(d, bytes);
@@ -136,50 +63,16 @@ static int upload(void **d, const void *h, size_t bytes, char *err, size_t errle
 }
 
 int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, char *err, size_t errlen) {
-    const int N = w->n_out, K = w->n_in;
-    if (K % 32) return 0;
-    struct w4_src s = {N, K, 0, NULL, 0, NULL, NULL, 0};
-    struct qgrp g = {};
-    int sbf = 0;
-    if (w->fmt == KILN_WFMT_GGUF && w->w.dtype == KILN_DTYPE_Q4_0) {
-        s.q4_0 = (const uint8_t *)w->w.data, s.G = 32;
-    } else if ((w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) && w->bits == 4) {
-        if (qgrp_pack(&g, w, err, errlen)) return -1;
-        /* groups: equal runs of a multiple of 32 columns (a power of two
-         * times 32, or the whole row) */
-        const int G = g.n_group > 1 ? g.gstart[1] : K;
-        int ok = G % 32 == 0 && (g.n_group == 1 || ((G / 32) & (G / 32 - 1)) == 0);
-        for (int i = 0; ok && i < g.n_group; i++) ok = g.gstart[i] == i * G;
-        /* scales: the kernel reads f16 or bf16; those of f32 checkpoints that
-         * are neither exactly leave the linear to the BF16 path */
-        int all16 = 1, all_bf = 1;
-        for (size_t i = 0; ok && i < (size_t)N * g.n_group; i++) all16 &= f16_exact(g.sb[2 * i]), all_bf &= bf16_exact(g.sb[2 * i]);
-        if (!ok || !(all16 || all_bf)) {
-            qgrp_free(&g);
-            return 0;
-        }
-        sbf = !all16;
-        s.rows = g.q, s.row_bytes = g.row_bytes, s.sb = g.sb, s.n_group = g.n_group, s.G = G;
-        if (g.n_group == 1) s.G = (K + 127) / 128 * 128 * 2; /* per channel: one group over the padded row */
-    } else {
-        return 0;
-    }
-    uint8_t *hq;
-    uint32_t *hs;
-    size_t qb, sn;
-    int nkb, ng;
-    w4_layout(&s, sbf, &hq, &hs, &qb, &sn, &nkb, &ng);
+    struct w4_pack p;
+    const int rc0 = w4_pack(&p, w, err, errlen);
+    if (rc0 <= 0) return rc0;
     struct cu_w4 *q4 = (struct cu_w4 *)kiln_calloc(1, sizeof *q4);
-    q4->n_out = N, q4->n_in = K, q4->nkb = nkb, q4->ng = ng, q4->sbf = sbf;
-    int gsh = 0;
-    while ((32 << gsh) < s.G) gsh++;
-    q4->gsh = gsh;
-    int rc = upload((void **)&q4->q, hq, qb, err, errlen);
-    if (!rc) rc = upload((void **)&q4->sc, hs, sn * 4, err, errlen);
-    if (!rc && g.perm) rc = upload((void **)&q4->perm, g.perm, (size_t)K * 4, err, errlen);
-    free(hq), free(hs);
-    qgrp_free(&g);
-    q4->bytes = qb + sn * 4 + (q4->perm ? (size_t)K * 4 : 0);
+    q4->n_out = p.n_out, q4->n_in = p.n_in, q4->nkb = p.nkb, q4->ng = p.ng, q4->gsh = p.gsh, q4->sbf = p.sbf;
+    int rc = upload((void **)&q4->q, p.q, p.q_bytes, err, errlen);
+    if (!rc) rc = upload((void **)&q4->sc, p.sc, p.sc_words * 4, err, errlen);
+    if (!rc && p.perm) rc = upload((void **)&q4->perm, p.perm, (size_t)p.n_in * 4, err, errlen);
+    q4->bytes = p.q_bytes + p.sc_words * 4 + (p.perm ? (size_t)p.n_in * 4 : 0);
+    w4_pack_free(&p);
     if (rc) {
         cudaFree(q4->q), cudaFree(q4->sc), cudaFree(q4->perm);
         free(q4);
