@@ -9,6 +9,11 @@
 #   bench MODEL ARGS...      kiln bench --profile pp-tg with ARGS (one word, commas)
 #   ncu MODEL SKIP COUNT BIN per-kernel durations of COUNT kernels of a decode
 #                            run (graphs off) after SKIP, into $OUT/ncu-MODEL-BIN.csv
+#   q4 MODEL                 a Q4_0 GGUF of MODEL's shape with a bf16 embedding / head
+#                            (tools/make_dummy_gguf.py --random-codes; gguf from
+#                            $B/pylib when the image lacks it) into build-gg/, then
+#                            kiln on it, and llama.cpp's llama-bench ($B/llama-bench,
+#                            a CUDA build) on the same file when it is there
 # Output goes to stdout and $OUT/log.
 B=${B:-build-gpu}
 export LD_LIBRARY_PATH=$PWD/$B/gpulibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -36,6 +41,12 @@ for step in "$@"; do
             --launch-skip $skip --launch-count $cnt ./$B/$bin bench --profile pp-tg --dummy $m --backend cuda -p 1 -n 64 -r 1 \
             >$OUT/ncu-$m-$bin.csv 2>$OUT/ncu-$m-$bin.err
         tail -2 $OUT/ncu-$m-$bin.err; wc -l $OUT/ncu-$m-$bin.csv ;;
+    q4)
+        m=$1; mkdir -p build-gg; f=build-gg/$m-q4_0.gguf
+        [ -f $f ] || PYTHONPATH=$PWD/$B/pylib python3 tools/make_dummy_gguf.py configs/$m.json q4_0 $f --head bf16 --random-codes
+        echo "== q4 $m"
+        ./$B/kiln bench --profile pp-tg -m $f --backend cuda -p 128,1024 -n 128 -r 3 2>&1 | grep -E "^\| "
+        [ -x $B/llama-bench ] && ./$B/llama-bench -m $f -p 128,1024 -n 128 -r 3 -fa 1 -ngl 99 -o md ;;
     esac
     echo "-- $what took $(( $(date +%s) - t0 )) s"
 done 2>&1 | tee -a $OUT/log
