@@ -1476,6 +1476,48 @@ static void test_w4_pack(void) {
     }
 }
 
+/* quant_widen_bf16 (what the CUDA backend keeps for formats it has no
+ * kernels for) against the reference dequantization rounded to bf16, bit
+ * for bit, for each format family: GPTQ (int4 act-order asym, int8), AWQ,
+ * FP8 with partial edge blocks, GGUF blocks, F16 */
+static void test_widen_bf16(void) {
+    static const struct {
+        const char *fmt;
+        int n_out, n_in, group, act;
+    } cases[] = {{"gptq-int4", 40, 384, 32, 1}, {"gptq-int8", 24, 256, 128, 1}, {"awq", 32, 256, 64, 0}, {"fp8", 200, 300, 0, 0},
+                 {"q8_0", 20, 256, 0, 0},        {"q4_k", 12, 512, 0, 0},        {"iq4_xs", 8, 256, 0, 0}, {"q4_0", 9, 96, 0, 0}};
+    char err[256];
+    struct kiln_rng r;
+    kiln_rng_seed(&r, 91);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        struct wmem m = {0};
+        struct qlinear w = {.n_out = cases[ci].n_out, .n_in = cases[ci].n_in};
+        CHECK(quant_dummy_linear(&w, cases[ci].fmt, cases[ci].group, 40 + ci, 0.05f, wmem_alloc, &m, err, sizeof err) == 0, "%s", err);
+        const int N = w.n_out, K = w.n_in;
+        if (w.zeros.data)
+            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols * 4; i++) ((uint8_t *)w.zeros.data)[i] = (uint8_t)kiln_rng_next(&r);
+        if (cases[ci].act) {
+            int32_t *gi = wmem_alloc(&m, sizeof(int32_t) * (size_t)K);
+            for (int k = 0; k < K; k++) gi[k] = k / w.group;
+            for (int k = K - 1; k > 0; k--) {
+                const int j = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1));
+                const int32_t t = gi[k];
+                gi[k] = gi[j], gi[j] = t;
+            }
+            w.g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = K, .data = gi};
+        }
+        float *ref = kiln_malloc(sizeof(float) * (size_t)N * K);
+        uint16_t *got = kiln_malloc(2 * (size_t)N * K);
+        quant_dequant_linear(&w, ref);
+        CHECK(quant_widen_bf16(&w, got, err, sizeof err) == 0, "%s: %s", cases[ci].fmt, err);
+        int bad = 0;
+        for (size_t i = 0; i < (size_t)N * K; i++) bad += got[i] != kiln_f32_to_bf16(ref[i]);
+        CHECK(bad == 0, "%s %dx%d: %d of %d values differ from the reference rounded to bf16", cases[ci].fmt, N, K, bad, N * K);
+        free(ref), free(got);
+        for (int i = 0; i < m.n; i++) free(m.p[i]);
+    }
+}
+
 void test_quant(void) {
     const char *ql = getenv("KILN_QUANT_QUALITY");
     if (ql) {
@@ -1502,4 +1544,5 @@ void test_quant(void) {
     test_scratch_oom();
     test_dummy_oom();
     test_w4_pack();
+    test_widen_bf16();
 }

@@ -395,6 +395,46 @@ void quant_dequant_linear(const struct qlinear *w, float *out) {
     }
 }
 
+int quant_widen_bf16(const struct qlinear *w, uint16_t *out, char *err, size_t errlen) {
+    const int N = w->n_out, K = w->n_in;
+    if (w->fmt == KILN_WFMT_GPTQ || w->fmt == KILN_WFMT_AWQ) {
+        /* through the row-major repacking: w = s q + b per group, in the
+         * permuted column order, written back to the original columns */
+        struct qgrp g;
+        if (qgrp_pack(&g, w, err, errlen)) return -1;
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+            int gi = 0;
+            for (int j = 0; j < K; j++) {
+                while (j >= g.gstart[gi + 1]) gi++;
+                const float *sb = g.sb + ((size_t)n * g.n_group + gi) * 2;
+                out[(size_t)n * K + (g.perm ? g.perm[j] : j)] = kiln_f32_to_bf16(sb[0] * (float)qgrp_code(&g, n, j) + sb[1]);
+            }
+        }
+        qgrp_free(&g);
+        return 0;
+    }
+#pragma omp parallel
+    {
+        float *row = kiln_malloc(sizeof(float) * (size_t)K);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            if (w->fmt == KILN_WFMT_FP8) {
+                const uint8_t *q = (const uint8_t *)w->w.data + (size_t)n * K;
+                for (int k0 = 0; k0 < K; k0 += w->block_k) {
+                    const float sc = quant_scalar(&w->scales, (int64_t)(n / w->block_n) * w->scales.cols + k0 / w->block_k);
+                    for (int k = k0; k < K && k < k0 + w->block_k; k++) row[k] = kiln_fp8e4m3_to_f32(q[k]) * sc;
+                }
+            } else { /* dense and GGUF blocks */
+                quant_dequant_row(w->w.dtype, (const uint8_t *)w->w.data + (size_t)n * quant_row_bytes(w->w.dtype, K), row, K);
+            }
+            for (int k = 0; k < K; k++) out[(size_t)n * K + k] = kiln_f32_to_bf16(row[k]);
+        }
+        free(row);
+    }
+    return 0;
+}
+
 static int64_t tbytes(const struct ktensor *t) {
     if (!t->data) return 0;
     size_t rb = quant_row_bytes(t->dtype, t->cols);

@@ -80,6 +80,11 @@ int quant_check_linear(const struct qlinear *w, const char *name, char *err, siz
 /* Reference dequantization of the whole weight, out[n_out][n_in] (f32,
  * caller-allocated). For tests and `kiln quantize` only. */
 void quant_dequant_linear(const struct qlinear *w, float *out);
+/* The same values rounded to bf16 (nearest even), out[n_out][n_in]
+ * (caller-allocated), row-parallel and without the f32 copy: for a backend
+ * that computes in bf16 on formats it has no kernels for (CUDA). 0, or -1
+ * with err (an act-order g_idx out of range). */
+int quant_widen_bf16(const struct qlinear *w, uint16_t *out, char *err, size_t errlen);
 
 /* Bytes the linear's weight occupies as stored (weight, scales, zeros,
  * g_idx, bias). */

@@ -594,49 +594,21 @@ static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == K
 
 /* vectors (norms) -> f32; matrices (the embedding) -> bf16 */
 /* A quantized matrix the 4-bit kernels do not take, as bf16 on the host
- * (n_out, n_in), computed as the CPU's reference dequantization does it
- * (f32, then rounded to bf16): GGUF blocks of any type (the embedding table
- * and head of a GGUF file, Q8_0 and K-quant linears), GPTQ / AWQ int8 and
+ * (n_out, n_in): the reference dequantization rounded once
+ * (quant_widen_bf16). GGUF blocks of any type (the embedding table and
+ * head of a GGUF file, Q8_0 and K-quant linears), FP8, GPTQ / AWQ int8 and
  * group shapes qgemm.cu does not take, and every quantized weight of an
- * MoE model. NULL with err if the format is not one of these. */
-static uint16_t *dequant_bf16(enum kiln_wfmt fmt, const struct qlinear *w, const struct ktensor *t, int64_t N, int64_t K,
-                              char *err, size_t errlen) {
-    uint16_t *h = (uint16_t *)malloc((size_t)N * K * 2);
+ * MoE model. NULL with err. */
+static uint16_t *dequant_bf16(const struct qlinear *w, char *err, size_t errlen) {
+    uint16_t *h = (uint16_t *)malloc((size_t)w->n_out * w->n_in * 2);
     if (!h) {
-        kiln_errf(err, errlen, "cuda: out of host memory dequantizing a %lld x %lld weight", (long long)N, (long long)K);
+        kiln_errf(err, errlen, "cuda: out of host memory dequantizing a %d x %d weight", w->n_out, w->n_in);
         return NULL;
     }
-    if (fmt == KILN_WFMT_GGUF) {
-        const size_t rb = quant_row_bytes(t->dtype, K);
-#pragma omp parallel
-        {
-            float *row = (float *)kiln_malloc((size_t)K * 4);
-#pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++) {
-                quant_dequant_row(t->dtype, (const uint8_t *)t->data + (size_t)n * rb, row, K);
-                for (int64_t k = 0; k < K; k++) h[(size_t)n * K + k] = kiln_f32_to_bf16(row[k]);
-            }
-            free(row);
-        }
-        return h;
-    }
-    struct qgrp g;
-    if ((fmt != KILN_WFMT_GPTQ && fmt != KILN_WFMT_AWQ) || qgrp_pack(&g, w, err, errlen)) {
-        if (fmt != KILN_WFMT_GPTQ && fmt != KILN_WFMT_AWQ) kiln_errf(err, errlen, "cuda: weights of this format are not supported");
+    if (quant_widen_bf16(w, h, err, errlen)) {
         free(h);
         return NULL;
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        int gi = 0;
-        for (int64_t j = 0; j < K; j++) {
-            while (j >= g.gstart[gi + 1]) gi++;
-            const float *sb = g.sb + ((size_t)n * g.n_group + gi) * 2;
-            const int64_t k = g.perm ? g.perm[j] : j;
-            h[(size_t)n * K + k] = kiln_f32_to_bf16(sb[0] * (float)qgrp_code(&g, (int)n, (int)j) + sb[1]);
-        }
-    }
-    qgrp_free(&g);
     return h;
 }
 
@@ -644,7 +616,7 @@ static uint16_t *dequant_bf16(enum kiln_wfmt fmt, const struct qlinear *w, const
 static void say_dequant(struct cuda_ctx *c, const char *what) {
     if (c->deq_said++) return;
     kiln_log(KILN_LOG_INFO, "cuda: %s weights are dequantized to bf16 at load (the CUDA backend computes on GPTQ / AWQ int4 "
-                            "and Q4_0 of dense models as stored, on every other format in bf16)", what);
+                            "and Q4_0 of dense models as stored, on every other format, FP8 included, in bf16)", what);
 }
 
 static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen) {
@@ -653,7 +625,8 @@ static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *e
     if (!dense_dtype(t->dtype)) {
         if (t->rows == 1 || !quant_type_of(t->dtype))
             return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
-        uint16_t *h = dequant_bf16(KILN_WFMT_GGUF, NULL, t, t->rows, t->cols, err, errlen);
+        struct qlinear view = {.n_out = (int)t->rows, .n_in = (int)t->cols, .fmt = KILN_WFMT_GGUF, .w = *t};
+        uint16_t *h = dequant_bf16(&view, err, errlen);
         if (!h) return -1;
         say_dequant(c, dtype_name(t->dtype));
         bf16 *d = upload_bf16(c, h, KILN_DTYPE_BF16, n, err, errlen);
@@ -677,7 +650,8 @@ static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *e
 static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen) {
     struct cuda_ctx *c = cu_ctx(be);
     const int dense = w->fmt == KILN_WFMT_DENSE && dense_dtype(w->w.dtype);
-    if (!dense && w->fmt != KILN_WFMT_GPTQ && w->fmt != KILN_WFMT_AWQ && !(w->fmt == KILN_WFMT_GGUF && quant_type_of(w->w.dtype)))
+    if (!dense && w->fmt != KILN_WFMT_GPTQ && w->fmt != KILN_WFMT_AWQ && w->fmt != KILN_WFMT_FP8 &&
+        !(w->fmt == KILN_WFMT_GGUF && quant_type_of(w->w.dtype)))
         return kiln_errf(err, errlen, "cuda: linear weights of dtype %s are not supported", dtype_name(w->w.dtype));
     struct cu_linear *L = (struct cu_linear *)kiln_calloc(1, sizeof *L);
     int rc = 0;
@@ -689,7 +663,7 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
     } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0) {
         /* 4-bit, kept as stored (rc 1), or an upload error (-1) */
     } else {
-        uint16_t *h = dequant_bf16(w->fmt, w, &w->w, w->n_out, w->n_in, err, errlen);
+        uint16_t *h = dequant_bf16(w, err, errlen);
         if (h) {
             char what[48];
             quant_linear_label(w, what, sizeof what);
@@ -728,9 +702,7 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
                          "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most %d "
                          "experts and at most %d experts per token (got %d, %d, %d, %d; use --backend cpu)",
                          CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
-    if (cfg->quant.method == KILN_QUANT_FP8)
-        return kiln_errf(err, errlen, "the CUDA backend runs BF16, F16, F32, GPTQ, AWQ and GGUF weights; FP8 checkpoints run on --backend cpu");
-    /* the MoE kernels read bf16 experts: an MoE model's quantized weights are widened at load */
+    /* the MoE kernels read bf16 experts: an MoE model's quantized weights are widened at load (FP8 checkpoints' always) */
     cu_ctx(be)->w4_off = cfg->n_expert > 0 || env_is("KILN_CUDA_W4", "0");
     return 0;
 }
