@@ -592,7 +592,6 @@ static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
 
 static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
 
-/* vectors (norms) -> f32; matrices (the embedding) -> bf16 */
 /* A quantized matrix the 4-bit kernels do not take, as bf16 on the host
  * (n_out, n_in): the reference dequantization rounded once
  * (quant_widen_bf16). GGUF blocks of any type (the embedding table and
@@ -619,6 +618,7 @@ static void say_dequant(struct cuda_ctx *c, const char *what) {
                             "and Q4_0 of dense models as stored, on every other format, FP8 included, in bf16)", what);
 }
 
+/* vectors (norms) -> f32; matrices (the embedding) -> bf16, GGUF blocks widened */
 static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *err, size_t errlen) {
     struct cuda_ctx *c = cu_ctx(be);
     size_t n = (size_t)(t->rows * t->cols);
@@ -691,7 +691,8 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
  * forward: the row attention kernel is instantiated for these head sizes
  * (attention.cu launch_rows), the MoE GEMVs read 16-byte chunks and route
  * at most CU_MOE_MAX_USED of at most CU_MOE_MAX_EXPERTS experts per token
- * (moe.cu), and weights are BF16/F16/F32. */
+ * (moe.cu). Every weight format loads: BF16 / F16 / F32 as bf16, 4-bit
+ * GPTQ / AWQ / Q4_0 of dense models as stored, the rest widened to bf16. */
 static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
