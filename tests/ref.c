@@ -6,7 +6,40 @@
 
 #include "base/base.h"
 #include "engine/sampler.h"
+#include "format/quant.h"
 #include "kiln.h"
+
+static void *qmem_alloc(void *ctx, size_t bytes) {
+    struct ref_qmem *m = ctx;
+    return m->n < 8 ? (m->p[m->n++] = kiln_malloc(bytes)) : NULL;
+}
+
+void ref_qmem_free(struct ref_qmem *m) {
+    for (int i = 0; i < m->n; i++) free(m->p[i]);
+    m->n = 0;
+}
+
+int ref_quant_linear(struct qlinear *w, struct ref_qmem *m, const char *fmt, int n_out, int n_in, int group, int act, int asym,
+                     uint64_t seed, char *err, size_t errlen) {
+    *w = (struct qlinear){.n_out = n_out, .n_in = n_in};
+    if (quant_dummy_linear(w, fmt, group, seed, 0.05f, qmem_alloc, m, err, errlen)) return -1;
+    struct kiln_rng r;
+    kiln_rng_seed(&r, seed ^ 0x5bd1e995u);
+    if (asym && w->zeros.data)
+        for (int64_t i = 0; i < w->zeros.rows * w->zeros.cols * 4; i++) ((uint8_t *)w->zeros.data)[i] = (uint8_t)kiln_rng_next(&r);
+    if (act) {
+        int32_t *gi = qmem_alloc(m, sizeof(int32_t) * (size_t)n_in);
+        if (!gi) return kiln_errf(err, errlen, "ref_quant_linear: more than 8 allocations");
+        for (int k = 0; k < n_in; k++) gi[k] = k / w->group;
+        for (int k = n_in - 1; k > 0; k--) { /* shuffle */
+            const int j = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1));
+            const int32_t t = gi[k];
+            gi[k] = gi[j], gi[j] = t;
+        }
+        w->g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = n_in, .data = gi};
+    }
+    return 0;
+}
 
 int ref_load(const char *dir, struct ref *r) {
     char p[512], err[256];

@@ -44,6 +44,20 @@ int ref_stepwise(struct kiln_engine *e, const int32_t *ids, int n, float *out, c
 float *ref_prompt_logits(const char *path, const char *backend, const int32_t *ids, int n, int chunk, int *vocab, char *err,
                          size_t errlen);
 
+/* A dummy quantized linear for the tests (quant_dummy_linear: fmt as
+ * `--quant` names it, group <= 0 per channel), its memory in m (freed by
+ * ref_qmem_free); asym: random zero points instead of the dummy's
+ * midpoint; act: a GPTQ act-order g_idx (a shuffled assignment of `group`
+ * columns per group). Random choices from seed. 0, or -1 with err. */
+struct qlinear;
+struct ref_qmem {
+    void *p[8];
+    int n;
+};
+int ref_quant_linear(struct qlinear *w, struct ref_qmem *m, const char *fmt, int n_out, int n_in, int group, int act, int asym,
+                     uint64_t seed, char *err, size_t errlen);
+void ref_qmem_free(struct ref_qmem *m);
+
 /* Greedy continuation of ids[0..n) on e for ng tokens, compared with
  * want[0..ng): the first step that differs (its token in *got), -1 if all
  * are identical, -2 if generation stopped early (err set). */

@@ -249,40 +249,12 @@ static void test_matmul(struct pair *p) {
 
 /* ==== quantized weights on CUDA (qgemm.cu) ==== */
 
-/* host memory of a dummy quantized linear (quant_dummy_linear's allocator) */
-struct qmem {
-    void *p[8];
-    int n;
-};
-static void *qmem_alloc(void *ctx, size_t bytes) {
-    struct qmem *m = (struct qmem *)ctx;
-    return m->n < 8 ? (m->p[m->n++] = kiln_malloc(bytes)) : NULL;
-}
-
-/* A quantized linear: fmt as `--quant` names it (group: GPTQ / AWQ, <= 0 per
- * channel); act: a GPTQ act-order g_idx (a shuffled assignment, group
- * columns per group); asym: random zero points instead of the dummy's 8 */
-static struct qlinear q_linear(struct qmem *m, const char *fmt, int n_out, int n_in, int group, int act, int asym, int bias) {
+/* a dummy quantized linear (ref_quant_linear) with a bias when asked */
+static struct qlinear q_linear(struct ref_qmem *m, const char *fmt, int n_out, int n_in, int group, int act, int asym, int bias) {
     char err[256];
-    struct qlinear w = {.n_out = n_out, .n_in = n_in};
     static uint64_t seed = 11;
-    CHECK(quant_dummy_linear(&w, fmt, group, seed++, 0.05f, qmem_alloc, m, err, sizeof err) == 0, "%s", err);
-    if (asym && w.zeros.data) {
-        uint8_t *z = (uint8_t *)w.zeros.data;
-        for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols * 4; i++) z[i] = (uint8_t)(frand() * 127.f + 128.f);
-    }
-    if (act) {
-        const int G = w.group;
-        int32_t *gi = (int32_t *)qmem_alloc(m, sizeof(int32_t) * (size_t)n_in);
-        for (int k = 0; k < n_in; k++) gi[k] = k / G;
-        for (int k = n_in - 1; k > 0; k--) { /* shuffle */
-            int j = (int)((frand() * 0.5f + 0.5f) * (float)(k + 1));
-            if (j > k) j = k;
-            int32_t t = gi[k];
-            gi[k] = gi[j], gi[j] = t;
-        }
-        w.g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = n_in, .data = gi};
-    }
+    struct qlinear w;
+    CHECK(ref_quant_linear(&w, m, fmt, n_out, n_in, group, act, asym, seed++, err, sizeof err) == 0, "%s", err);
     if (bias) w.bias = rand_tensor(1, n_out, 0.5f, 0.f);
     return w;
 }
@@ -320,7 +292,7 @@ static void test_matmul_quant(struct pair *p) {
     const int ns[] = {1, 2, 5, 8, 9, 16, 17, 40};
     char err[256];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        struct qmem m = {0};
+        struct ref_qmem m = {0};
         struct qlinear w = q_linear(&m, cases[ci].fmt, cases[ci].n_out, cases[ci].n_in, cases[ci].group, cases[ci].act,
                                     cases[ci].asym, cases[ci].bias);
         const int N = w.n_out, K = w.n_in;
@@ -360,7 +332,7 @@ static void test_matmul_quant(struct pair *p) {
         p->gpu->release_linear(p->gpu, &wg);
         free(wd);
         free((void *)w.bias.data);
-        for (int i = 0; i < m.n; i++) free(m.p[i]);
+        ref_qmem_free(&m);
     }
 }
 
@@ -1140,7 +1112,7 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag, double
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int dim = shapes[s][0], qd = shapes[s][1], kvd = shapes[s][2], ffn = shapes[s][3], b = shapes[s][4];
         struct lin2 L[5];
-        struct qmem qm[5];
+        struct ref_qmem qm[5];
         memset(qm, 0, sizeof qm);
         if (!qfmt) {
             L[0] = lin_make(p, qd, dim, b), L[1] = lin_make(p, kvd, dim, b), L[2] = lin_make(p, kvd, dim, b);
@@ -1216,7 +1188,7 @@ static void decode_fused_cases(struct pair *p, int norm, const char *tag, double
             p->cpu->release_linear(p->cpu, &L[i].c);
             p->gpu->release_linear(p->gpu, &L[i].g);
             free((void *)L[i].c.bias.data);
-            for (int j = 0; j < qm[i].n; j++) free(qm[i].p[j]);
+            ref_qmem_free(&qm[i]);
         }
         vec_free(p, &nw);
     }

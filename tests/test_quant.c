@@ -1393,15 +1393,6 @@ static void test_dummy_oom(void) {
 
 /* ==== the CUDA backend's 4-bit layout (backend/cuda/w4pack.c), read back on the CPU ==== */
 
-struct wmem {
-    void *p[8];
-    int n;
-};
-static void *wmem_alloc(void *ctx, size_t bytes) {
-    struct wmem *m = ctx;
-    return m->n < 8 ? (m->p[m->n++] = kiln_malloc(bytes)) : NULL;
-}
-
 /*
  * Each case through w4_pack, then every weight read back from the layout
  * the way the kernel reads it (w4_pack_weight: the code from its word and
@@ -1424,29 +1415,17 @@ static void test_w4_pack(void) {
         {"q8_0", 16, 256, 0, 0, 0, 0, 0},
     };
     char err[256];
-    struct kiln_rng r;
-    kiln_rng_seed(&r, 77);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        struct wmem m = {0};
-        struct qlinear w = {.n_out = cases[ci].n_out, .n_in = cases[ci].n_in};
-        CHECK(quant_dummy_linear(&w, cases[ci].fmt, cases[ci].group, 5 + ci, 0.05f, wmem_alloc, &m, err, sizeof err) == 0, "%s", err);
+        struct ref_qmem m = {0};
+        struct qlinear w;
+        CHECK(ref_quant_linear(&w, &m, cases[ci].fmt, cases[ci].n_out, cases[ci].n_in, cases[ci].group, cases[ci].act, cases[ci].asym,
+                               5 + ci, err, sizeof err) == 0, "%s", err);
         const int N = w.n_out, K = w.n_in;
-        if (cases[ci].asym && w.zeros.data)
-            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols * 4; i++) ((uint8_t *)w.zeros.data)[i] = (uint8_t)kiln_rng_next(&r);
-        if (cases[ci].act) {
-            int32_t *gi = wmem_alloc(&m, sizeof(int32_t) * (size_t)K);
-            for (int k = 0; k < K; k++) gi[k] = k / w.group;
-            for (int k = K - 1; k > 0; k--) {
-                const int j = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1));
-                const int32_t t = gi[k];
-                gi[k] = gi[j], gi[j] = t;
-            }
-            w.g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = K, .data = gi};
-        }
+        void *scales_own = NULL;
         if (cases[ci].scales) { /* rewrite the f16 scales: bf16 values f16 cannot hold, or f32 values neither holds */
             const int64_t ns = w.scales.rows * w.scales.cols;
             const uint16_t *h = w.scales.data;
-            void *ns_data = wmem_alloc(&m, (size_t)ns * 4);
+            void *ns_data = scales_own = kiln_malloc((size_t)ns * 4);
             for (int64_t i = 0; i < ns; i++) {
                 const float v = kiln_f16_to_f32(h[i]) * (cases[ci].scales == 1 ? 0x1p-20f : 1.f);
                 if (cases[ci].scales == 1) ((uint16_t *)ns_data)[i] = kiln_f32_to_bf16(v);
@@ -1476,9 +1455,8 @@ static void test_w4_pack(void) {
             CHECK(bad == 0, "%s %dx%d%s: %d weights read back wrong, first (%d, %d)", label, N, K, cases[ci].act ? " act" : "", bad, bad_n, bad_k);
             w4_pack_free(&p);
         }
-        free(deq);
-        free((void *)w.bias.data);
-        for (int i = 0; i < m.n; i++) free(m.p[i]);
+        free(deq), free(scales_own);
+        ref_qmem_free(&m);
     }
 }
 
@@ -1493,25 +1471,12 @@ static void test_widen_bf16(void) {
     } cases[] = {{"gptq-int4", 40, 384, 32, 1}, {"gptq-int8", 24, 256, 128, 1}, {"awq", 32, 256, 64, 0}, {"fp8", 200, 300, 0, 0},
                  {"q8_0", 20, 256, 0, 0},        {"q4_k", 12, 512, 0, 0},        {"iq4_xs", 8, 256, 0, 0}, {"q4_0", 9, 96, 0, 0}};
     char err[256];
-    struct kiln_rng r;
-    kiln_rng_seed(&r, 91);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        struct wmem m = {0};
-        struct qlinear w = {.n_out = cases[ci].n_out, .n_in = cases[ci].n_in};
-        CHECK(quant_dummy_linear(&w, cases[ci].fmt, cases[ci].group, 40 + ci, 0.05f, wmem_alloc, &m, err, sizeof err) == 0, "%s", err);
+        struct ref_qmem m = {0};
+        struct qlinear w;
+        CHECK(ref_quant_linear(&w, &m, cases[ci].fmt, cases[ci].n_out, cases[ci].n_in, cases[ci].group, cases[ci].act, 1, 40 + ci, err,
+                               sizeof err) == 0, "%s", err);
         const int N = w.n_out, K = w.n_in;
-        if (w.zeros.data)
-            for (int64_t i = 0; i < w.zeros.rows * w.zeros.cols * 4; i++) ((uint8_t *)w.zeros.data)[i] = (uint8_t)kiln_rng_next(&r);
-        if (cases[ci].act) {
-            int32_t *gi = wmem_alloc(&m, sizeof(int32_t) * (size_t)K);
-            for (int k = 0; k < K; k++) gi[k] = k / w.group;
-            for (int k = K - 1; k > 0; k--) {
-                const int j = (int)(kiln_rng_next(&r) % (uint64_t)(k + 1));
-                const int32_t t = gi[k];
-                gi[k] = gi[j], gi[j] = t;
-            }
-            w.g_idx = (struct ktensor){.dtype = KILN_DTYPE_I32, .rows = 1, .cols = K, .data = gi};
-        }
         float *ref = kiln_malloc(sizeof(float) * (size_t)N * K);
         uint16_t *got = kiln_malloc(2 * (size_t)N * K);
         quant_dequant_linear(&w, ref);
@@ -1520,7 +1485,7 @@ static void test_widen_bf16(void) {
         for (size_t i = 0; i < (size_t)N * K; i++) bad += got[i] != kiln_f32_to_bf16(ref[i]);
         CHECK(bad == 0, "%s %dx%d: %d of %d values differ from the reference rounded to bf16", cases[ci].fmt, N, K, bad, N * K);
         free(ref), free(got);
-        for (int i = 0; i < m.n; i++) free(m.p[i]);
+        ref_qmem_free(&m);
     }
 }
 
