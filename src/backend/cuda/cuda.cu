@@ -546,7 +546,7 @@ static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
     c->bytes_weights += n * 2;
     cudaError_t e;
     if (t == KILN_DTYPE_BF16) {
-        if ((e = cudaMemcpy(d, src, n * 2, cudaMemcpyHostToDevice)) == cudaSuccess) return d;
+        if ((e = cu_h2d(c, d, src, n * 2)) == cudaSuccess) return d;
         return upload_failed(c, d, n, e, err, errlen);
     }
     size_t es = t == KILN_DTYPE_F32 ? 4 : 2;
@@ -559,7 +559,7 @@ static bf16 *upload_bf16(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
                   n * es / 1048576.0, dtype_name(t), c->bytes_weights / 1073741824.0);
         return NULL;
     }
-    if ((e = cudaMemcpy(tmp, src, n * es, cudaMemcpyHostToDevice)) == cudaSuccess) {
+    if ((e = cu_h2d(c, tmp, src, n * es)) == cudaSuccess) {
         const unsigned g = (unsigned)((n + 255) / 256);
         if (t == KILN_DTYPE_F32) cu_launch(c->stream, k_f32_to_bf16, g, 256, 0, d, (const float *)tmp, n);
         else cu_launch(c->stream, k_f16_to_bf16, g, 256, 0, d, (const __half *)tmp, n);
@@ -579,7 +579,7 @@ static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
              : t == KILN_DTYPE_BF16 ? kiln_bf16_to_f32(((const uint16_t *)src)[i])
                                     : kiln_f16_to_f32(((const uint16_t *)src)[i]);
     cudaError_t e = cudaMalloc(&d, n * 4 + 4);
-    if (e == cudaSuccess && (e = cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice)) != cudaSuccess) cudaFree(d);
+    if (e == cudaSuccess && (e = cu_h2d(c, d, h, n * 4)) != cudaSuccess) cudaFree(d);
     free(h);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -1087,10 +1087,10 @@ static cudaError_t cu_ctx_make(struct cuda_ctx *c, const char **what, int *blas)
     const size_t wt = (size_t)8 * 8 * c->n_sm; /* warps of the largest streaming grid */
     MK(cudaMalloc(&c->gs_slot, wt * 8 * sizeof(float)));
     MK(cudaMalloc(&c->gs_cnt, wt * sizeof(int)));
-    MK(cudaMemset(c->gs_cnt, 0, wt * sizeof(int)));
+    MK(cu_zero(c, c->gs_cnt, wt * sizeof(int)));
     c->bytes_ws += wt * 9 * sizeof(float);
     MK(cudaMalloc(&c->norm_cnt, 64));
-    MK(cudaMemset(c->norm_cnt, 0, 64));
+    MK(cu_zero(c, c->norm_cnt, 64));
     return cudaSuccess;
 #undef MK
 }

@@ -60,7 +60,7 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
         cu_fault(c, bytes, 0);
         return NULL;
     }
-    if (CUDA_FAILED(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice))) { /* the batch fails (cu_error) */
+    if (CUDA_FAILED(cu_h2d(c, d, h, bytes))) { /* the batch fails (cu_error) */
         cudaFree(d), free(h);
         return NULL;
     }

@@ -51,9 +51,9 @@ struct cu_w4 {
     size_t bytes;     /* device bytes of q, sc and perm */
 };
 
-static int upload(void **d, const void *h, size_t bytes, char *err, size_t errlen) {
+static int upload(struct cuda_ctx *c, void **d, const void *h, size_t bytes, char *err, size_t errlen) {
     cudaError_t e = cudaMalloc(d, bytes);
-    if (e == cudaSuccess && (e = cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) cudaFree(*d);
+    if (e == cudaSuccess && (e = cu_h2d(c, *d, h, bytes)) != cudaSuccess) cudaFree(*d);
     if (e != cudaSuccess) {
         cudaGetLastError();
         *d = NULL;
@@ -68,9 +68,9 @@ int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear 
     if (rc0 <= 0) return rc0;
     struct cu_w4 *q4 = (struct cu_w4 *)kiln_calloc(1, sizeof *q4);
     q4->n_out = p.n_out, q4->n_in = p.n_in, q4->nkb = p.nkb, q4->ng = p.ng, q4->gsh = p.gsh, q4->sbf = p.sbf;
-    int rc = upload((void **)&q4->q, p.q, p.q_bytes, err, errlen);
-    if (!rc) rc = upload((void **)&q4->sc, p.sc, p.sc_words * 4, err, errlen);
-    if (!rc && p.perm) rc = upload((void **)&q4->perm, p.perm, (size_t)p.n_in * 4, err, errlen);
+    int rc = upload(c, (void **)&q4->q, p.q, p.q_bytes, err, errlen);
+    if (!rc) rc = upload(c, (void **)&q4->sc, p.sc, p.sc_words * 4, err, errlen);
+    if (!rc && p.perm) rc = upload(c, (void **)&q4->perm, p.perm, (size_t)p.n_in * 4, err, errlen);
     q4->bytes = p.q_bytes + p.sc_words * 4 + (p.perm ? (size_t)p.n_in * 4 : 0);
     w4_pack_free(&p);
     if (rc) {

@@ -860,7 +860,7 @@ static int sk_scratch(struct cuda_ctx *c, size_t part) {
             c->sk_bar = NULL;
             return sk_fail("scratch memory", (int)bytes);
         }
-        if (CUDA_FAILED(cudaMemset(c->sk_bar, 0, bytes))) { /* counters not zeroed: never launched */
+        if (CUDA_FAILED(cu_zero(c, c->sk_bar, bytes))) { /* counters not zeroed: never launched */
             cudaFree(c->sk_bar), c->sk_bar = NULL;
             return -1;
         }
