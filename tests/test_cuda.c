@@ -284,6 +284,7 @@ static void test_matmul_quant(struct pair *p) {
         {"gptq-int4", 1024, 4096, 128, 0, 0, 0, 1},  {"gptq-int4", 4096, 1024, 128, 1, 1, 1, 1},
         {"gptq-int4", 512, 2048, 32, 1, 1, 0, 1},    {"gptq-int4", 256, 1536, 64, 0, 1, 0, 1},
         {"gptq-int4", 200, 160, -1, 0, 1, 1, 1},     {"awq", 1024, 2048, 64, 0, 1, 0, 1},
+        {"gptq-int4", 1000, 4096, 128, 1, 0, 1, 1},
         {"awq", 96, 4064, 32, 0, 1, 0, 1},           {"q4_0", 2048, 1024, 0, 0, 0, 0, 1},
         {"q4_0", 1000, 96, 0, 0, 0, 1, 1},           {"gptq-int4", 128, 200, 8, 0, 1, 0, 0},
         {"gptq-int8", 512, 1024, 128, 1, 1, 0, 0},   {"q8_0", 256, 512, 0, 0, 0, 0, 0},
@@ -301,15 +302,22 @@ static void test_matmul_quant(struct pair *p) {
         struct qlinear wg = w;
         wg.bias.be = NULL;
         CHECK(p->gpu->prepare_linear(p->gpu, &wg, err, sizeof err) == 0, "%s: %s", cases[ci].fmt, err);
-        char label[48], what[128];
+        char label[48], what[160];
         quant_linear_label(&w, label, sizeof label);
         const int64_t bytes = p->gpu->linear_bytes(p->gpu, &wg), bf = (int64_t)N * K * 2 + (w.bias.data ? N * 4 : 0);
         if (cases[ci].w4)
             CHECK(bytes * 2 < bf, "%s %dx%d: %lld device bytes, not kept 4-bit (bf16: %lld)", label, N, K, (long long)bytes, (long long)bf);
         else
             CHECK(bytes == bf, "%s %dx%d: %lld device bytes, not the bf16 copy's %lld", label, N, K, (long long)bytes, (long long)bf);
-        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-            const int n = ns[k];
+        /* the 4-bit GEMV's variants (qgemm.cu): default (group scales once
+         * per block where groups span it, zeros folded into the sums), scales
+         * per chunk, zeros subtracted from the codes, both */
+        static const char *const var_gb[] = {NULL, "0", NULL, "0"}, *const var_zf[] = {NULL, NULL, "0", "0"};
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0] * (cases[ci].w4 ? 4 : 1); k++) {
+            const int n = ns[k % (sizeof ns / sizeof ns[0])], var = (int)(k / (sizeof ns / sizeof ns[0]));
+            if (var && n > 16) continue;
+            char *gb_saved = env_save("KILN_CUDA_W4_GB"), *zf_saved = env_save("KILN_CUDA_W4_ZF");
+            env_restore("KILN_CUDA_W4_GB", var_gb[var]), env_restore("KILN_CUDA_W4_ZF", var_zf[var]);
             float *x = rand_vec((size_t)n * K, 1.f), *ref = kiln_malloc(sizeof(float) * (size_t)n * N);
             for (int j = 0; j < n; j++)
                 for (int r = 0; r < N; r++) {
@@ -323,11 +331,14 @@ static void test_matmul_quant(struct pair *p) {
             const long c0 = kiln_cuda_w4_count ? kiln_cuda_w4_count() : 0;
             p->gpu->matmul(p->gpu, yg, xg, &wg, n);
             const int gemv = cases[ci].w4 && n <= 16;
-            snprintf(what, sizeof what, "%s %dx%d%s%s n=%d", label, N, K, cases[ci].act ? " act" : "", cases[ci].asym ? " asym" : "", n);
+            snprintf(what, sizeof what, "%s %dx%d%s%s n=%d%s%s", label, N, K, cases[ci].act ? " act" : "", cases[ci].asym ? " asym" : "",
+                     n, var_gb[var] ? ", GB=0" : "", var_zf[var] ? ", ZF=0" : "");
             check_rel(p, what, yc, yg, (size_t)n * N, gemv ? 3e-3 : 4e-3);
             if (kiln_cuda_w4_count)
                 CHECK(kiln_cuda_w4_count() - c0 == gemv, "%s: 4-bit GEMV ran %ld times, expected %d", what, kiln_cuda_w4_count() - c0, gemv);
             free_both(p, xc, xg), free_both(p, yc, yg), free(x), free(ref);
+            env_restore("KILN_CUDA_W4_GB", gb_saved), env_restore("KILN_CUDA_W4_ZF", zf_saved);
+            free(gb_saved), free(zf_saved);
         }
         p->gpu->release_linear(p->gpu, &wg);
         free(wd);
@@ -1203,6 +1214,12 @@ static void test_decode_fused(struct pair *p) {
     decode_fused_cases(p, 1, ", after add_rmsnorm", TOL_OP, !fold_default, NULL);
     decode_fused_cases(p, 1, ", GPTQ-int4, after add_rmsnorm", TOL_OP, 0, "gptq-int4");
     decode_fused_cases(p, 0, ", Q4_0", TOL_OP, 0, "q4_0");
+    char *zf_saved = env_save("KILN_CUDA_W4_ZF");
+    setenv("KILN_CUDA_W4_ZF", "0", 1);
+    decode_fused_cases(p, 1, ", GPTQ-int4, zeros in the codes", TOL_OP, 0, "gptq-int4");
+    decode_fused_cases(p, 0, ", Q4_0, zeros in the codes", TOL_OP, 0, "q4_0");
+    env_restore("KILN_CUDA_W4_ZF", zf_saved);
+    free(zf_saved);
     char *saved = getenv("KILN_CUDA_FUSE_NORM") ? strdup(getenv("KILN_CUDA_FUSE_NORM")) : NULL;
     static const char *modes[] = {"0", "1"};
     struct kiln_backend *be[2] = {NULL, NULL};

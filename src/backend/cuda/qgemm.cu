@@ -97,12 +97,18 @@ int cu_w4_permuted(const struct cu_linear *L) { return L->q4 && L->q4->perm; }
 
 /* ==== device ==== */
 
-/* two codes of word w (bits 4 i and 16 + 4 i) as a bf16 pair 128 + q, less
- * the pair zz = (128 + z, 128 + z): q - z, exact */
-__device__ __forceinline__ unsigned w4_pair(unsigned w, int i, unsigned zz) {
+/* two codes of word w (bits 4 i and 16 + 4 i) as a bf16 pair 128 + q
+ * (0x4300 is 128, whose mantissa step is 1: exact for q < 128) */
+__device__ __forceinline__ unsigned w4_code(unsigned w, int i) {
     unsigned v;
     asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u)); /* (a & b) | c */
-    __nv_bfloat162 r = __hsub2(*(__nv_bfloat162 *)&v, *(__nv_bfloat162 *)&zz);
+    return v;
+}
+
+/* the same less the pair zz = (128 + z, 128 + z): q - z, exact */
+__device__ __forceinline__ unsigned w4_pair(unsigned w, int i, unsigned zz) {
+    const unsigned v = w4_code(w, i);
+    __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&v, *(const __nv_bfloat162 *)&zz);
     return *(unsigned *)&r;
 }
 
@@ -140,8 +146,15 @@ struct w4_jobs {
  * the 128-column blocks into contiguous ranges. U blocks in flight per lane:
  * their codes (the first U loaded before the wait) and their x chunks,
  * each slot reloaded U blocks ahead of its use.
+ *
+ * Each group's products go into fresh f32 sums, scaled once into acc: per
+ * 32-column chunk, or with GB (groups of 128 columns or more, so one group
+ * spans a block) once per block. ZF leaves the zero out of the codes (128 + q
+ * instead of q - z: one bf16 subtract fewer per code pair) and takes it off
+ * the group's sums instead, s (sum (128 + q) x - (128 + z) sum x), the sums
+ * of x coming from the tensor cores too (an mma with all-ones weights).
  */
-template <int NT, bool GLU>
+template <int NT, bool GLU, bool GB, bool ZF>
 __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w4_jobs J, const bf16 *x, int n) {
     KTRACE();
     constexpr int U = NT == 1 ? 3 : 2, KS = GLU ? 4 : 8;
@@ -178,29 +191,54 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w
     for (int i = 0; i < NT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[i][e] = 0.f;
+    const unsigned ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u}; /* ZF: bf16 1.0 pairs */
     for (int kb = kb0; kb < kb1; kb += U) {
 #pragma unroll
         for (int uu = 0; uu < U; uu++) {
             const int b = kb + uu;
             if (b >= kb1) break;
-            /* chunk u of the block: its group's two mma into fresh sums, scaled into acc */
+            unsigned sa = 0, sb = 0, za = 0, zb = 0;
+            float fa = 0.f, fb = 0.f, sum[NT][4], xs[NT][4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const int gi = (b * 4 + u) >> gsh;
-                const unsigned sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
-                const unsigned za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
-                const float fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
+                if (!GB || u == 0) { /* a new group: its scales, zeros and fresh sums */
+                    const int gi = (b * 4 + u) >> gsh;
+                    sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
+                    za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
+                    fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
+#pragma unroll
+                    for (int i = 0; i < NT; i++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) sum[i][e] = xs[i][e] = 0.f;
+                }
                 const unsigned wa = u == 0 ? ra[uu].x : u == 1 ? ra[uu].y : u == 2 ? ra[uu].z : ra[uu].w;
                 const unsigned wb = u == 0 ? rb[uu].x : u == 1 ? rb[uu].y : u == 2 ? rb[uu].z : rb[uu].w;
-                const unsigned a0[4] = {w4_pair(wa, 0, za), w4_pair(wb, 0, zb), w4_pair(wa, 1, za), w4_pair(wb, 1, zb)};
-                const unsigned a1[4] = {w4_pair(wa, 2, za), w4_pair(wb, 2, zb), w4_pair(wa, 3, za), w4_pair(wb, 3, zb)};
+                unsigned a0[4], a1[4];
+                if (ZF) {
+                    a0[0] = w4_code(wa, 0), a0[1] = w4_code(wb, 0), a0[2] = w4_code(wa, 1), a0[3] = w4_code(wb, 1);
+                    a1[0] = w4_code(wa, 2), a1[1] = w4_code(wb, 2), a1[2] = w4_code(wa, 3), a1[3] = w4_code(wb, 3);
+                } else {
+                    a0[0] = w4_pair(wa, 0, za), a0[1] = w4_pair(wb, 0, zb), a0[2] = w4_pair(wa, 1, za), a0[3] = w4_pair(wb, 1, zb);
+                    a1[0] = w4_pair(wa, 2, za), a1[1] = w4_pair(wb, 2, zb), a1[2] = w4_pair(wa, 3, za), a1[3] = w4_pair(wb, 3, zb);
+                }
 #pragma unroll
                 for (int i = 0; i < NT; i++) {
-                    float tmp[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma16816(tmp, a0, xr[uu][u][i].x, xr[uu][u][i].y);
-                    mma16816(tmp, a1, xr[uu][u][i].z, xr[uu][u][i].w);
-                    acc[i][0] = fmaf(tmp[0], fa, acc[i][0]), acc[i][1] = fmaf(tmp[1], fa, acc[i][1]);
-                    acc[i][2] = fmaf(tmp[2], fb, acc[i][2]), acc[i][3] = fmaf(tmp[3], fb, acc[i][3]);
+                    const uint4 xv = xr[uu][u][i];
+                    mma16816(sum[i], a0, xv.x, xv.y);
+                    mma16816(sum[i], a1, xv.z, xv.w);
+                    if (ZF) mma16816(xs[i], ones, xv.x, xv.y), mma16816(xs[i], ones, xv.z, xv.w);
+                }
+                if (!GB || u == 3) { /* the group's end: scaled into acc */
+                    const float zfa = __uint_as_float(sa & 0xFFFF0000u), zfb = __uint_as_float(sb & 0xFFFF0000u);
+#pragma unroll
+                    for (int i = 0; i < NT; i++) {
+                        if (ZF) {
+                            sum[i][0] = fmaf(-zfa, xs[i][0], sum[i][0]), sum[i][1] = fmaf(-zfa, xs[i][1], sum[i][1]);
+                            sum[i][2] = fmaf(-zfb, xs[i][2], sum[i][2]), sum[i][3] = fmaf(-zfb, xs[i][3], sum[i][3]);
+                        }
+                        acc[i][0] = fmaf(sum[i][0], fa, acc[i][0]), acc[i][1] = fmaf(sum[i][1], fa, acc[i][1]);
+                        acc[i][2] = fmaf(sum[i][2], fb, acc[i][2]), acc[i][3] = fmaf(sum[i][3], fb, acc[i][3]);
+                    }
                 }
             }
             if (b + U < kb1) { /* this slot's next block, U blocks ahead */
@@ -307,13 +345,34 @@ void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_lin
     unsigned tiles = 0;
     for (int i = 0; i < nl; i++) J.j[i] = w4_job_of(Ls[i], outs[i]), tiles += J.j[i].tiles;
     if (glu) J.out2 = outs[1], tiles = J.j[0].tiles;
-    if (n <= 8) {
-        if (glu) cu_launch(c->stream, k_w4_gemv<1, true>, tiles, 256, 0, J, x, n);
-        else cu_launch(c->stream, k_w4_gemv<1, false>, tiles, 256, 0, J, x, n);
-    } else {
-        if (glu) cu_launch(c->stream, k_w4_gemv<2, true>, tiles, 256, 0, J, x, n);
-        else cu_launch(c->stream, k_w4_gemv<2, false>, tiles, 256, 0, J, x, n);
+    /* GB where every job's groups span whole 128-column blocks, ZF always;
+     * both read their switch per launch (tests flip them; graphs replay
+     * what they captured): KILN_CUDA_W4_GB=0 scales per chunk always,
+     * KILN_CUDA_W4_ZF=0 subtracts the zeros from the codes */
+    const char *ge = getenv("KILN_CUDA_W4_GB"), *ze = getenv("KILN_CUDA_W4_ZF");
+    int gb = !(ge && !strcmp(ge, "0"));
+    for (int i = 0; i < nl; i++) gb &= J.j[i].gsh >= 2;
+    const int zf = !(ze && !strcmp(ze, "0")), v = (n > 8) * 8 + glu * 4 + gb * 2 + zf;
+#define W4_GO(NT, GLU, GB, ZF) cu_launch(c->stream, k_w4_gemv<NT, GLU, GB, ZF>, tiles, 256, 0, J, x, n)
+    switch (v) {
+    case 0: W4_GO(1, false, false, false); break;
+    case 1: W4_GO(1, false, false, true); break;
+    case 2: W4_GO(1, false, true, false); break;
+    case 3: W4_GO(1, false, true, true); break;
+    case 4: W4_GO(1, true, false, false); break;
+    case 5: W4_GO(1, true, false, true); break;
+    case 6: W4_GO(1, true, true, false); break;
+    case 7: W4_GO(1, true, true, true); break;
+    case 8: W4_GO(2, false, false, false); break;
+    case 9: W4_GO(2, false, false, true); break;
+    case 10: W4_GO(2, false, true, false); break;
+    case 11: W4_GO(2, false, true, true); break;
+    case 12: W4_GO(2, true, false, false); break;
+    case 13: W4_GO(2, true, false, true); break;
+    case 14: W4_GO(2, true, true, false); break;
+    default: W4_GO(2, true, true, true); break;
     }
+#undef W4_GO
     CU_LAUNCHED();
     w4_runs++;
     c->gemv_seq = cu_launch_seq; /* wait-then-release, as gemm.cu's GEMVs */
