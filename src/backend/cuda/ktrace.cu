@@ -57,7 +57,8 @@ void ktrace_end(cudaStream_t s) {
         if (f) fclose(f);
         return;
     }
-    CUDA_CHECK(cudaMemcpy(r, kt_buf, KT_RECS * sizeof *r, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpyAsync(r, kt_buf, KT_RECS * sizeof *r, cudaMemcpyDeviceToHost, s)); /* on the stream (docs/cuda.md, "One stream") */
+    CUDA_CHECK(cudaStreamSynchronize(s));
     for (int i = 0; i < kt_n; i++) fprintf(f, "# unit %d %s\n", i, kt_units[i].name);
     fprintf(f, "# grid t0 tw t1 unit line sm block mark0..mark%d (ns; tw 0: no wait; a mark: ns after t0, 0: not reached)\n", KT_MARKS - 1);
     size_t n = 0;
