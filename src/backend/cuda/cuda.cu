@@ -592,30 +592,33 @@ static float *upload_f32(struct cuda_ctx *c, const void *src, enum kiln_dtype t,
 
 static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
 
-/* A quantized matrix the 4-bit kernels do not take, as bf16 on the host
- * (n_out, n_in): the reference dequantization rounded once
- * (quant_widen_bf16). GGUF blocks of any type (the embedding table and
- * head of a GGUF file, Q8_0 and K-quant linears), FP8, GPTQ / AWQ int8 and
- * group shapes qgemm.cu does not take, and every quantized weight of an
- * MoE model. NULL with err. */
-static uint16_t *dequant_bf16(const struct qlinear *w, char *err, size_t errlen) {
-    uint16_t *h = (uint16_t *)malloc((size_t)w->n_out * w->n_in * 2);
-    if (!h) {
-        kiln_errf(err, errlen, "cuda: out of host memory dequantizing a %d x %d weight", w->n_out, w->n_in);
-        return NULL;
-    }
-    if (quant_widen_bf16(w, h, err, errlen)) {
-        free(h);
-        return NULL;
-    }
-    return h;
-}
-
 /* says once per backend that weights were widened at load, and why */
 static void say_dequant(struct cuda_ctx *c, const char *what) {
     if (c->deq_said++) return;
     kiln_log(KILN_LOG_INFO, "cuda: %s weights are dequantized to bf16 at load (the CUDA backend computes on GPTQ / AWQ int4 "
                             "and Q4_0 of dense models as stored, on every other format, FP8 included, in bf16)", what);
+}
+
+/* A quantized matrix the 4-bit kernels do not take, widened to bf16 on the
+ * host (the reference dequantization rounded once, quant_widen_bf16) and
+ * uploaded: GGUF blocks of any type (the embedding table and head of a GGUF
+ * file, Q8_0 and K-quant linears), FP8, GPTQ / AWQ int8 and group shapes
+ * qgemm.cu does not take, and every quantized weight of an MoE model. An
+ * info line (once per backend) names the format `what`. NULL with err. */
+static bf16 *upload_widened(struct cuda_ctx *c, const struct qlinear *w, const char *what, char *err, size_t errlen) {
+    const size_t n = (size_t)w->n_out * w->n_in;
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    if (!h) {
+        kiln_errf(err, errlen, "cuda: out of host memory dequantizing a %d x %d weight", w->n_out, w->n_in);
+        return NULL;
+    }
+    bf16 *d = NULL;
+    if (!quant_widen_bf16(w, h, err, errlen)) {
+        say_dequant(c, what);
+        d = upload_bf16(c, h, KILN_DTYPE_BF16, n, err, errlen);
+    }
+    free(h);
+    return d;
 }
 
 /* vectors (norms) -> f32; matrices (the embedding) -> bf16, GGUF blocks widened */
@@ -626,11 +629,7 @@ static int cu_prepare_tensor(struct kiln_backend *be, struct ktensor *t, char *e
         if (t->rows == 1 || !quant_type_of(t->dtype))
             return kiln_errf(err, errlen, "cuda: tensors of dtype %s are not supported", dtype_name(t->dtype));
         struct qlinear view = {.n_out = (int)t->rows, .n_in = (int)t->cols, .fmt = KILN_WFMT_GGUF, .w = *t};
-        uint16_t *h = dequant_bf16(&view, err, errlen);
-        if (!h) return -1;
-        say_dequant(c, dtype_name(t->dtype));
-        bf16 *d = upload_bf16(c, h, KILN_DTYPE_BF16, n, err, errlen);
-        free(h);
+        bf16 *d = upload_widened(c, &view, dtype_name(t->dtype), err, errlen);
         if (!d) return -1;
         t->be = d;
         if (!c->embed_host) c->embed_host = t->data, c->embed_dev = d;
@@ -663,14 +662,9 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
     } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0) {
         /* 4-bit, kept as stored (rc 1), or an upload error (-1) */
     } else {
-        uint16_t *h = dequant_bf16(w, err, errlen);
-        if (h) {
-            char what[48];
-            quant_linear_label(w, what, sizeof what);
-            say_dequant(c, what);
-            L->w = upload_bf16(c, h, KILN_DTYPE_BF16, (size_t)w->n_out * w->n_in, err, errlen);
-            free(h);
-        }
+        char what[48];
+        quant_linear_label(w, what, sizeof what);
+        L->w = upload_widened(c, w, what, err, errlen);
     }
     if (rc < 0 || (!L->w && !L->q4)) {
         free(L);
