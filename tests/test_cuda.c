@@ -313,30 +313,33 @@ static void test_matmul_quant(struct pair *p) {
          * per block where groups span it, zeros folded into the sums), scales
          * per chunk, zeros subtracted from the codes, both */
         static const char *const var_gb[] = {NULL, "0", NULL, "0"}, *const var_zf[] = {NULL, NULL, "0", "0"};
-        for (size_t k = 0; k < sizeof ns / sizeof ns[0] * (cases[ci].w4 ? 4 : 1); k++) {
-            const int n = ns[k % (sizeof ns / sizeof ns[0])], var = (int)(k / (sizeof ns / sizeof ns[0]));
-            if (var && n > 16) continue;
+        for (int var = 0; var < (cases[ci].w4 ? 4 : 1); var++) {
             char *gb_saved = env_save("KILN_CUDA_W4_GB"), *zf_saved = env_save("KILN_CUDA_W4_ZF");
             env_restore("KILN_CUDA_W4_GB", var_gb[var]), env_restore("KILN_CUDA_W4_ZF", var_zf[var]);
-            float *x = rand_vec((size_t)n * K, 1.f), *ref = kiln_malloc(sizeof(float) * (size_t)n * N);
-            for (int j = 0; j < n; j++)
-                for (int r = 0; r < N; r++) {
-                    double a = w.bias.data ? kiln_bf16_to_f32(((const uint16_t *)w.bias.data)[r]) : 0;
-                    for (int i = 0; i < K; i++) a += (double)x[(size_t)j * K + i] * wd[(size_t)r * K + i];
-                    ref[(size_t)j * N + r] = (float)a;
-                }
-            void *xc, *xg, *yg, *yc = alloc_both(p, &yg, (size_t)n * N);
-            put(p, &xc, &xg, x, (size_t)n * K);
-            p->cpu->write(p->cpu, yc, ref, (size_t)n * N);
-            const long c0 = kiln_cuda_w4_count ? kiln_cuda_w4_count() : 0;
-            p->gpu->matmul(p->gpu, yg, xg, &wg, n);
-            const int gemv = cases[ci].w4 && n <= 16;
-            snprintf(what, sizeof what, "%s %dx%d%s%s n=%d%s%s", label, N, K, cases[ci].act ? " act" : "", cases[ci].asym ? " asym" : "",
-                     n, var_gb[var] ? ", GB=0" : "", var_zf[var] ? ", ZF=0" : "");
-            check_rel(p, what, yc, yg, (size_t)n * N, gemv ? 3e-3 : 4e-3);
-            if (kiln_cuda_w4_count)
-                CHECK(kiln_cuda_w4_count() - c0 == gemv, "%s: 4-bit GEMV ran %ld times, expected %d", what, kiln_cuda_w4_count() - c0, gemv);
-            free_both(p, xc, xg), free_both(p, yc, yg), free(x), free(ref);
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                const int n = ns[k];
+                if (var && n > 16) continue; /* the variants are the GEMV's */
+                float *x = rand_vec((size_t)n * K, 1.f), *ref = kiln_malloc(sizeof(float) * (size_t)n * N);
+                for (int j = 0; j < n; j++)
+                    for (int r = 0; r < N; r++) {
+                        double a = w.bias.data ? kiln_bf16_to_f32(((const uint16_t *)w.bias.data)[r]) : 0;
+                        for (int i = 0; i < K; i++) a += (double)x[(size_t)j * K + i] * wd[(size_t)r * K + i];
+                        ref[(size_t)j * N + r] = (float)a;
+                    }
+                void *xc, *xg, *yg, *yc = alloc_both(p, &yg, (size_t)n * N);
+                put(p, &xc, &xg, x, (size_t)n * K);
+                p->cpu->write(p->cpu, yc, ref, (size_t)n * N);
+                const long c0 = kiln_cuda_w4_count ? kiln_cuda_w4_count() : 0;
+                p->gpu->matmul(p->gpu, yg, xg, &wg, n);
+                const int gemv = cases[ci].w4 && n <= 16;
+                snprintf(what, sizeof what, "%s %dx%d%s%s n=%d%s%s", label, N, K, cases[ci].act ? " act" : "",
+                         cases[ci].asym ? " asym" : "", n, var_gb[var] ? ", GB=0" : "", var_zf[var] ? ", ZF=0" : "");
+                check_rel(p, what, yc, yg, (size_t)n * N, gemv ? 3e-3 : 4e-3);
+                if (kiln_cuda_w4_count)
+                    CHECK(kiln_cuda_w4_count() - c0 == gemv, "%s: 4-bit GEMV ran %ld times, expected %d", what,
+                          kiln_cuda_w4_count() - c0, gemv);
+                free_both(p, xc, xg), free_both(p, yc, yg), free(x), free(ref);
+            }
             env_restore("KILN_CUDA_W4_GB", gb_saved), env_restore("KILN_CUDA_W4_ZF", zf_saved);
             free(gb_saved), free(zf_saved);
         }
@@ -1508,15 +1511,26 @@ static float *prompt_logits(const char *path, const char *backend, int chunk, in
     return ref_prompt_logits(path, backend, qprompt, QNP, chunk, vocab, err, errlen);
 }
 
+/* max - min of a row of V logits */
+static float row_range(const float *y, int V) {
+    float lo = y[0], hi = y[0];
+    for (int i = 0; i < V; i++) lo = fminf(lo, y[i]), hi = fmaxf(hi, y[i]);
+    return hi - lo;
+}
+
+/* max |x - y| over a row of V logits; infinite where x holds a NaN */
+static float row_delta(const float *x, const float *y, int V) {
+    float d = 0;
+    for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(x[i] - y[i])) + (x[i] != x[i] ? INFINITY : 0);
+    return d;
+}
+
 /* worst |a - b| over the rows of b's logits, as a share of each row's range */
 static float worst_share(const float *a, const float *b, int V) {
     float worst = 0;
     for (int t = 0; t < QNP; t++) {
         const float *x = a + (size_t)t * V, *y = b + (size_t)t * V;
-        float lo = y[0], hi = y[0], d = 0;
-        for (int i = 0; i < V; i++) lo = fminf(lo, y[i]), hi = fmaxf(hi, y[i]);
-        for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(x[i] - y[i])) + (x[i] != x[i] ? INFINITY : 0);
-        worst = fmaxf(worst, d / (hi - lo));
+        worst = fmaxf(worst, row_delta(x, y, V) / row_range(y, V));
     }
     return worst;
 }
@@ -1573,9 +1587,7 @@ static void check_quant_pairs(void) {
             int bad_top = -1;
             for (int t = 0; t < QNP; t++) {
                 const float *a = g + (size_t)t * V, *b = rc + (size_t)t * V;
-                float lo = b[0], hi = b[0];
-                for (int i = 0; i < V; i++) lo = fminf(lo, b[i]), hi = fmaxf(hi, b[i]);
-                if (margin(b, V) > TOL_LOGIT * (hi - lo) && argmax(a, V) != argmax(b, V)) bad_top = t;
+                if (margin(b, V) > TOL_LOGIT * row_range(b, V) && argmax(a, V) != argmax(b, V)) bad_top = t;
             }
             if (!moe) {
                 CHECK(wc <= TOL_LOGIT, "%s on cuda (chunks of %d): max |delta| %.2f%% of the range against the reference on the cpu > %.0f%%",
@@ -1627,12 +1639,10 @@ static float compare_rows(const char *what, int step, const float *g, const floa
     float worst = 0;
     for (int r = 0; r < n_rows; r++) {
         const float *gr = g + (size_t)r * V, *cr = c + (size_t)r * V;
-        float lo = cr[0], hi = cr[0], d = 0;
-        for (int i = 0; i < V; i++) lo = fminf(lo, cr[i]), hi = fmaxf(hi, cr[i]);
-        for (int i = 0; i < V; i++) d = fmaxf(d, fabsf(gr[i] - cr[i])) + (gr[i] != gr[i] ? INFINITY : 0);
-        CHECK(d <= TOL_LOGIT * (hi - lo), "%s, step %d, row %d: max |delta| %g > %g%% of the range %g", what, step, r, d,
-              100 * TOL_LOGIT, hi - lo);
-        worst = fmaxf(worst, d / (hi - lo));
+        const float d = row_delta(gr, cr, V), range = row_range(cr, V);
+        CHECK(d <= TOL_LOGIT * range, "%s, step %d, row %d: max |delta| %g > %g%% of the range %g", what, step, r, d,
+              100 * TOL_LOGIT, range);
+        worst = fmaxf(worst, d / range);
     }
     return worst;
 }
