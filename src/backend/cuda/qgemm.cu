@@ -14,11 +14,13 @@
  * (k_gemv_tc) with the weights unpacked in registers. A 16-row tile is the
  * A operand of mma.m16n8k16, x's rows the B operand (8 or 16 columns; rows
  * past n are zeros). `lop3` puts two codes into the mantissas of a bf16
- * pair 128 + q (0x4300 | q), a bf16 subtract of 128 + z leaves q - z
- * exactly (|q - z| <= 16), so A is the integer weight, B the activations
- * as they are, and the products are exact in the f32 accumulators; each
- * 32-column chunk (one group) is summed by two mma into fresh accumulators
- * and added into the running sums times its scale (f32). Since a chunk's
+ * pair 128 + q (0x4300 | q), so A holds integers, B the activations as
+ * they are, and the products are exact in the f32 accumulators. A group's
+ * products go into fresh sums S (its 32-column chunks, two mma each; per
+ * 128-column block when the group spans it), a second pair of mma with
+ * all-ones weights sums x over the same columns, and s (S - (128 + z) sum x)
+ * is added into the running sums once per group (k_w4_gemv's ZF; without
+ * it a bf16 subtract of 128 + z per code pair makes A hold q - z). Since a chunk's
  * 32 columns are split 8 per lane between the four lanes t of a row, the
  * code layout is exactly the mma fragment: word u of lane (g, t) is A's
  * row-g registers for chunk u, and B's registers are x's 16 bytes at
