@@ -200,12 +200,19 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w
             const int b = kb + uu;
             if (b >= kb1) break;
             unsigned sa = 0, sb = 0, za = 0, zb = 0;
+            uint4 s4a = z4, s4b = z4;
             float fa = 0.f, fb = 0.f, sum[NT][4], xs[NT][4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 if (!GB || u == 0) { /* a new group: its scales, zeros and fresh sums */
-                    const int gi = (b * 4 + u) >> gsh;
-                    sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
+                    if (!GB && gsh == 0) { /* groups of 32: the block's four per row in one load (w4pack.h) */
+                        if (u == 0) s4a = __ldg((const uint4 *)(sp + (size_t)b * 64) + g), s4b = __ldg((const uint4 *)(sp + (size_t)b * 64) + g + 8);
+                        sa = u == 0 ? s4a.x : u == 1 ? s4a.y : u == 2 ? s4a.z : s4a.w;
+                        sb = u == 0 ? s4b.x : u == 1 ? s4b.y : u == 2 ? s4b.z : s4b.w;
+                    } else {
+                        const int gi = (b * 4 + u) >> gsh;
+                        sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
+                    }
                     za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
                     fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
 #pragma unroll
@@ -292,7 +299,8 @@ __global__ void k_w4_deq(const struct w4_args A, bf16 *__restrict__ w) {
     const int T = r >> 4, h = r & 15, g = h & 7, half = h >> 3;
     const int b = k0 >> 7, u = (k0 >> 5) & 3, t = (k0 >> 3) & 3;
     const unsigned wd = ((const unsigned *)A.q)[(((size_t)T * A.nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4) / 4];
-    const unsigned sw = A.sc[((size_t)T * A.ng + ((b * 4 + u) >> A.gsh)) * 16 + h];
+    const unsigned sw = A.sc[A.gsh == 0 ? ((size_t)T * A.ng + 4 * (size_t)b) * 16 + 4 * h + u
+                                        : ((size_t)T * A.ng + ((b * 4 + u) >> A.gsh)) * 16 + h]; /* w4_sc_index */
     const float s = w4_scale(sw, A.sbf), zf = __uint_as_float(sw & 0xFFFF0000u) - 128.f;
     unsigned o[4];
 #pragma unroll

@@ -70,7 +70,7 @@ static void layout(struct w4_pack *p, const struct src *s) {
                 int z;
                 scale_zero(s, n, gi, &sv, &z);
                 const uint16_t sbits = p->sbf ? kiln_f32_to_bf16(sv) : kiln_f32_to_f16(sv);
-                p->sc[((size_t)T * ng + gi) * 16 + h] = sbits | (uint32_t)kiln_f32_to_bf16(128.f + (float)z) << 16;
+                p->sc[w4_sc_index(p, T, gi * s->G / 128, (gi * s->G / 32) & 3, h)] = sbits | (uint32_t)kiln_f32_to_bf16(128.f + (float)z) << 16;
             }
         }
     }
@@ -120,7 +120,7 @@ float w4_pack_weight(const struct w4_pack *p, int n, int k) {
     uint32_t w;
     memcpy(&w, p->q + ((size_t)T * p->nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4, 4);
     const int q = (int)((w >> ((j & 1) * 16 + (j >> 1) * 4)) & 15);
-    const uint32_t sw = p->sc[((size_t)T * p->ng + ((b * 4 + u) >> p->gsh)) * 16 + h];
+    const uint32_t sw = p->sc[w4_sc_index(p, T, b, u, h)];
     const float s = p->sbf ? kiln_bf16_to_f32((uint16_t)sw) : kiln_f16_to_f32((uint16_t)sw);
     const float z = kiln_bf16_to_f32((uint16_t)(sw >> 16)) - 128.f;
     return s * ((float)q - z);

@@ -13,9 +13,11 @@
  *       lane = 4 g + t holds, for rows 16 T + g and 16 T + g + 8, word u of
  *       each: the 8 codes of columns 128 b + 32 u + 8 t + j (j = 0..7),
  *       code j = 2 i at bits 4 i, code 2 i + 1 at bits 16 + 4 i (i = 0..3)
- *   sc: [tile][group][16 rows] 32-bit words: the scale (f16, or bf16 when
- *       the checkpoint's scales are bf16 values that f16 cannot hold) in
- *       the low half, 128 + z as bf16 in the high half
+ *   sc: 32-bit words, the scale (f16, or bf16 when the checkpoint's scales
+ *       are bf16 values that f16 cannot hold) in the low half, 128 + z as
+ *       bf16 in the high half; [tile][group][16 rows], but for groups of 32
+ *       columns [tile][block][16 rows][4 groups], so that a lane reads the
+ *       four of its row in one 16-byte load (w4_sc_index)
  *
  * Rows are padded to 16 with codes and scales 0, columns to 128 with codes
  * 0 (and scales 0, but for a per-channel group, which spans the padding:
@@ -42,6 +44,11 @@ struct w4_pack {
  * layout takes (nothing allocated), or -1 with err */
 int w4_pack(struct w4_pack *p, const struct qlinear *w, char *err, size_t errlen);
 void w4_pack_free(struct w4_pack *p);
+/* where sc holds the word of row h of tile T for chunk u of column block b */
+static inline size_t w4_sc_index(const struct w4_pack *p, int T, int b, int u, int h) {
+    if (p->gsh == 0) return ((size_t)T * p->ng + 4 * (size_t)b) * 16 + 4 * h + u;
+    return ((size_t)T * p->ng + ((b * 4 + u) >> p->gsh)) * 16 + h;
+}
 /* the weight at row n, column k of the layout's column order, s (q - z),
  * read back as the kernel reads it (tests) */
 float w4_pack_weight(const struct w4_pack *p, int n, int k);
