@@ -206,7 +206,9 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w
             for (int u = 0; u < 4; u++) {
                 if (!GB || u == 0) { /* a new group: its scales, zeros and fresh sums */
                     if (!GB && gsh == 0) { /* groups of 32: the block's four per row in one load (w4pack.h) */
-                        if (u == 0) s4a = __ldg((const uint4 *)(sp + (size_t)b * 64) + g), s4b = __ldg((const uint4 *)(sp + (size_t)b * 64) + g + 8);
+                        if (u == 0) /* sp is tile T's: its words of rows g, g + 8 for chunks 0..3 of block b */
+                            s4a = __ldg((const uint4 *)(sp + W4_SC_INDEX(0, ng, 0, b, 0, g))),
+                            s4b = __ldg((const uint4 *)(sp + W4_SC_INDEX(0, ng, 0, b, 0, g + 8)));
                         sa = u == 0 ? s4a.x : u == 1 ? s4a.y : u == 2 ? s4a.z : s4a.w;
                         sb = u == 0 ? s4b.x : u == 1 ? s4b.y : u == 2 ? s4b.z : s4b.w;
                     } else {
@@ -299,8 +301,7 @@ __global__ void k_w4_deq(const struct w4_args A, bf16 *__restrict__ w) {
     const int T = r >> 4, h = r & 15, g = h & 7, half = h >> 3;
     const int b = k0 >> 7, u = (k0 >> 5) & 3, t = (k0 >> 3) & 3;
     const unsigned wd = ((const unsigned *)A.q)[(((size_t)T * A.nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4) / 4];
-    const unsigned sw = A.sc[A.gsh == 0 ? ((size_t)T * A.ng + 4 * (size_t)b) * 16 + 4 * h + u
-                                        : ((size_t)T * A.ng + ((b * 4 + u) >> A.gsh)) * 16 + h]; /* w4_sc_index */
+    const unsigned sw = A.sc[W4_SC_INDEX(T, A.ng, A.gsh, b, u, h)];
     const float s = w4_scale(sw, A.sbf), zf = __uint_as_float(sw & 0xFFFF0000u) - 128.f;
     unsigned o[4];
 #pragma unroll

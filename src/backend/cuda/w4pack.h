@@ -44,10 +44,14 @@ struct w4_pack {
  * layout takes (nothing allocated), or -1 with err */
 int w4_pack(struct w4_pack *p, const struct qlinear *w, char *err, size_t errlen);
 void w4_pack_free(struct w4_pack *p);
-/* where sc holds the word of row h of tile T for chunk u of column block b */
+/* where sc holds the word of row h of tile T for chunk u of column block b
+ * (ng groups per tile, gsh as in struct w4_pack); a macro, so that the
+ * kernels (qgemm.cu) index the same layout */
+#define W4_SC_INDEX(T, ng, gsh, b, u, h)                                                                  \
+    ((gsh) == 0 ? ((size_t)(T) * (ng) + 4 * (size_t)(b)) * 16 + 4 * (size_t)(h) + (size_t)(u)            \
+                : ((size_t)(T) * (ng) + (size_t)(((b) * 4 + (u)) >> (gsh))) * 16 + (size_t)(h))
 static inline size_t w4_sc_index(const struct w4_pack *p, int T, int b, int u, int h) {
-    if (p->gsh == 0) return ((size_t)T * p->ng + 4 * (size_t)b) * 16 + 4 * h + u;
-    return ((size_t)T * p->ng + ((b * 4 + u) >> p->gsh)) * 16 + h;
+    return W4_SC_INDEX(T, p->ng, p->gsh, b, u, h);
 }
 /* the weight at row n, column k of the layout's column order, s (q - z),
  * read back as the kernel reads it (tests) */
