@@ -3,13 +3,15 @@
  * the machine's read bandwidth, per matrix size: how close a format's kernel
  * streams to the roofline probe, and what small matrices cost it.
  *
- *   make gemv-bench && ./build/gemv-bench [format] [threads] [passes] [K]
+ *   make gemv-bench && ./build/gemv-bench [format] [threads] [passes] [K] [MB]
  *
  * format: bf16 or a quantized one quant_dummy_linear makes (q4_0, q8_0,
  * gptq-int4, ...; default q4_0); threads default 2, passes 3, K 1024. For
  * N = 512, 2048, 8192 and 32768 output rows it makes as many distinct
- * N x K matrices as fill ~256 MB (a decode streams distinct weights from
- * DRAM, never the same matrix twice in a row) and times two sweeps of
+ * N x K matrices as fill ~MB megabytes (default 256: a decode streams
+ * distinct weights from DRAM, never the same matrix twice in a row; a few
+ * MB that stay in the caches give the kernel's own rate instead, what it
+ * does when the bytes are not the limit) and times two sweeps of
  * be->matmul over them. Each pass first measures the bandwidth with
  * bench_membw (the --roofline probe: 1, 2 and 4 streams per thread, the
  * kernels' load width) and prints every size's GB/s and share of it.
@@ -51,7 +53,7 @@ int main(int argc, char **argv) {
     const int nt = argc > 2 ? atoi(argv[2]) : 2, passes = argc > 3 ? atoi(argv[3]) : 3, K = argc > 4 ? atoi(argv[4]) : 1024;
     enum { NS = 4 };
     static const int Ns[NS] = {512, 2048, 8192, 32768};
-    const double total = 256e6;
+    const double total = argc > 5 ? atof(argv[5]) * 1e6 : 256e6;
     char err[256];
     if (nt < 1 || passes < 1 || K < 128 || K % 128) {
         fprintf(stderr, "usage: gemv-bench [format] [threads >= 1] [passes >= 1] [K, a multiple of 128]\n");
