@@ -428,6 +428,15 @@ static ssize_t job_stream(void *cls, char *buf, size_t max) {
 
 static void job_stream_free(void *cls) { job_free(cls); }
 
+/* echo: prompt q as text, the string the client sent or its token ids
+ * decoded (special tokens kept); malloc'd */
+static char *echo_text(const struct job *j, int q) {
+    const struct prompt *pr = &j->p.prompts[q];
+    if (pr->text) return kiln_strdup(pr->text);
+    char *t = j->s->tok ? tok_decode(j->s->tok, pr->ids, pr->n, 0, NULL, NULL, 0) : NULL;
+    return t ? t : kiln_strdup("");
+}
+
 static cJSON *final_response(struct job *j) {
     cJSON *o = cJSON_CreateObject(), *arr;
     cJSON_AddStringToObject(o, "id", j->id);
@@ -449,6 +458,14 @@ static cJSON *final_response(struct job *j) {
                 cJSON *a = cJSON_AddArrayToObject(m, "tool_calls");
                 for (int k = 0; k < c->tools.n_calls; k++) cJSON_AddItemToArray(a, tool_call_json(j->s, &c->tools.calls[k], -1));
             }
+        } else if (j->p.echo) {
+            struct strbuf t = {0};
+            char *pre = echo_text(j, i / j->p.n);
+            sb_puts(&t, pre);
+            sb_puts(&t, sb_str(&c->text));
+            cJSON_AddStringToObject(ch, "text", sb_str(&t));
+            free(pre);
+            sb_free(&t);
         } else {
             cJSON_AddStringToObject(ch, "text", sb_str(&c->text));
         }
@@ -541,6 +558,13 @@ static void handle_generate(struct openai_server *s, const struct http_request *
     if (j->p.stream) {
         if (chat)
             for (int i = 0; i < j->n_choices; i++) emit_chunk(j, i, 1);
+        else if (j->p.echo) /* each choice's first chunk is its prompt */
+            for (int i = 0; i < j->n_choices; i++) {
+                char *pre = echo_text(j, i / j->p.n);
+                sb_puts(&j->c[i].d_text, pre);
+                free(pre);
+                emit_chunk(j, i, 0);
+            }
         rs->status = 200;
         rs->stream = job_stream;
         rs->stream_free = job_stream_free;

@@ -127,6 +127,27 @@ static cJSON *template_messages(const cJSON *msgs, struct param_error *e) {
             perr(e, "messages", "a message's 'content' must be a string or an array of parts");
             goto fail;
         }
+        /* kiln has no image, audio or file encoder: a part of another type
+         * is refused here by name, not left to fail inside the template */
+        if (cJSON_IsArray(content)) {
+            const cJSON *part;
+            cJSON_ArrayForEach(part, content) {
+                const cJSON *type = get(part, "type");
+                if (!cJSON_IsObject(part) || !cJSON_IsString(type)) {
+                    perr(e, "messages", "messages[%d]: each content part must be an object with a string 'type'", i);
+                    goto fail;
+                }
+                if (strcmp(type->valuestring, "text")) {
+                    perr(e, "messages", "messages[%d]: content parts of type '%.40s' are not supported: kiln serves text only", i,
+                         type->valuestring);
+                    goto fail;
+                }
+                if (!cJSON_IsString(get(part, "text"))) {
+                    perr(e, "messages", "messages[%d]: a text part must have a string 'text'", i);
+                    goto fail;
+                }
+            }
+        }
         int assistant = !strcmp(role->valuestring, "assistant"), tool = !strcmp(role->valuestring, "tool");
         const cJSON *calls = get(m, "tool_calls");
         if (!absent(calls)) {
@@ -239,7 +260,11 @@ static int chat_prompt(const struct params_ctx *c, const cJSON *req, int add_gen
  * strings and token-id arrays (one prompt each). */
 static int completion_prompt(const struct params_ctx *c, const cJSON *req, struct gen_params *p, struct param_error *e) {
     const cJSON *pr = get(req, "prompt");
-    if (cJSON_IsString(pr)) return encode_text(c, pr->valuestring, add_prompt(p, 1), e);
+    if (cJSON_IsString(pr)) {
+        struct prompt *q = add_prompt(p, 1);
+        if (p->echo) q->text = kiln_strdup(pr->valuestring);
+        return encode_text(c, pr->valuestring, q, e);
+    }
     if (!cJSON_IsArray(pr) || cJSON_GetArraySize(pr) == 0)
         return perr(e, "prompt", "'prompt' must be a string, an array of token ids, or an array of strings or token-id arrays");
     if (cJSON_IsNumber(cJSON_GetArrayItem(pr, 0))) {
@@ -252,6 +277,7 @@ static int completion_prompt(const struct params_ctx *c, const cJSON *req, struc
     cJSON_ArrayForEach(x, pr) {
         struct prompt *q = add_prompt(p, k);
         if (cJSON_IsString(x)) {
+            if (p->echo) q->text = kiln_strdup(x->valuestring);
             if (encode_text(c, x->valuestring, q, e)) return -1;
         } else if (cJSON_IsArray(x)) {
             if (params_ids(c, x, "prompt", &q->ids, &q->n, e)) return -1;
@@ -333,7 +359,7 @@ static int parse_response_format(const struct params_ctx *c, const cJSON *req, s
 /* ==== public ==== */
 
 void params_free(struct gen_params *p) {
-    for (int i = 0; i < p->n_prompts; i++) free(p->prompts[i].ids);
+    for (int i = 0; i < p->n_prompts; i++) free(p->prompts[i].ids), free(p->prompts[i].text);
     free(p->prompts);
     free(p->bias_ids);
     free(p->bias);
@@ -351,7 +377,7 @@ int params_parse(const struct params_ctx *c, const cJSON *req, int chat, struct 
 
 int params_parse_ids(const struct params_ctx *c, const cJSON *req, int32_t *ids, int n, struct gen_params *p,
                      struct param_error *e) {
-    struct prompt pre = {ids, n};
+    struct prompt pre = {.ids = ids, .n = n};
     int rc = parse(c, req, 0, &pre, p, e);
     free(pre.ids); /* NULL once the prompt list took it */
     return rc;
@@ -475,6 +501,26 @@ static int parse(const struct params_ctx *c, const cJSON *req, int chat, struct 
     } else {
         if ((r = opt_int(req, "logprobs", 0, KILN_MAX_TOP_LOGPROBS, &v, e)) < 0) return -1;
         if (r) p->logprobs = 1, p->top_logprobs = (int)v;
+    }
+    if (!chat) {
+        if (opt_bool(req, "echo", &p->echo, e) < 0) return -1;
+        if (p->echo && !c->tok) return perr(e, "echo", "'echo' needs the model's tokenizer, which this server has not loaded");
+        if (p->echo && p->logprobs >= 0)
+            return perr(e, "echo", "'echo' with 'logprobs' is not supported: kiln does not return the prompt's logprobs");
+        const cJSON *sfx = get(req, "suffix");
+        if (!absent(sfx) && !(cJSON_IsString(sfx) && !*sfx->valuestring))
+            return perr(e, "suffix", "'suffix' is not supported: these models do not fill in the middle");
+    }
+    if ((r = opt_int(req, "best_of", 1, PARAMS_MAX_N, &v, e)) < 0) return -1;
+    if (r && v != p->n) return perr(e, "best_of", "'best_of' other than n is not supported (got best_of %lld, n %d)", v, p->n);
+    if (chat) { /* text only: no audio out */
+        const cJSON *mod = get(req, "modalities"), *x;
+        if (!absent(get(req, "audio"))) return perr(e, "audio", "audio output is not supported: kiln serves text only");
+        if (!absent(mod)) {
+            if (!cJSON_IsArray(mod)) return perr(e, "modalities", "'modalities' must be an array");
+            cJSON_ArrayForEach(x, mod) if (!cJSON_IsString(x) || strcmp(x->valuestring, "text"))
+                return perr(e, "modalities", "only the 'text' modality is supported");
+        }
     }
     if (parse_stops(req, p, e)) return -1;
     const cJSON *sti = get(req, "stop_token_ids");

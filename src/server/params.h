@@ -39,6 +39,7 @@ struct param_error {
 struct prompt {
     int32_t *ids;
     int n;
+    char *text; /* the prompt string when echo asks for it (NULL: token ids, decoded when echoed) */
 };
 
 struct gen_params {
@@ -60,6 +61,7 @@ struct gen_params {
     int think, think_in_reasoning;
     int tools; /* chat: parse <tool_call> blocks in the output */
     int json;  /* response_format json_object: constrain the output to one JSON object */
+    int echo;  /* completions: each choice's text starts with its prompt */
 };
 
 /* Parses a generation request. 0, or -1 with e filled (p may then hold

@@ -296,6 +296,20 @@ def test_bad_json_and_types(srv, client, model):
     for path, body in cases:
         s, _, b = post(u, path, {"model": model, **body})
         assert_openai_error(s, b, 400)
+    # content parts: text parts are joined; any other kind is refused by name
+    # (no image encoder), and so are malformed parts
+    r = client.chat.completions.create(
+        model=model, max_tokens=2, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": " there"}]}]
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    for content in ([{"type": "text", "text": "look"}, image], [{"type": "text"}], ["hi"], [{"text": "hi"}]):
+        s, _, b = post(u, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": content}]})
+        assert_openai_error(s, b, 400)
+        msg = b["error"]["message"]
+        assert msg.startswith("messages[0]: ") and "template" not in msg, msg
+        if content[-1] is image:
+            assert "'image_url' are not supported" in msg, msg
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
     with pytest.raises(openai.NotFoundError):

@@ -305,3 +305,44 @@ def test_response_format_other_types(client, model, srv):
                                                          "response_format": bad})
         assert_openai_error(s, b, 400)
         assert b["error"]["param"] == "response_format"
+
+
+# ==== echo, and the fields kiln refuses rather than ignores ====
+
+
+def test_echo(client, model, srv):
+    prompt = PROMPTS[0]
+    plain = greedy(client, model, prompt, n=6).choices[0].text
+    r = greedy(client, model, prompt, n=6, echo=True)
+    assert r.choices[0].text == prompt + plain
+    assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == len(token_ids(srv, prompt))
+    # streamed: the prompt is each choice's first chunk, then the same tokens
+    chunks = list(greedy(client, model, prompt, n=6, echo=True, stream=True))
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(c.choices[0].text for c in chunks) == prompt + plain
+    # token-id prompts echo as their decoded text, one per prompt and choice
+    ids = [token_ids(srv, PROMPTS[1]), token_ids(srv, PROMPTS[2])]
+    r = greedy(client, model, ids, n=3, echo=True, extra_body={"n": 2})
+    assert len(r.choices) == 4
+    for i, ch in enumerate(r.choices):
+        want = detokenize(srv, ids[i // 2])
+        assert ch.text.startswith(want) and len(ch.text) > len(want), (i, ch.text)
+    with pytest.raises(openai.BadRequestError, match="'echo' with 'logprobs'"):
+        greedy(client, model, prompt, echo=True, logprobs=2)
+
+
+def test_unsupported_fields_are_refused(client, model, srv):
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError, match="'suffix' is not supported"):
+        greedy(client, model, PROMPTS[0], suffix="end")
+    assert greedy(client, model, PROMPTS[0], n=3, suffix="").choices[0].text == greedy(client, model, PROMPTS[0], n=3).choices[0].text
+    with pytest.raises(openai.BadRequestError, match="'best_of' other than n"):
+        greedy(client, model, PROMPTS[0], best_of=3)
+    assert len(greedy(client, model, PROMPTS[0], n=2, best_of=2, extra_body={"n": 2}).choices) == 2
+    with pytest.raises(openai.BadRequestError, match="audio output is not supported"):
+        client.chat.completions.create(model=model, messages=msgs, max_tokens=2, modalities=["text", "audio"],
+                                       audio={"voice": "alloy", "format": "wav"})
+    with pytest.raises(openai.BadRequestError, match="only the 'text' modality"):
+        client.chat.completions.create(model=model, messages=msgs, max_tokens=2, modalities=["audio"])
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=2, modalities=["text"])
+    assert r.usage.completion_tokens == 2
