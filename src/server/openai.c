@@ -606,16 +606,43 @@ static void handle_generate(struct openai_server *s, const struct http_request *
 
 /* ==== other routes ==== */
 
-static void handle_models(struct openai_server *s, struct http_response *rs) {
-    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
+static cJSON *model_json(struct openai_server *s) {
+    cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->model_name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->created);
     cJSON_AddStringToObject(m, "owned_by", "kiln");
     cJSON_AddNumberToObject(m, "max_model_len", kiln_serving_max_tokens(s->srv));
-    cJSON_AddItemToArray(d, m);
+    return m;
+}
+
+static void handle_models(struct openai_server *s, struct http_response *rs) {
+    cJSON *o = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddItemToArray(d, model_json(s));
     reply_json(rs, 200, o);
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* GET /v1/models/ID (the client's models.retrieve): ID percent-decoded, so
+ * "Qwen/Qwen3-8B" matches sent raw or as Qwen%2FQwen3-8B */
+static void handle_model(struct openai_server *s, const char *id, struct http_response *rs) {
+    char dec[256];
+    size_t k = 0;
+    for (const char *p = id; *p && k + 1 < sizeof dec; p++) {
+        int hi, lo;
+        if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) dec[k++] = (char)(hi * 16 + lo), p += 2;
+        else dec[k++] = *p;
+    }
+    dec[k] = 0;
+    if (strcmp(dec, s->model_name)) {
+        reply_error(rs, 404, "model", "The model '%s' does not exist; this server serves '%s'", dec, s->model_name);
+        return;
+    }
+    reply_json(rs, 200, model_json(s));
 }
 
 static void handle_health(struct openai_server *s, struct http_response *rs) {
@@ -761,6 +788,8 @@ static void route(void *ctx, const struct http_request *rq, struct http_response
         handle_generate(s, rq, rs, 0);
     } else if (!strcmp(path, "/v1/models") && get) {
         handle_models(s, rs);
+    } else if (!strncmp(path, "/v1/models/", 11) && path[11] && get) {
+        handle_model(s, path + 11, rs);
     } else if (!strcmp(path, "/health") && get) {
         handle_health(s, rs);
     } else if (!strcmp(path, "/metrics") && get) {

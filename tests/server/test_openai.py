@@ -67,6 +67,10 @@ def chat(client, model, text, **kw):
 def test_models(client, srv):
     models = client.models.list().data
     assert len(models) == 1 and models[0].id == "qwen3-dense-tiny"
+    m = client.models.retrieve("qwen3-dense-tiny")
+    assert m.id == "qwen3-dense-tiny" and m.object == "model" and m.model_extra["max_model_len"] == models[0].model_extra["max_model_len"] > 0
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("Qwen/other")
 
 
 def test_completion(client, model):
