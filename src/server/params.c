@@ -223,11 +223,58 @@ static int parse_tools(const cJSON *req, int chat, struct gen_params *p, struct 
     return 0;
 }
 
+/* The text continue_final_message continues: the content string, or the
+ * last text part of a list (template_messages has checked the parts);
+ * NULL when there is none */
+static const char *final_text(const cJSON *m) {
+    const cJSON *content = get(m, "content");
+    if (cJSON_IsString(content)) return content->valuestring;
+    const char *t = NULL;
+    const cJSON *part;
+    if (cJSON_IsArray(content)) cJSON_ArrayForEach(part, content) t = get(part, "text")->valuestring;
+    return t;
+}
+
+static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
+
+/* continue_final_message, as transformers' apply_chat_template does it: the
+ * rendered text is cut after the last occurrence of the final message's
+ * trimmed text, keeping its trailing whitespace when the template kept it
+ * (the rendered text there equals the message); 0, or -1 with e */
+static int cut_after_final(char *text, const cJSON *msgs, struct param_error *e) {
+    const char *fin = final_text(cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1));
+    if (!fin) return perr(e, "continue_final_message", "the final message has no text to continue");
+    const size_t len = strlen(fin);
+    size_t lead = 0, end = len;
+    while (lead < len && is_ws(fin[lead])) lead++;
+    while (end > lead && is_ws(fin[end - 1])) end--;
+    const size_t tn = end - lead; /* the trimmed text: fin + lead, tn bytes */
+    char *loc = NULL; /* the last occurrence of the trimmed text */
+    const size_t total = strlen(text);
+    for (char *q = text; tn && (q = memmem(q, total - (size_t)(q - text), fin + lead, tn)); q++) loc = q;
+    if (!tn || !loc)
+        return perr(e, "continue_final_message",
+                    "the final message does not appear in the rendered chat template, so it cannot be continued");
+    const size_t keep = lead == 0 && total - (size_t)(loc - text) >= len && !memcmp(loc, fin, len) ? len : tn;
+    loc[keep] = 0;
+    return 0;
+}
+
 /* messages -> chat template -> ids. Sets think_in_reasoning when the
- * rendered prompt ends inside <think>. */
-static int chat_prompt(const struct params_ctx *c, const cJSON *req, int add_gen, struct gen_params *p, struct param_error *e) {
+ * rendered prompt ends inside <think>. add_gen: add_generation_prompt;
+ * cont: continue_final_message (the last message, an assistant's, is left
+ * open) */
+static int chat_prompt(const struct params_ctx *c, const cJSON *req, int add_gen, int cont, struct gen_params *p,
+                       struct param_error *e) {
     const cJSON *msgs = get(req, "messages");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) return perr(e, "messages", "'messages' must be a non-empty array of messages");
+    if (cont) {
+        const cJSON *role = get(cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1), "role");
+        if (add_gen)
+            return perr(e, "continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+        if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant"))
+            return perr(e, "continue_final_message", "'continue_final_message' needs the last message to be the assistant's");
+    }
     int thinking = -1;
     const cJSON *kw = get(req, "chat_template_kwargs");
     if (!absent(kw) && !cJSON_IsObject(kw)) return perr(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -248,12 +295,25 @@ static int chat_prompt(const struct params_ctx *c, const cJSON *req, int add_gen
     char *text = tok_apply_chat_template(c->tok, mj, add_gen, thinking, err, sizeof err);
     free(mj);
     if (!text) return perr(e, "messages", "cannot apply the chat template: %s", err);
+    if (cont && cut_after_final(text, msgs, e)) {
+        free(text);
+        return -1;
+    }
     size_t tl = strlen(text);
     while (tl && (text[tl - 1] == '\n' || text[tl - 1] == ' ')) tl--;
     p->think_in_reasoning = tl >= 7 && !memcmp(text + tl - 7, "<think>", 7);
     int rc = encode_text(c, text, add_prompt(p, 1), e);
     free(text);
     return rc;
+}
+
+/* chat_prompt with the request's add_generation_prompt (default true) and
+ * continue_final_message (default false), as vLLM takes them */
+static int chat_prompt_of(const struct params_ctx *c, const cJSON *req, struct gen_params *p, struct param_error *e) {
+    int add_gen = -1, cont = 0;
+    if (opt_bool(req, "add_generation_prompt", &add_gen, e) < 0 || opt_bool(req, "continue_final_message", &cont, e) < 0) return -1;
+    if (add_gen < 0) add_gen = !cont; /* continuing a message adds no new turn unless asked (then refused) */
+    return chat_prompt(c, req, add_gen, cont, p, e);
 }
 
 /* prompt: a string, an array of token ids (one prompt), or an array of
@@ -536,7 +596,7 @@ static int parse(const struct params_ctx *c, const cJSON *req, int chat, struct 
             if (pre->ids[i] >= c->vocab) return perr(e, "prompt", "'prompt' must hold token ids in [0, %d)", c->vocab);
         *add_prompt(p, 1) = *pre;
         pre->ids = NULL;
-    } else if (chat ? chat_prompt(c, req, 1, p, e) : completion_prompt(c, req, p, e)) {
+    } else if (chat ? chat_prompt_of(c, req, p, e) : completion_prompt(c, req, p, e)) {
         return -1;
     }
     if ((long long)p->n_prompts * p->n > PARAMS_MAX_CHOICES)
@@ -560,9 +620,7 @@ int params_tokenize(const struct params_ctx *c, const cJSON *req, struct gen_par
     e->param = NULL;
     const cJSON *prompt = get(req, "prompt");
     if (get(req, "messages")) {
-        int add_gen = 1;
-        if (opt_bool(req, "add_generation_prompt", &add_gen, e) < 0) return -1;
-        return chat_prompt(c, req, add_gen, p, e);
+        return chat_prompt_of(c, req, p, e);
     }
     if (cJSON_IsString(prompt)) return encode_text(c, prompt->valuestring, add_prompt(p, 1), e);
     return perr(e, "prompt", "give 'prompt' (a string) or 'messages'");

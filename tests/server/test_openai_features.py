@@ -346,3 +346,47 @@ def test_unsupported_fields_are_refused(client, model, srv):
         client.chat.completions.create(model=model, messages=msgs, max_tokens=2, modalities=["audio"])
     r = client.chat.completions.create(model=model, messages=msgs, max_tokens=2, modalities=["text"])
     assert r.usage.completion_tokens == 2
+
+
+# ==== add_generation_prompt / continue_final_message (vLLM's extra chat fields) ====
+
+# transformers' apply_chat_template(..., continue_final_message=True) on the
+# fixture's template (transformers 5.25.0, 2026-12-06): the last assistant
+# message is left open, cut after its text (trailing whitespace kept where the
+# template kept it, leading whitespace outside the cut)
+CONTINUED = [
+    ("Sure", "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure"),
+    ("Sure \n", "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure \n"),
+    (" lead", "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n lead"),
+]
+
+
+def rendered(srv, body):
+    status, _, b = post(srv.url, "/tokenize", body)
+    assert status == 200, b
+    return detokenize(srv, b["tokens"])
+
+
+def test_continue_final_message(client, model, srv):
+    for text, want in CONTINUED:
+        msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": text}]
+        assert rendered(srv, {"messages": msgs, "continue_final_message": True}) == want
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "Sure"}]
+    closed = rendered(srv, {"messages": msgs})
+    assert closed == CONTINUED[0][1] + "<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered(srv, {"messages": msgs[:1], "add_generation_prompt": False}) == "<|im_start|>user\na<|im_end|>\n"
+    # through the chat route: the prompt is the open message, and the reply continues it
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, temperature=0,
+                                       extra_body={"continue_final_message": True})
+    assert r.usage.prompt_tokens == len(token_ids(srv, CONTINUED[0][1])) and r.usage.completion_tokens == 3
+    plain = greedy(client, model, CONTINUED[0][1], n=3).choices[0].text
+    assert r.choices[0].message.content == plain
+    for body, match in (
+        ({"messages": msgs, "continue_final_message": True, "add_generation_prompt": True}, "cannot both be true"),
+        ({"messages": msgs[:1], "continue_final_message": True}, "last message to be the assistant's"),
+        ({"messages": [msgs[0], {"role": "assistant", "content": "  "}], "continue_final_message": True}, "does not appear"),
+        ({"messages": msgs, "continue_final_message": "yes"}, "must be a boolean"),
+    ):
+        s, _, b = post(srv.url, "/v1/chat/completions", {"model": model, "max_tokens": 2, **body})
+        assert_openai_error(s, b, 400)
+        assert match in b["error"]["message"], b
