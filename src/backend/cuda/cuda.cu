@@ -1131,6 +1131,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_defer = env_is("KILN_CUDA_DEFER", "0");
     c->no_fuse = env_is("KILN_CUDA_FUSE", "0");
     c->no_gemm_res = env_is("KILN_CUDA_GEMM_RES", "0");
+    const char *ws = getenv("KILN_CUDA_W4_SLICE");
+    c->w4_slice_env = ws && *ws ? atoi(ws) : -1;
     c->no_fuse_att = env_is("KILN_CUDA_FUSE_ATT", "0"); /* decode rope + KV write as their own launch */
     /* folding the norm into the next GEMV is off unless asked for: measured
      * on the H200 it cost 0.6B decode ~5% and gained nothing on 8B (each

@@ -240,6 +240,7 @@ struct cuda_ctx {
         const bf16 *x, *w;
     } pgemm;
     int no_gemm_res;
+    int w4_slice_env; /* KILN_CUDA_W4_SLICE, or -1: the per-format limit of w4_slice_rows */
 
     /* decode ops held back to be fused into the next launch (KILN_CUDA_FUSE=0
      * turns this off): an RMSNorm (with its residual add) folded into the
@@ -531,13 +532,21 @@ void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L);
 size_t cu_w4_bytes(const struct cu_linear *L);
 /* x, or x with its columns in the act-order permutation (scratch); NULL when out of memory */
 const bf16 *cu_w4_x(struct cuda_ctx *c, const struct cu_linear *L, const bf16 *x, int n);
-/* out = x W^T + b for n <= W4_GEMV_ROWS rows (x from cu_w4_x) */
+/* out = x W^T + b (x from cu_w4_x): one launch for n <= W4_GEMV_ROWS rows,
+ * one per 16-row slice of x past that */
 #define W4_GEMV_ROWS 16
+/* up to this many rows a 4-bit matmul runs the GEMV on 16-row slices of x
+ * rather than cuBLAS on a bf16 copy: 3 slices for groups of more than 64
+ * columns, 2 for groups of 32 or 64, whose GEMV is slower (measured, H100,
+ * docs/cuda.md); KILN_CUDA_W4_SLICE=N sets one limit for all */
+static inline int w4_slice_rows(int env_rows, int gsh) { return env_rows >= 0 ? env_rows : gsh >= 2 ? 48 : 32; }
 void cu_w4_gemv(struct cuda_ctx *c, bf16 *out, const bf16 *x, const struct cu_linear *L, int n);
 /* one launch of nl <= 3 such matmuls over the same x (GLU: gate and up, out[0] = silu(gate) * up, out[1] = up) */
 void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_linear *const *Ls, int nl, int glu, const bf16 *x, int n);
 /* the linear's columns are in act-order (x must go through cu_w4_x) */
 int cu_w4_permuted(const struct cu_linear *L);
+/* log2 of the 32-column chunks per group (w4pack.h's gsh) */
+int cu_w4_gsh(const struct cu_linear *L);
 /* the weight as bf16 (n_out, n_in) in scratch, for cuBLAS; NULL when out of memory */
 const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L);
 

@@ -927,7 +927,9 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
     const struct cu_linear *L = (const struct cu_linear *)w->be;
     const bf16 *W = L->w;
     if (L->q4) { /* 4-bit weights (qgemm.cu): the GEMV on the codes, or cuBLAS on a bf16 copy */
-        if (n <= W4_GEMV_ROWS && !cu_w4_permuted(L) && !c->no_defer) {
+        /* past 16 rows, in slices (cu_w4_gemv_multi) */
+        const int gemv = n <= W4_GEMV_ROWS || n <= w4_slice_rows(c->w4_slice_env, cu_w4_gsh(L));
+        if (gemv && !cu_w4_permuted(L) && !c->no_defer) {
             /* queued as the dense GEMVs are: matmuls of one x in one launch,
              * gate / up with the SwiGLU (cu_swiglu_fused); the ops held back
              * before them go first (no norm folds into the 4-bit GEMV) */
@@ -938,7 +940,7 @@ void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct q
         cu_flush(c);
         const bf16 *xq = cu_w4_x(c, L, (const bf16 *)x, n);
         if (!xq) return; /* out of device memory: recorded (cu_fault), the forward reports it */
-        if (n <= W4_GEMV_ROWS) {
+        if (gemv) {
             cu_w4_gemv(c, (bf16 *)out, xq, L, n);
             return;
         }

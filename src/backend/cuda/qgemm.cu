@@ -96,6 +96,7 @@ void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L) {
 
 size_t cu_w4_bytes(const struct cu_linear *L) { return L->q4 ? L->q4->bytes : 0; }
 int cu_w4_permuted(const struct cu_linear *L) { return L->q4 && L->q4->perm; }
+int cu_w4_gsh(const struct cu_linear *L) { return L->q4->gsh; }
 
 /* ==== device ==== */
 
@@ -351,6 +352,17 @@ static struct w4_job w4_job_of(const struct cu_linear *L, bf16 *out) {
 
 /* one launch: nl matmuls over x (GLU: gate, up -> out[0] = silu(gate) * up, out[1] = up) */
 void cu_w4_gemv_multi(struct cuda_ctx *c, bf16 *const *outs, const struct cu_linear *const *Ls, int nl, int glu, const bf16 *x, int n) {
+    if (n > W4_GEMV_ROWS) {
+        /* 16-row slices of x, a launch each, every one reading the codes
+         * again: up to w4_slice_rows rows that costs less than writing the
+         * bf16 copy for cuBLAS (docs/cuda.md, "4-bit weights") */
+        for (int r = 0; r < n; r += W4_GEMV_ROWS) {
+            bf16 *o[3];
+            for (int i = 0; i < nl; i++) o[i] = outs[i] + (size_t)r * Ls[i]->q4->n_out;
+            cu_w4_gemv_multi(c, o, Ls, nl, glu, x + (size_t)r * Ls[0]->q4->n_in, n - r < W4_GEMV_ROWS ? n - r : W4_GEMV_ROWS);
+        }
+        return;
+    }
     struct w4_jobs J = {};
     J.nj = nl, J.n_in = Ls[0]->q4->n_in, J.nkb = Ls[0]->q4->nkb;
     unsigned tiles = 0;
