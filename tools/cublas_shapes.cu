@@ -10,21 +10,15 @@
  */
 #include <cstdio>
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
-__global__ void fill(bf16 *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-        p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 0.1f);
-    }
-}
+
+#include "gpu_bench.cuh"
+
 static float timeit(int reps, auto fn) {
     cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
     for (int i = 0; i < 3; i++) fn();
     cudaEventRecord(a, 0); for (int i = 0; i < reps; i++) fn(); cudaEventRecord(b, 0); cudaEventSynchronize(b);
     float ms; cudaEventElapsedTime(&ms, a, b); return ms / reps * 1e3f;
 }
-static bf16 *rnd(size_t n, unsigned s) { bf16 *p; cudaMalloc(&p, n * 2); fill<<<1024, 256>>>(p, n, s); return p; }
 int main() {
     cublasHandle_t h; cublasCreate(&h);
     const float one = 1, zero = 0;

@@ -16,45 +16,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <dlfcn.h>
-typedef __nv_bfloat16 bf16;
 
-__global__ void fill(bf16 *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13, h *= 0x5bd1e995, h ^= h >> 15;
-        p[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 0.1f);
-    }
-}
-static bf16 *rnd(size_t n, unsigned s) {
-    bf16 *p;
-    cudaMalloc(&p, n * 2);
-    fill<<<1024, 256>>>(p, n, s);
-    return p;
-}
-static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-/* the SM clock and the board's power from the driver's NVML library, opened
- * at run time (the toolkit here has no nvml.h): zeros where it is missing */
-static void *dev;
-static int (*nvml_clock)(void *, int, unsigned *), (*nvml_power)(void *, unsigned *);
-static void nvml_open() {
-    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (!h) return;
-    int (*init)() = (int (*)())dlsym(h, "nvmlInit_v2");
-    int (*get)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
-    nvml_clock = (int (*)(void *, int, unsigned *))dlsym(h, "nvmlDeviceGetClockInfo");
-    nvml_power = (int (*)(void *, unsigned *))dlsym(h, "nvmlDeviceGetPowerUsage");
-    if (!init || !get || !nvml_clock || !nvml_power || init() || get(0, &dev)) nvml_clock = 0;
-}
-static void clocks(unsigned *sm, unsigned *mw) {
-    *sm = *mw = 0;
-    if (nvml_clock) nvml_clock(dev, 1 /* NVML_CLOCK_SM */, sm), nvml_power(dev, mw);
-}
+#include "gpu_bench.cuh"
 
 /* one GEMM shape of the layer: out[n][N] = x[n][K] W^T (column-major: W^T x^T) */
 struct shape {
