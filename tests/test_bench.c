@@ -468,6 +468,21 @@ static void test_inproc(void) {
           "%s", js);
     free(js);
     bt_free(&t);
+
+    /* --tg-batch 3: the tg row decodes 3 sequences together; t/s counts all
+     * their tokens, GB/s the weights once per step */
+    po.roofline = 0, po.tg_batch = 3;
+    CHECK(bench_pptg(e, &po, &t, err, sizeof err) == 0, "%s", err);
+    const struct bt_cell *lbl = t.n_rows == 2 ? bt_cell(&t, 1, bt_find(&t, "test")) : NULL;
+    CHECK(lbl && lbl->s && !strcmp(lbl->s, "tg4 @ b3"), "%s", lbl && lbl->s ? lbl->s : "(none)");
+    const double tg4b = summ(&t, "tg4_b3");
+    CHECK(tg4b > 0 && isnan(summ(&t, "tg4")) && summ(&t, "pp32") > 0, "tg4_b3 %g", tg4b);
+    CHECK(fabs(summ(&t, "tg4_b3_gbps") - kiln_engine_decode_bytes(e) * tg4b / 3 / 1e9) < 1e-6 * summ(&t, "tg4_b3_gbps"), "%g GB/s",
+          summ(&t, "tg4_b3_gbps"));
+    js = to_string(&t, BT_JSON);
+    CHECK(strstr(js, "\"tg4_b3\": ") && strstr(js, "tg<n> @ b3"), "%s", js);
+    free(js);
+    bt_free(&t);
     kiln_engine_close(e);
 }
 

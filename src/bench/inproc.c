@@ -212,6 +212,36 @@ static double test_weight(int tg, int n, int d, int reps, int warmup) {
     return tg ? (12.0 * n + d) * reps : ((double)n + d) * (reps + warmup);
 }
 
+/* tg at batch B: B fresh sequences, each given d random tokens of context
+ * and a one-token prompt (untimed), then `steps` decode steps of all B
+ * together, one random token each (*busy: their seconds) */
+static int tg_batched(kiln_engine *e, int B, int n, int d, uint64_t seed, int steps, double *busy, char *err, size_t errlen) {
+    const int V = kiln_engine_config(e)->vocab;
+    kiln_seq **seqs = kiln_calloc((size_t)B, sizeof *seqs);
+    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)B * (size_t)(n + 1 + d)), *tok = kiln_malloc(sizeof(int32_t) * (size_t)B);
+    const int32_t **tp = kiln_malloc(sizeof(int32_t *) * (size_t)B);
+    int *nn = kiln_malloc(sizeof(int) * (size_t)B), rc = 0;
+    for (int b = 0; b < B && rc == 0; b++) {
+        int32_t *sid = ids + (size_t)b * (n + 1 + d);
+        random_ids(sid, n + 1 + d, V, seed * 1000003u + (uint64_t)b);
+        if (!(seqs[b] = kiln_seq_new(e, err, errlen))) rc = -1;
+        else if (d > 0) rc = kiln_seq_eval(seqs[b], sid, d, NULL, 0, err, errlen);
+        tp[b] = sid + d, nn[b] = 1;
+    }
+    if (rc == 0) rc = kiln_seqs_eval_argmax(seqs, B, tp, nn, tok, err, errlen); /* the prompts */
+    if (rc == 0) {
+        const double t0 = kiln_now();
+        for (int i = 0; i < steps && rc == 0; i++) {
+            for (int b = 0; b < B; b++) tp[b] = ids + (size_t)b * (n + 1 + d) + d + 1 + i;
+            rc = kiln_seqs_eval_argmax(seqs, B, tp, nn, tok, err, errlen);
+        }
+        *busy = kiln_now() - t0;
+    }
+    for (int b = 0; b < B; b++) kiln_seq_free(seqs[b]);
+    free(seqs), free(ids), free(tok), free(tp), free(nn);
+    return rc;
+}
+
 int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table *t, char *err, size_t errlen) {
     const int V = kiln_engine_config(e)->vocab;
     const int cuda = !strcmp(kiln_engine_backend(e), "cuda");
@@ -250,6 +280,13 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                  "logits included, no sampling; t/s = n / time. GB/s = %.3f GB of weights read per token (all weights but "
                  "the input embedding and unused experts) x t/s.",
               dbytes / 1e9);
+    const int TB = o->tg_batch > 1 ? o->tg_batch : 1;
+    if (TB > 1)
+        bt_footer(t, "tg<n> @ b%d: %d sequences, each after its own one-token prompt (untimed), decoded together: n steps of "
+                     "kiln_seqs_eval_argmax, one random token per sequence per step, the greedy token picked by the backend "
+                     "as the server does; t/s = %d x n / time (all sequences' tokens), GB/s = the weights' bytes x steps per "
+                     "second.",
+                  TB, TB, TB);
     if (o->roofline)
         bt_footer(t, "membw: this machine's memory read bandwidth, measured by %d threads with %d-byte loads over a fresh "
                      "%d MiB buffer, each thread's slice read as 1, 2 or 4 streams (best of %d passes). With --roofline a "
@@ -301,6 +338,11 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                     snprintf(test + strlen(test), sizeof test - strlen(test), " @ d%d", d);
                     snprintf(tkey + strlen(tkey), sizeof tkey - strlen(tkey), "_d%d", d);
                 }
+                const int B = pass ? TB : 1; /* sequences decoded together */
+                if (B > 1) {
+                    snprintf(test + strlen(test), sizeof test - strlen(test), " @ b%d", B);
+                    snprintf(tkey + strlen(tkey), sizeof tkey - strlen(tkey), "_b%d", B);
+                }
                 bench_progress_row(&pr, ++row_i, test, kiln_now());
                 int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)(n + 1));
                 double mem = NAN;
@@ -310,8 +352,15 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 double *wt = kiln_malloc(sizeof(double) * (2 * (size_t)max_win + 1)), *wbw = wt + max_win;
                 /* bytes a timed decode step reads: the weights, and at depth the
                  * KV cache over the steps' mean context (d + (n + 1) / 2) */
-                const double sbytes = dbytes + (d > 0 ? kvb * (d + (n + 1) / 2.0) : 0.0);
+                const double sbytes = dbytes + (d > 0 ? kvb * B * (d + (n + 1) / 2.0) : 0.0);
                 for (int k = -(o->warmup ? 1 : 0); k < reps && rc == 0; k++) {
+                    if (B > 1) { /* batched decode: its own loop */
+                        double busy = 0;
+                        rc = tg_batched(e, B, n, d, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u, k < 0 ? 1 : n, &busy, err,
+                                        errlen);
+                        if (k >= 0 && rc == 0) ts[k] = (double)B * n / busy, ttft[k] = NAN, keep_peak(&mem, &memp);
+                        continue;
+                    }
                     random_ids(ids, n + 1, V, o->seed + 7919u * (uint64_t)(k + 1) + (uint64_t)n * 31u + (uint64_t)pass);
                     kiln_seq *s = kiln_seq_new(e, err, errlen);
                     if (!s) {
@@ -381,7 +430,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                 bt_set_str(t, r, c_test, test);
                 bt_set_range(t, r, c_ts, st.mean, st.sd, st.min, st.max);
                 if (!pass) bt_set_range(t, r, c_ttft, sf.mean, sf.sd, sf.min, sf.max);
-                if (pass) bt_set_num(t, r, c_gbs, sbytes * st.mean / 1e9);
+                if (pass) bt_set_num(t, r, c_gbs, sbytes * st.mean / B / 1e9);
                 struct bench_stat sb = {0}, sr = {0}, sbm = {0}, srm = {0};
                 if (roofline) {
                     sb = bench_stat_of(bw, reps), sr = bench_stat_of(roof, reps);
@@ -399,7 +448,7 @@ int bench_pptg(kiln_engine *e, const struct bench_pptg_opts *o, struct bt_table 
                     bt_summary(t, key, sf.mean);
                 } else {
                     snprintf(key, sizeof key, "%s_gbps", tkey);
-                    bt_summary(t, key, sbytes * st.mean / 1e9);
+                    bt_summary(t, key, sbytes * st.mean / B / 1e9);
                     if (roofline) {
                         snprintf(key, sizeof key, "%s_membw_gbps", tkey);
                         bt_summary(t, key, sb.mean);

@@ -25,6 +25,7 @@ struct bench_pptg_opts {
     int roofline;        /* CPU: measure the memory bandwidth between windows of each tg repetition (bench_membw) */
     int roofline_mib;    /* its buffer (0: BENCH_MEMBW_MIB) */
     int roofline_window; /* decode steps per window (0: BENCH_ROOF_WINDOW) */
+    int tg_batch;        /* --tg-batch: the tg tests decode this many sequences at once (0, 1: one, as llama-bench) */
 };
 
 /* --roofline splits a timed tg repetition into windows of this many steps

@@ -57,6 +57,7 @@ static void bench_usage(FILE *f) {
             "  -p LIST, -n LIST       pp-tg prompt lengths (default 512) and decode lengths (default 128)\n"
             "  -d, --depth LIST       pp-tg: run each test after that many cached tokens too (default 0;\n"
             "                         as llama-bench -d: \"tg128 @ d4096\")\n"
+            "  --tg-batch B           pp-tg: the tg tests decode B sequences at once (t/s counts all their tokens)\n"
             "  --roofline             pp-tg on the CPU: measure the memory bandwidth between windows of 16 steps\n"
             "                         of each tg repetition and report decode GB/s as a share of it (roofline %%)\n"
             "  --quant Q              weight format, passed to the engine when it supports it\n"
@@ -252,7 +253,7 @@ done:
 struct cli_opts {
     struct bench_opts b;
     const char *profile, *out_path, *plot_path, *label, *quant, *url, *model_name;
-    int fmt_set, reps_set, out_len_set, max_input_set, progress_set, roofline;
+    int fmt_set, reps_set, out_len_set, max_input_set, progress_set, roofline, tg_batch;
     enum bt_format fmt;
     int *pp, n_pp, *tg, n_tg, *depth, n_depth, *inputs, n_inputs, *batches, n_batches;
     int token_range, max_tokens, context;
@@ -267,7 +268,7 @@ static int bench_opt(int argc, char **argv, int *i, struct cli_opts *c, int serv
     static const char *valued[] = {"--profile", "-r", "--reps", "--output-len", "--gen-len", "--inputs", "--batches", "--max-input",
                                    "-p", "-n", "-d", "--depth", "--quant", "--seed", "--format", "-o", "--output", "--plot", "--label", "--url",
                                    "--model", "--token-range", "--num-prompts", "--input-len", "--range-ratio", "--request-rate",
-                                   "--max-concurrency", "--warmup-requests", "--context", NULL};
+                                   "--max-concurrency", "--warmup-requests", "--context", "--tg-batch", NULL};
     int is_valued = 0;
     for (int k = 0; valued[k]; k++) is_valued |= !strcmp(a, valued[k]);
     if (serve && !strcmp(a, "--max-total-tokens")) is_valued = 1;
@@ -327,6 +328,8 @@ static int bench_opt(int argc, char **argv, int *i, struct cli_opts *c, int serv
     } else if (!serve && !strcmp(a, "--roofline")) {
         c->roofline = 1;
         return 1;
+    } else if (!serve && !strcmp(a, "--tg-batch")) {
+        if (parse_int_arg(a, v, &c->tg_batch, 1)) return -1;
     } else if (!strcmp(a, "--progress") || !strcmp(a, "--no-progress")) {
         c->b.progress = c->sv.progress = !strcmp(a, "--progress");
         c->progress_set = 1;
@@ -498,6 +501,10 @@ int cli_bench(int argc, char **argv) {
         fprintf(stderr, "kiln bench: --roofline belongs to --profile pp-tg on the CPU backend (it measures host memory)\n");
         goto out;
     }
+    if (c.tg_batch > 1 && (!pptg || c.roofline)) {
+        fprintf(stderr, "kiln bench: --tg-batch belongs to --profile pp-tg, without --roofline (which measures batch 1)\n");
+        goto out;
+    }
     if (pptg) {
         if (!c.pp) c.pp = kiln_malloc(sizeof(int)), c.pp[0] = 512, c.n_pp = 1;
         if (!c.tg) c.tg = kiln_malloc(sizeof(int)), c.tg[0] = 128, c.n_tg = 1;
@@ -520,10 +527,11 @@ int cli_bench(int argc, char **argv) {
     if (!mtt_set && pptg) { /* as llama-bench's context: what the longest test needs, so memory shows the model, not a big pool */
         int need = 0;
         for (int i = 0; i < c.n_pp; i++) need = c.pp[i] > need ? c.pp[i] : need;
-        for (int i = 0; i < c.n_tg; i++) need = c.tg[i] + 1 > need ? c.tg[i] + 1 : need;
         int dmax = 0;
         for (int i = 0; i < c.n_depth; i++) dmax = c.depth[i] > dmax ? c.depth[i] : dmax;
         need += dmax;
+        const int tb = c.tg_batch > 1 ? c.tg_batch : 1; /* --tg-batch: that many sequences hold their tokens at once */
+        for (int i = 0; i < c.n_tg; i++) need = tb * (c.tg[i] + 1 + dmax) > need ? tb * (c.tg[i] + 1 + dmax) : need;
         eo.max_total_tokens = (need + 255) / 256 * 256;
         NOTE_DEFAULT(" --max-total-tokens %d", eo.max_total_tokens);
     }
@@ -583,7 +591,8 @@ int cli_bench(int argc, char **argv) {
         struct bench_pptg_opts po = {.pp = c.pp, .n_pp = c.n_pp, .tg = c.tg, .n_tg = c.n_tg, .depth = c.depth,
                                      .n_depth = c.n_depth, .reps = c.b.reps,
                                      .warmup = c.b.warmup, .seed = c.b.seed, .lab = *lab, .size_str = size_s,
-                                     .params_str = params_s, .progress = c.b.progress, .roofline = c.roofline};
+                                     .params_str = params_s, .progress = c.b.progress, .roofline = c.roofline,
+                                     .tg_batch = c.tg_batch};
         prc = bench_pptg(e, &po, &t, err, sizeof err);
     } else {
         struct bench_target tg;

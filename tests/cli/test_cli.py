@@ -137,3 +137,23 @@ def test_bench_depth_runs_each_test_after_a_cached_context():
     r = kiln("bench", "--profile", "speed", "-m", TINY, "-d", "64")
     assert r.returncode != 0 and b"-d belong to --profile pp-tg" in r.stderr
 
+
+def test_bench_tg_batch_decodes_sequences_together():
+    """--tg-batch B: the tg tests decode B sequences at once ("tg4 @ b3",
+    tg4_b3): t/s counts all B sequences' tokens, GB/s the weights once per
+    step; with -d each sequence holds its own context, whose KV the GB/s
+    counts B times."""
+    r = kiln("bench", "--profile", "pp-tg", "-m", TINY, "-t", "1", "-p", "8", "-n", "4", "-d", "0,48", "-r", "1",
+             "--tg-batch", "3", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert [row["test"] for row in out["rows"]] == ["pp8", "tg4 @ b3", "pp8 @ d48", "tg4 @ d48 @ b3"]
+    assert out["tg4_b3"] > 0 and out["tg4_d48_b3"] > 0 and "tg4" not in out
+    # bytes per step: weights alone at depth 0, weights + 3 contexts' KV at depth 48
+    assert out["tg4_d48_b3_gbps"] / out["tg4_d48_b3"] > out["tg4_b3_gbps"] / out["tg4_b3"]
+    for bad in (["--profile", "batch"], ["--profile", "pp-tg", "--roofline"]):
+        r = kiln("bench", *bad, "-m", TINY, "--tg-batch", "2")
+        assert r.returncode != 0 and b"--tg-batch belongs to --profile pp-tg" in r.stderr
+    r = kiln("bench", "--profile", "pp-tg", "-m", TINY, "--tg-batch", "0")
+    assert r.returncode != 0
+
