@@ -376,7 +376,8 @@ static void emit_chunk(struct job *j, int i, int role) {
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", c->finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(arr, ch);
-    if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
+    if (j->p.continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(j));
+    else if (j->p.include_usage) cJSON_AddNullToObject(o, "usage");
     sse(j, o);
     sb_clear(&c->d_text);
     sb_clear(&c->d_reason);

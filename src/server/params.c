@@ -518,6 +518,8 @@ static int parse(const struct params_ctx *c, const cJSON *req, int chat, struct 
     if (!absent(so)) {
         if (!cJSON_IsObject(so)) return perr(e, "stream_options", "'stream_options' must be an object");
         if (opt_bool(so, "include_usage", &p->include_usage, e) < 0) return -1;
+        if (opt_bool(so, "continuous_usage_stats", &p->continuous_usage, e) < 0) return -1;
+        p->continuous_usage &= p->include_usage; /* as vLLM: only with include_usage */
     }
     if ((r = opt_num(req, "temperature", 0, 2, &d, e)) < 0) return -1;
     if (r) p->sp.temperature = (float)d;

@@ -43,7 +43,7 @@ struct prompt {
 };
 
 struct gen_params {
-    int chat, stream, include_usage;
+    int chat, stream, include_usage, continuous_usage; /* continuous: every chunk carries the usage so far (vLLM's continuous_usage_stats) */
     struct prompt *prompts; /* chat: one; completions: one or several */
     int n_prompts;
     int n;          /* choices per prompt */

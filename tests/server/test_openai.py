@@ -113,6 +113,15 @@ def test_chat_stream_framing(client, model):
     assert text == (full.choices[0].message.content or "")
     assert reasoning == (getattr(full.choices[0].message, "reasoning_content", None) or "")
     assert len({c.id for c in chunks}) == 1
+    assert all(c.usage is None for c in with_choices), "usage only in the last chunk unless asked for continuously"
+    # continuous_usage_stats (vLLM): every chunk carries the usage so far, the
+    # completion count rising to the final usage (by one per chunk unless a
+    # token adds no text, e.g. half of a UTF-8 character)
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(chat(client, model, "Tell me a story.", max_tokens=8, stream=True, stream_options=opts))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts[0] == 0 and counts[-1] == 8 and all(a <= b for a, b in zip(counts, counts[1:])) and len(set(counts)) > 4, counts
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1 and all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
 
 
 def test_completion_stream_equals_non_stream(client, model, srv):
