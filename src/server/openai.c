@@ -50,6 +50,7 @@ struct openai_server {
     long created;
     struct params_ctx pc;  /* what request parsing needs to know */
     struct json_vocab *jv; /* token bytes for response_format json_object (NULL without a tokenizer) */
+    int think_open, think_close; /* the ids of <think> and </think> (-1: none) */
     pthread_mutex_t mu;
     uint64_t http_by_code[6]; /* 2xx 400 401 404 413 5xx, for /metrics */
 };
@@ -103,6 +104,7 @@ struct choice {
     struct tool_parser tools;
     int calls_sent; /* tool calls already streamed */
     int n_tokens, n_cached, client_done, engine_done, error;
+    int n_reason, in_think, think_done; /* reasoning tokens: from <think> (or a prompt that opened it) to </think> */
     const char *finish;
     struct strbuf text, reasoning;  /* everything (non-streaming) */
     struct strbuf d_text, d_reason; /* the current delta (streaming) */
@@ -283,6 +285,11 @@ static void job_event(struct job *j, const struct kiln_event *ev) {
     }
     if (c->client_done) return; /* after a stop string: the engine is being cancelled */
     c->n_tokens++;
+    if (j->p.think && !c->think_done) { /* counted by token id, both tags included */
+        if (ev->id == j->s->think_open) c->in_think = 1;
+        if (c->in_think) c->n_reason++;
+        if (ev->id == j->s->think_close) c->in_think = 0, c->think_done = 1;
+    }
     if (j->p.logprobs >= 0) add_logprob(j, c, ev);
     if (is_stop_id(&j->p, ev->id)) return; /* it ended the request; like EOS, its text is not returned */
     struct strbuf rel = {0};
@@ -307,8 +314,8 @@ static void job_event(struct job *j, const struct kiln_event *ev) {
 /* Each prompt counts once (not once per choice), as does its cache hit:
  * the best of its choices'. */
 static cJSON *usage_json(const struct job *j) {
-    int gen = 0, prompt = 0, cached = 0;
-    for (int i = 0; i < j->n_choices; i++) gen += j->c[i].n_tokens;
+    int gen = 0, prompt = 0, cached = 0, reason = 0;
+    for (int i = 0; i < j->n_choices; i++) gen += j->c[i].n_tokens, reason += j->c[i].n_reason;
     for (int q = 0; q < j->p.n_prompts; q++) {
         int best = 0;
         for (int k = 0; k < j->p.n; k++) best = j->c[q * j->p.n + k].n_cached > best ? j->c[q * j->p.n + k].n_cached : best;
@@ -321,6 +328,8 @@ static cJSON *usage_json(const struct job *j) {
     cJSON_AddNumberToObject(u, "total_tokens", prompt + gen);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", cached);
+    if (j->p.think) /* a thinking model's chat: how many of the completion tokens were reasoning */
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "completion_tokens_details"), "reasoning_tokens", reason);
     return u;
 }
 
@@ -531,6 +540,7 @@ static void handle_generate(struct openai_server *s, const struct http_request *
         c->ts = s->tok ? tok_stream_new(s->tok, 1) : NULL;
         stop_init(&c->stop, (const char *const *)j->p.stops, j->p.n_stops);
         think_init(&c->think, j->p.think_in_reasoning);
+        c->in_think = j->p.think_in_reasoning;
         tool_init(&c->tools);
     }
     int limit = kiln_serving_max_tokens(s->srv);
@@ -828,6 +838,8 @@ struct openai_server *openai_start(kiln_engine *e, kiln_serving *srv, struct kil
     s->e = e;
     s->srv = srv;
     s->tok = tok;
+    s->think_open = tok ? tok_token_id(tok, "<think>") : -1;
+    s->think_close = tok ? tok_token_id(tok, "</think>") : -1;
     s->o = *o;
     if (s->o.health_timeout <= 0) s->o.health_timeout = 60;
     s->model_name = kiln_strdup(o->model_name ? o->model_name : "kiln");

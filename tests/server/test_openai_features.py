@@ -390,3 +390,32 @@ def test_continue_final_message(client, model, srv):
         s, _, b = post(srv.url, "/v1/chat/completions", {"model": model, "max_tokens": 2, **body})
         assert_openai_error(s, b, 400)
         assert match in b["error"]["message"], b
+
+
+# ==== usage.completion_tokens_details.reasoning_tokens ====
+
+THINK_OPEN, THINK_CLOSE = 151667, 151668  # <think>, </think>
+
+
+def test_reasoning_tokens(client, model, srv):
+    """A thinking model's chat usage counts the completion tokens from <think>
+    (or a prompt that opened it) through </think>, both tags included; the
+    fixture's flat logits let a +100 bias force a tag."""
+    msgs = [{"role": "user", "content": "a"}]
+
+    def usage(bias, stream=False, **kw):
+        r = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, logit_bias=bias, stream=stream,
+                                           stream_options={"include_usage": True} if stream else None, **kw)
+        return list(r)[-1].usage if stream else r.usage
+
+    u = usage({str(THINK_OPEN): 100})  # <think> <think> <think>: all reasoning
+    assert u.completion_tokens == 3 and u.completion_tokens_details.reasoning_tokens == 3, u
+    assert usage({str(THINK_OPEN): 100}, stream=True).completion_tokens_details.reasoning_tokens == 3
+    u = usage({str(THINK_CLOSE): 100})  # never opened: none
+    assert u.completion_tokens == 3 and u.completion_tokens_details.reasoning_tokens == 0, u
+    # with thinking off the template closes an empty <think> block in the prompt
+    u = usage({str(THINK_OPEN): 100}, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert u.completion_tokens_details.reasoning_tokens == 3, u  # a <think> the model writes itself still counts
+    # completions carry no reasoning count
+    r = client.completions.create(model=model, prompt="a", max_tokens=2)
+    assert r.usage.completion_tokens_details is None
