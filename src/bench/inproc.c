@@ -217,13 +217,14 @@ static double test_weight(int tg, int n, int d, int reps, int warmup) {
  * together, one random token each (*busy: their seconds) */
 static int tg_batched(kiln_engine *e, int B, int n, int d, uint64_t seed, int steps, double *busy, char *err, size_t errlen) {
     const int V = kiln_engine_config(e)->vocab;
+    const size_t stride = (size_t)n + 1 + d; /* a sequence's ids: d of context, the prompt, n steps */
     kiln_seq **seqs = kiln_calloc((size_t)B, sizeof *seqs);
-    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)B * (size_t)(n + 1 + d)), *tok = kiln_malloc(sizeof(int32_t) * (size_t)B);
+    int32_t *ids = kiln_malloc(sizeof(int32_t) * (size_t)B * stride), *tok = kiln_malloc(sizeof(int32_t) * (size_t)B);
     const int32_t **tp = kiln_malloc(sizeof(int32_t *) * (size_t)B);
     int *nn = kiln_malloc(sizeof(int) * (size_t)B), rc = 0;
     for (int b = 0; b < B && rc == 0; b++) {
-        int32_t *sid = ids + (size_t)b * (n + 1 + d);
-        random_ids(sid, n + 1 + d, V, seed * 1000003u + (uint64_t)b);
+        int32_t *sid = ids + (size_t)b * stride;
+        random_ids(sid, (int)stride, V, seed * 1000003u + (uint64_t)b);
         if (!(seqs[b] = kiln_seq_new(e, err, errlen))) rc = -1;
         else if (d > 0) rc = kiln_seq_eval(seqs[b], sid, d, NULL, 0, err, errlen);
         tp[b] = sid + d, nn[b] = 1;
@@ -232,7 +233,7 @@ static int tg_batched(kiln_engine *e, int B, int n, int d, uint64_t seed, int st
     if (rc == 0) {
         const double t0 = kiln_now();
         for (int i = 0; i < steps && rc == 0; i++) {
-            for (int b = 0; b < B; b++) tp[b] = ids + (size_t)b * (n + 1 + d) + d + 1 + i;
+            for (int b = 0; b < B; b++) tp[b] = ids + (size_t)b * stride + d + 1 + i;
             rc = kiln_seqs_eval_argmax(seqs, B, tp, nn, tok, err, errlen);
         }
         *busy = kiln_now() - t0;

@@ -468,14 +468,6 @@ static cJSON *final_response(struct job *j) {
                 cJSON *a = cJSON_AddArrayToObject(m, "tool_calls");
                 for (int k = 0; k < c->tools.n_calls; k++) cJSON_AddItemToArray(a, tool_call_json(j->s, &c->tools.calls[k], -1));
             }
-        } else if (j->p.echo) {
-            struct strbuf t = {0};
-            char *pre = echo_text(j, i / j->p.n);
-            sb_puts(&t, pre);
-            sb_puts(&t, sb_str(&c->text));
-            cJSON_AddStringToObject(ch, "text", sb_str(&t));
-            free(pre);
-            sb_free(&t);
         } else {
             cJSON_AddStringToObject(ch, "text", sb_str(&c->text));
         }
@@ -542,6 +534,11 @@ static void handle_generate(struct openai_server *s, const struct http_request *
         think_init(&c->think, j->p.think_in_reasoning);
         c->in_think = j->p.think_in_reasoning;
         tool_init(&c->tools);
+        if (j->p.echo) { /* the prompt goes first: the first chunk when streaming, else the head of the text */
+            char *pre = echo_text(j, c->prompt);
+            sb_puts(&c->d_text, pre);
+            free(pre);
+        }
     }
     int limit = kiln_serving_max_tokens(s->srv);
     for (int i = 0; i < j->n_choices; i++) {
@@ -569,13 +566,8 @@ static void handle_generate(struct openai_server *s, const struct http_request *
     if (j->p.stream) {
         if (chat)
             for (int i = 0; i < j->n_choices; i++) emit_chunk(j, i, 1);
-        else if (j->p.echo) /* each choice's first chunk is its prompt */
-            for (int i = 0; i < j->n_choices; i++) {
-                char *pre = echo_text(j, i / j->p.n);
-                sb_puts(&j->c[i].d_text, pre);
-                free(pre);
-                emit_chunk(j, i, 0);
-            }
+        else if (j->p.echo) /* each choice's first chunk is its prompt, already in its delta */
+            for (int i = 0; i < j->n_choices; i++) emit_chunk(j, i, 0);
         rs->status = 200;
         rs->stream = job_stream;
         rs->stream_free = job_stream_free;

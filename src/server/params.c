@@ -11,6 +11,7 @@
 #include "server/params.h"
 #include "tokenizer/json_scan.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -235,8 +236,6 @@ static const char *final_text(const cJSON *m) {
     return t;
 }
 
-static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
-
 /* continue_final_message, as transformers' apply_chat_template does it: the
  * rendered text is cut after the last occurrence of the final message's
  * trimmed text, keeping its trailing whitespace when the template kept it
@@ -246,8 +245,8 @@ static int cut_after_final(char *text, const cJSON *msgs, struct param_error *e)
     if (!fin) return perr(e, "continue_final_message", "the final message has no text to continue");
     const size_t len = strlen(fin);
     size_t lead = 0, end = len;
-    while (lead < len && is_ws(fin[lead])) lead++;
-    while (end > lead && is_ws(fin[end - 1])) end--;
+    while (lead < len && isspace((unsigned char)fin[lead])) lead++;
+    while (end > lead && isspace((unsigned char)fin[end - 1])) end--;
     const size_t tn = end - lead; /* the trimmed text: fin + lead, tn bytes */
     char *loc = NULL; /* the last occurrence of the trimmed text */
     const size_t total = strlen(text);
