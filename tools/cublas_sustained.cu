@@ -48,31 +48,6 @@ static void run_lt(shape &s, int i) {
     cublasLtMatmul(lt, s.desc, &one, s.w, s.a, s.x, s.b, &zero, s.o, s.c, s.o, s.c, &s.cand[i].algo, ws, WS, 0);
 }
 
-/* runs fn in batches until secs have passed; returns microseconds per call
- * over the second half, and the clock / power read at the end */
-template <class F> static double sustain(double secs, int per, F fn, unsigned *sm, unsigned *mw) {
-    double t0 = now(), th = t0 + secs / 2;
-    while (now() < th) {
-        for (int i = 0; i < 8; i++) fn();
-        cudaDeviceSynchronize();
-    }
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    long calls = 0;
-    cudaEventRecord(a);
-    while (now() < t0 + secs) {
-        for (int i = 0; i < 8; i++) fn();
-        calls += 8;
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-    }
-    clocks(sm, mw);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1e3 / calls / per;
-}
-
 static const char *cfg(const cublasLtMatmulAlgo_t *al) {
     static char buf[96];
     int id = 0, tile = 0, stages = 0, cluster = 0, swz = 0, splitk = 0;
@@ -118,7 +93,7 @@ int main(int argc, char **argv) {
     }
     cudaDeviceSynchronize();
     unsigned sm, mw;
-    sustain(3.0, 1, [&] { run_default(S[4]); }, &sm, &mw); /* heat the card */
+    sustain(3.0, 0, 8, 1, [&] { run_default(S[4]); }, &sm, &mw); /* heat the card */
     printf("rows %d, %d candidates, %.1f s each; heated: SM %u MHz, %.0f W\n", n, want, secs, sm, mw / 1e3);
     for (auto &s : S) {
         if (!strcmp(s.name, "v") || !strcmp(s.name, "up")) { /* same shape as k / gate */
@@ -127,21 +102,21 @@ int main(int argc, char **argv) {
             continue;
         }
         double fl = 2.0 * n * s.N * s.K;
-        double td = sustain(secs, 1, [&] { run_default(s); }, &sm, &mw);
+        double td = sustain(secs, 0, 8, 1, [&] { run_default(s); }, &sm, &mw);
         printf("%-4s N %5d K %5d default  %7.1f us %4.0f TF/s  SM %u MHz %.0f W\n", s.name, s.N, s.K, td, fl / td / 1e6, sm, mw / 1e3);
         double bt = 1e30;
         for (int i = 0; i < s.ncand; i++) {
             if (s.cand[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            double t = sustain(secs, 1, [&] { run_lt(s, i); }, &sm, &mw);
+            double t = sustain(secs, 0, 8, 1, [&] { run_lt(s, i); }, &sm, &mw);
             printf("     cand %2d %7.1f us %4.0f TF/s  SM %u MHz %.0f W  %s\n", i, t, fl / t / 1e6, sm, mw / 1e3, cfg(&s.cand[i].algo));
             if (t < bt) bt = t, s.best = i;
         }
         printf("     best cand %d: %.3f of default\n", s.best, td / bt);
     }
     for (int r = 0; r < 2; r++) {
-        double td = sustain(4.0, NS, [&] { for (auto &s : S) run_default(s); }, &sm, &mw);
+        double td = sustain(4.0, 0, 8, NS, [&] { for (auto &s : S) run_default(s); }, &sm, &mw);
         printf("layer, default: %.1f us per GEMM (%.1f per layer)  SM %u MHz %.0f W\n", td, td * NS, sm, mw / 1e3);
-        double tb = sustain(4.0, NS, [&] { for (auto &s : S) run_lt(s, s.best); }, &sm, &mw);
+        double tb = sustain(4.0, 0, 8, NS, [&] { for (auto &s : S) run_lt(s, s.best); }, &sm, &mw);
         printf("layer, best:    %.1f us per GEMM (%.1f per layer)  SM %u MHz %.0f W  ratio %.3f\n", tb, tb * NS, sm, mw / 1e3, td / tb);
     }
     cudaError_t e = cudaDeviceSynchronize();

@@ -1,8 +1,9 @@
 /*
  * gpu_bench.cuh: what the standalone GPU timing tools share (cublas_shapes,
- * cublas_sustained, mlp_overlap): random bf16 operands, a wall clock, and
- * the SM clock and board power from the driver's NVML library, opened at
- * run time (the toolkit here has no nvml.h). Header-only: each tool is one
+ * cublas_sustained, mlp_overlap): random bf16 operands, a wall clock, the
+ * SM clock and board power from the driver's NVML library, opened at run
+ * time (the toolkit here has no nvml.h), and timing on a card held at its
+ * sustained clock. Header-only: each tool is one
  * nvcc command.
  */
 #pragma once
@@ -43,4 +44,31 @@ static void nvml_open() {
 static void clocks(unsigned *sm, unsigned *mw) {
     *sm = *mw = 0;
     if (nvml_clock) nvml_clock(nvml_dev, 1 /* NVML_CLOCK_SM */, sm), nvml_power(nvml_dev, mw);
+}
+
+/* runs fn in batches of `batch` calls until secs have passed and returns
+ * microseconds per call (per: units a call counts as, e.g. the GEMMs of a
+ * layer) over the second half, timed by events on stream st (the card is
+ * at its sustained clock by then); *sm, *mw: the clock and power at the end */
+template <class F> static double sustain(double secs, cudaStream_t st, int batch, int per, F fn, unsigned *sm, unsigned *mw) {
+    double t0 = now(), th = t0 + secs / 2;
+    while (now() < th) {
+        for (int i = 0; i < batch; i++) fn();
+        cudaDeviceSynchronize();
+    }
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    long calls = 0;
+    cudaEventRecord(a, st);
+    while (now() < t0 + secs) {
+        for (int i = 0; i < batch; i++) fn();
+        calls += batch;
+        cudaEventRecord(b, st);
+        cudaEventSynchronize(b);
+    }
+    clocks(sm, mw);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms * 1e3 / calls / per;
 }

@@ -84,29 +84,6 @@ static void mlp_pipe(int C, int blocks) {
     }
 }
 
-template <class Fn> static double sustain(double secs, Fn fn, unsigned *sm, unsigned *mw) {
-    double t0 = now(), th = t0 + secs / 2;
-    while (now() < th) {
-        for (int i = 0; i < 4; i++) fn();
-        cudaDeviceSynchronize();
-    }
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    long calls = 0;
-    cudaEventRecord(a, s_lo);
-    while (now() < t0 + secs) {
-        for (int i = 0; i < 4; i++) fn();
-        calls += 4;
-        cudaEventRecord(b, s_lo);
-        cudaEventSynchronize(b);
-    }
-    clocks(sm, mw);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1e3 / calls;
-}
-
 int main(int argc, char **argv) {
     n = argc > 1 ? atoi(argv[1]) : 8192;
     double secs = argc > 2 ? atof(argv[2]) : 2.0;
@@ -124,7 +101,7 @@ int main(int argc, char **argv) {
     Wg = rnd((size_t)F * D, 5), Wu = rnd((size_t)F * D, 6), Wd = rnd((size_t)D * F, 7);
     cudaDeviceSynchronize();
     unsigned sm, mw;
-    sustain(3.0, [] { mlp_seq(1); }, &sm, &mw);
+    sustain(3.0, s_lo, 4, 1, [] { mlp_seq(1); }, &sm, &mw);
     printf("rows %d, %.1f s per variant; heated: SM %u MHz, %.0f W\n", n, secs, sm, mw / 1e3);
     double fl = 2.0 * n * 3.0 * F * D;
     struct { const char *name; int C, pipe, blocks; } V[] = {
@@ -134,15 +111,15 @@ int main(int argc, char **argv) {
     };
     for (int r = 0; r < 2; r++)
         for (auto &v : V) {
-            double t = sustain(secs, [&] { v.pipe ? mlp_pipe(v.C, v.blocks) : mlp_seq(v.C); }, &sm, &mw);
+            double t = sustain(secs, s_lo, 4, 1, [&] { v.pipe ? mlp_pipe(v.C, v.blocks) : mlp_seq(v.C); }, &sm, &mw);
             printf("%-16s %8.1f us per MLP  %4.0f TF/s (GEMMs)  SM %u MHz %.0f W\n", v.name, t, fl / t / 1e6, sm, mw / 1e3);
         }
     /* the parts alone, cold clocks aside: what the sequence would be */
-    double tg = sustain(secs, [] { gu(s_lo, 0, n); }, &sm, &mw);
+    double tg = sustain(secs, s_lo, 4, 1, [] { gu(s_lo, 0, n); }, &sm, &mw);
     printf("gate+up alone  %8.1f us  SM %u MHz %.0f W\n", tg, sm, mw / 1e3);
-    double ts = sustain(secs, [] { swiglu(s_lo, 0, n, 0); }, &sm, &mw);
+    double ts = sustain(secs, s_lo, 4, 1, [] { swiglu(s_lo, 0, n, 0); }, &sm, &mw);
     printf("swiglu alone   %8.1f us  SM %u MHz %.0f W\n", ts, sm, mw / 1e3);
-    double td = sustain(secs, [] { down(s_lo, 0, n); }, &sm, &mw);
+    double td = sustain(secs, s_lo, 4, 1, [] { down(s_lo, 0, n); }, &sm, &mw);
     printf("down alone     %8.1f us  SM %u MHz %.0f W\n", td, sm, mw / 1e3);
     cudaError_t e = cudaDeviceSynchronize();
     printf("sync %s\n", cudaGetErrorString(e));
