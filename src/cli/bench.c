@@ -530,8 +530,12 @@ int cli_bench(int argc, char **argv) {
         int dmax = 0;
         for (int i = 0; i < c.n_depth; i++) dmax = c.depth[i] > dmax ? c.depth[i] : dmax;
         need += dmax;
-        const int tb = c.tg_batch > 1 ? c.tg_batch : 1; /* --tg-batch: that many sequences hold their tokens at once */
-        for (int i = 0; i < c.n_tg; i++) need = tb * (c.tg[i] + 1 + dmax) > need ? tb * (c.tg[i] + 1 + dmax) : need;
+        /* --tg-batch: that many sequences hold their tokens at once, each in whole pages */
+        const int tb = c.tg_batch > 1 ? c.tg_batch : 1, P = eo.page_size > 0 ? eo.page_size : 16;
+        for (int i = 0; i < c.n_tg; i++) {
+            const int seq = (c.tg[i] + 1 + dmax + P - 1) / P * P;
+            need = tb * seq > need ? tb * seq : need;
+        }
         eo.max_total_tokens = (need + 255) / 256 * 256;
         NOTE_DEFAULT(" --max-total-tokens %d", eo.max_total_tokens);
     }

@@ -156,4 +156,10 @@ def test_bench_tg_batch_decodes_sequences_together():
         assert r.returncode != 0 and b"--tg-batch belongs to --profile pp-tg" in r.stderr
     r = kiln("bench", "--profile", "pp-tg", "-m", TINY, "--tg-batch", "0")
     assert r.returncode != 0
+    # the default pool holds every sequence in whole pages: 20 x 18 tokens
+    # are 360, but 20 x 2 pages of 16 are 640
+    r = kiln("bench", "--profile", "pp-tg", "-m", TINY, "-t", "1", "-p", "8", "-n", "17", "-r", "1", "--tg-batch", "20",
+             "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout)["tg17_b20"] > 0
 
