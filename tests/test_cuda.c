@@ -527,6 +527,104 @@ static void test_rope(struct pair *p) {
     unsetenv("KILN_CUDA_ROPE_V");
 }
 
+/* ==== q/k/v as one GEMM (prefill) ==== */
+
+long kiln_cuda_qkv_merge_count(void) __attribute__((weak));
+
+static void matmul_multi_on(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int n) {
+    if (be->matmul_multi) be->matmul_multi(be, outs, x, ws, 3, n);
+    else
+        for (int i = 0; i < 3; i++) be->matmul(be, outs[i], x, ws[i], n);
+}
+
+/* one sequence of n new tokens: q/k/v through matmul_multi on linears the
+ * CUDA backend grouped (group_linears), then, by mode, the three buffers
+ * read right away (the held GEMM split at the read), after the rope (which
+ * reads q and k from the one GEMM's output and writes v out), after the
+ * rope + KV write (v into the cache from there too), or with a KV write
+ * of another v buffer (the held rope runs first, then the plain write).
+ * `merges` is how many one-GEMM launches the four modes should make. */
+static void qkv_case(struct pair *p, const char *what, int n, int nh, int nkv, int hd, int dim, int merges) {
+    char msg[200];
+    struct rope2 R = rope2_make(p, hd);
+    struct lin2 L[3] = {lin_make(p, nh * hd, dim, 0), lin_make(p, nkv * hd, dim, 0), lin_make(p, nkv * hd, dim, 0)};
+    struct qlinear *gw[3] = {&L[0].g, &L[1].g, &L[2].g};
+    if (p->gpu->group_linears) p->gpu->group_linears(p->gpu, gw, 3);
+    const struct qlinear *wc[3] = {&L[0].c, &L[1].c, &L[2].c}, *wg[3] = {&L[0].g, &L[1].g, &L[2].g};
+    const int P = 16, np = (n + P - 1) / P, n_pages = np + 1;
+    int32_t *pages = kiln_malloc(sizeof(int32_t) * (size_t)np);
+    for (int i = 0; i < np; i++) pages[i] = np - i; /* backwards, page 0 unused */
+    static struct bat B;
+    memset(&B, 0, sizeof B);
+    B.b.n_tokens = n, B.b.tokens = B.tok, B.b.pos = B.pos, B.b.n_seqs = 1, B.b.seqs = B.v;
+    B.v[0] = (struct kiln_seq_view){0, n, 0, pages, np};
+    for (int i = 0; i < n; i++) B.pos[i] = i;
+    struct kv_cache kc = {1, nkv, hd, P, n_pages, KILN_DTYPE_F32, NULL, NULL}, kg = kc;
+    kg.dtype = KILN_DTYPE_BF16;
+    void *kcv[2], *kgv[2];
+    kc.k = &kcv[0], kc.v = &kcv[1], kg.k = &kgv[0], kg.v = &kgv[1];
+    const size_t cache = (size_t)n_pages * P * nkv * hd, no[3] = {(size_t)n * nh * hd, (size_t)n * nkv * hd, (size_t)n * nkv * hd};
+    kcv[0] = alloc_both(p, &kgv[0], cache);
+    kcv[1] = alloc_both(p, &kgv[1], cache);
+    const long m0 = kiln_cuda_qkv_merge_count ? kiln_cuda_qkv_merge_count() : 0;
+    begin_both(p, &B.b);
+    for (int mode = 0; mode < 4; mode++) {
+        float *x = rand_vec((size_t)n * dim, 1.f), *v2 = rand_vec(no[2], 1.f);
+        void *xc, *xg, *oc[3], *og[3], *v2c, *v2g;
+        put(p, &xc, &xg, x, (size_t)n * dim);
+        put(p, &v2c, &v2g, v2, no[2]);
+        for (int i = 0; i < 3; i++) oc[i] = alloc_both(p, &og[i], no[i]);
+        matmul_multi_on(p->cpu, oc, xc, wc, n);
+        matmul_multi_on(p->gpu, og, xg, wg, n);
+        if (mode > 0) {
+            p->cpu->qk_norm_rope(p->cpu, oc[0], oc[1], &R.qn.c, &R.kn.c, &R.c, &B.b, nh, nkv, hd, 1e-6f);
+            p->gpu->qk_norm_rope(p->gpu, og[0], og[1], &R.qn.g, &R.kn.g, &R.g, &B.b, nh, nkv, hd, 1e-6f);
+        }
+        if (mode > 1) {
+            p->cpu->kv_write(p->cpu, &kc, 0, oc[1], mode == 2 ? oc[2] : v2c, &B.b);
+            p->gpu->kv_write(p->gpu, &kg, 0, og[1], mode == 2 ? og[2] : v2g, &B.b);
+        }
+        static const char *const mn[4] = {"read at once", "after the rope", "after rope + KV write", "KV write of another v"};
+        static const char *const bn[3] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(msg, sizeof msg, "%s: %s (%s)", what, bn[i], mn[mode]);
+            check_rel(p, msg, oc[i], og[i], no[i], TOL_OP);
+        }
+        if (mode > 1) {
+            snprintf(msg, sizeof msg, "%s: k cache (%s)", what, mn[mode]);
+            check_rel(p, msg, kcv[0], kgv[0], cache, TOL_OP);
+            snprintf(msg, sizeof msg, "%s: v cache (%s)", what, mn[mode]);
+            check_rel(p, msg, kcv[1], kgv[1], cache, TOL_OP);
+        }
+        for (int i = 0; i < 3; i++) free_both(p, oc[i], og[i]);
+        free_both(p, xc, xg), free_both(p, v2c, v2g), free(x), free(v2);
+    }
+    if (kiln_cuda_qkv_merge_count)
+        CHECK(kiln_cuda_qkv_merge_count() - m0 == merges, "%s: %ld one-GEMM q/k/v launches, expected %d", what,
+              kiln_cuda_qkv_merge_count() - m0, merges);
+    free_both(p, kcv[0], kgv[0]), free_both(p, kcv[1], kgv[1]);
+    free(pages);
+    for (int i = 0; i < 3; i++) lin_free(p, &L[i]);
+    rope2_free(p, &R);
+}
+
+/* one GEMM from 17 rows up to KILN_CUDA_QKV_MERGE (2,048 by default), at
+ * head_dim 64 / 128 / 256 (the 16-byte rope kernel); not at 5 rows (the
+ * GEMV queue), nor with the per-element rope kernel's head size or
+ * KILN_CUDA_ROPE_V=0 (then the GEMM still runs as one and is split) */
+static void test_qkv_merge(struct pair *p) {
+    qkv_case(p, "q/k/v 40 tokens, 16/8 heads of 128, dim 1024", 40, 16, 8, 128, 1024, 4);
+    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128, dim 1024", 300, 32, 8, 128, 1024, 4);
+    qkv_case(p, "q/k/v 70 tokens, 14/2 heads of 64, dim 896", 70, 14, 2, 64, 896, 4);
+    qkv_case(p, "q/k/v 24 tokens, 16/4 heads of 256, dim 512", 24, 16, 4, 256, 512, 4);
+    qkv_case(p, "q/k/v 5 tokens (GEMV), 16/8 heads of 128, dim 1024", 5, 16, 8, 128, 1024, 0);
+    qkv_case(p, "q/k/v 40 tokens, 8/2 heads of 96 (split for the per-element rope)", 40, 8, 2, 96, 768, 4);
+    setenv("KILN_CUDA_ROPE_V", "0", 1);
+    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128 (KILN_CUDA_ROPE_V=0)", 300, 32, 8, 128, 1024, 4);
+    unsetenv("KILN_CUDA_ROPE_V");
+    qkv_case(p, "q/k/v 2100 tokens (over the limit), 16/8 heads of 128, dim 512", 2100, 16, 8, 128, 512, 0);
+}
+
 /* attention over a paged cache: fills n_past tokens per sequence, then runs
  * the batch (decode rows, or prefill chunks that take the flash kernel) */
 /* KV heads of the attention cases (32 query heads): 8 unless a case
@@ -2106,6 +2204,7 @@ void test_cuda(void) {
     test_matmul_quant(&p);
     test_norms(&p);
     test_rope(&p);
+    test_qkv_merge(&p);
     test_attention(&p);
     test_att_dec(&p);
     test_fused_attention(&p);

@@ -1,6 +1,6 @@
 /*
  * cublas_shapes.cu: times Qwen3-8B's prefill GEMM shapes through cuBLAS at
- * 8,192 / 2,048 / 1,024 / 256 rows on random bf16 data (constant data draws
+ * 8,192 / 2,048 / 1,024 / 512 / 256 / 128 rows on random bf16 data (constant data draws
  * less power and runs faster on a power-bound card): gate/up as two calls,
  * one wide call (fused weights), a strided batch and a pointer batch; down;
  * q/k/v as three calls, one wide call, q + a strided k/v batch, and a
@@ -22,7 +22,7 @@ static float timeit(int reps, auto fn) {
 int main() {
     cublasHandle_t h; cublasCreate(&h);
     const float one = 1, zero = 0;
-    for (int n : {8192, 2048, 1024, 256}) {
+    for (int n : {8192, 2048, 1024, 512, 256, 128}) {
         // gate/up: two N=12288 K=4096
         int F = 12288, D = 4096;
         bf16 *x = rnd((size_t)n * D, 1), *wgu = rnd((size_t)2 * F * D, 2), *wg = wgu, *wu = wgu + (size_t)F * D;

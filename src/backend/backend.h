@@ -138,6 +138,11 @@ struct kiln_backend {
      * its prepared form differs from the stored one (the CPU's 12-bit BF16);
      * NULL: the stored bytes (quant_linear_bytes) */
     int64_t (*linear_bytes)(struct kiln_backend *be, const struct qlinear *w);
+    /* optional, once at load after prepare_linear: count linears that read
+     * the same x (a layer's q, k, v), which the backend may store as one
+     * (CUDA: one allocation, one prefill GEMM in matmul_multi); never
+     * fails: what it cannot group stays as it was */
+    void (*group_linears)(struct kiln_backend *be, struct qlinear *const *ws, int count);
     void (*release_tensor)(struct kiln_backend *be, struct ktensor *t);
     void (*release_linear)(struct kiln_backend *be, struct qlinear *w);
     void (*release_rope)(struct kiln_backend *be, struct rope *r);

@@ -478,6 +478,10 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
+    for (int l = 0; be->group_linears && l < m->cfg.n_layer; l++) {
+        struct qlinear *qkv[3] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv};
+        be->group_linears(be, qkv, 3);
+    }
     return 0;
 }
 

@@ -96,10 +96,11 @@ void cu_kv_write(struct kiln_backend *be, struct kv_cache *kv, int layer, const 
         c->bytes_kv = 2 * (size_t)kv->n_layer * kv->n_pages * kv->page_size * kv->n_head_kv * kv->head_dim * 2;
     const int n = b->n_tokens, hd = kv->head_dim, nkv = kv->n_head_kv;
     /* the rope just before, on this k: one kernel ropes q and k and writes the cache */
+    /* (on the prefill's one q/k/v GEMM, prope.qi: v must be its v, which the kernel reads there) */
     if (c->prope.on && c->prope.k == k && c->prope.n_tok == n && c->prope.n_head_kv == nkv && c->prope.hd == hd && hd % 8 == 0 &&
-        !((uintptr_t)v & 15)) {
+        !((uintptr_t)v & 15) && (!c->prope.qi || (c->pqkv.on && v == c->pqkv.out[2]))) {
         /* a decode step: hold both for the attention that follows */
-        if (!c->no_fuse_att && !c->tape_on && c->max_seq_n == 1 && !c->use_flash && (hd == 64 || hd == 128 || hd == 256)) {
+        if (!c->no_fuse_att && !c->tape_on && c->max_seq_n == 1 && !c->use_flash && !c->prope.qi && (hd == 64 || hd == 128 || hd == 256)) {
             c->pkv.on = 1, c->pkv.P = kv->page_size, c->pkv.kc = (bf16 *)kv->k[layer], c->pkv.vc = (bf16 *)kv->v[layer];
             c->pkv.v = (const bf16 *)v;
             return;

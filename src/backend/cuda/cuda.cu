@@ -732,10 +732,66 @@ static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
     struct cuda_ctx *c = cu_ctx(be);
     graphs_drop(c);
     if (L->q4) cu_w4_release(c, L);
-    else if (!L->shared) cudaFree(L->w), c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+    else if (!L->shared) {
+        if (!L->grouped) cudaFree(L->w);
+        c->bytes_weights -= (size_t)w->n_out * w->n_in * 2;
+    }
     if (L->bias) cudaFree(L->bias), c->bytes_weights -= (size_t)w->n_out * 4;
     free(L);
     w->be = NULL;
+}
+
+/*
+ * Linears that read the same x (a layer's q, k and v), moved into one
+ * allocation in order, so that one GEMM computes all of them (gemm.cu
+ * cu_matmul_multi): fewer, fuller waves of tiles where a prefill chunk has
+ * few rows (H100, Qwen3-8B's q/k/v at 256 rows: 42.9 us as three cuBLAS
+ * calls, 24.6 as one; equal at 8,192; tools/cublas_shapes.cu). Only bf16
+ * weights without bias whose row counts keep 16-byte alignment; anything
+ * else, or no device memory for the move, stays as it was (nothing fails).
+ * The group's first linear owns the allocation.
+ */
+static int group_said;
+static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws, int count) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (count < 2) return;
+    size_t total = 0;
+    for (int i = 0; i < count; i++) {
+        const struct cu_linear *L = (const struct cu_linear *)ws[i]->be;
+        if (!L || !L->w || L->q4 || L->shared || L->grouped || L->bias || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 ||
+            ws[i]->n_in % 8)
+            return;
+        total += (size_t)ws[i]->n_out * ws[i]->n_in;
+    }
+    cu_flush(c);
+    bf16 *d = NULL;
+    if (cudaMalloc(&d, total * 2 + 16) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory: not sticky; the linears stay apart */
+        return;
+    }
+    size_t off = 0;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < count && e == cudaSuccess; i++) {
+        const size_t n = (size_t)ws[i]->n_out * ws[i]->n_in;
+        e = cudaMemcpyAsync(d + off, ((const struct cu_linear *)ws[i]->be)->w, n * 2, cudaMemcpyDeviceToDevice, c->stream);
+        off += n;
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        return;
+    }
+    graphs_drop(c);
+    off = 0;
+    for (int i = 0; i < count; i++) {
+        struct cu_linear *L = (struct cu_linear *)ws[i]->be;
+        cudaFree(L->w);
+        L->w = d + off, L->grouped = i > 0;
+        off += (size_t)ws[i]->n_out * ws[i]->n_in;
+    }
+    if (!group_said++)
+        kiln_log(KILN_LOG_DEBUG, "cuda: linears that read the same x are stored as one matrix (one prefill GEMM for q/k/v)");
 }
 
 static void cu_release_rope(struct kiln_backend *be, struct rope *r) {
@@ -1013,7 +1069,7 @@ static void cu_destroy(struct kiln_backend *be) {
     free(c->graphs);
     for (int i = 0; i < c->n_moe_tabs; i++) cudaFree((void *)c->moe_tabs[i].gate), free(c->moe_tabs[i].host);
     free(c->moe_tabs);
-    void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->w4_x, c->w4_deq, c->moe_buf, c->blas_ws};
+    void *dev[] = {c->meta, c->att_part, c->att_cnt, c->f32buf, c->w4_x, c->w4_deq, c->moe_buf, c->blas_ws, c->qkv_buf};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
     if (c->meta_host) cudaFreeHost(c->meta_host);
@@ -1131,6 +1187,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_defer = env_is("KILN_CUDA_DEFER", "0");
     c->no_fuse = env_is("KILN_CUDA_FUSE", "0");
     c->no_gemm_res = env_is("KILN_CUDA_GEMM_RES", "0");
+    const char *qm = getenv("KILN_CUDA_QKV_MERGE");
+    c->qkv_max = qm && *qm ? atoi(qm) : 2048;
     const char *ws = getenv("KILN_CUDA_W4_SLICE");
     c->w4_slice_env = ws && *ws ? atoi(ws) : -1;
     c->no_fuse_att = env_is("KILN_CUDA_FUSE_ATT", "0"); /* decode rope + KV write as their own launch */
@@ -1196,6 +1254,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->rmsnorm = cu_rmsnorm;
     be->add_rmsnorm = cu_add_rmsnorm;
     be->matmul = cu_matmul;
+    be->matmul_multi = cu_matmul_multi;
+    be->group_linears = cu_group_linears;
     be->qk_norm_rope = cu_qk_norm_rope;
     be->kv_write = cu_kv_write;
     be->attention = cu_attention;

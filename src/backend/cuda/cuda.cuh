@@ -80,6 +80,7 @@ struct cu_linear {
     struct cu_w4 *q4; /* GPTQ / AWQ int4 and Q4_0 kept 4-bit (qgemm.cu), or NULL */
     float *bias;  /* (n_out) or NULL */
     int shared;   /* w belongs to another tensor (the tied embedding) */
+    int grouped;  /* w lies inside the allocation of its group's first linear (cu_group_linears): not freed on its own */
 };
 
 /* Per-MoE-layer device tables of expert weight pointers, built on first use. */
@@ -275,7 +276,23 @@ struct cuda_ctx {
         bf16 *q, *k;
         const float *qw, *kw, *inv_freq;
         float af, eps;
+        const bf16 *qi; /* NULL: q and k in place; else their input is pqkv's one GEMM (rows ld apart) */
+        int ld;
     } prope;
+    /* q/k/v of a prefill as one GEMM over their grouped weights
+     * (cu_matmul_multi): the output s holds each row's q | k | v, ld
+     * columns; out[] (the op's three buffers) are written only when the
+     * rope that reads q and k (and the KV write of v) runs, which reads s
+     * instead, or by a split at the next other op (cu_flush).
+     * KILN_CUDA_QKV_MERGE=N: up to N rows (0: never) */
+    struct {
+        int on, n, ld, n_out[3];
+        bf16 *out[3];
+        bf16 *s;
+    } pqkv;
+    int qkv_max;
+    bf16 *qkv_buf;
+    size_t qkv_buf_cap;
     /* the rope + KV write of a decode layer, held until the attention right
      * after (attention.cu: k_att_rows<HD, true> does all three);
      * KILN_CUDA_FUSE_ATT=0 turns it off */
@@ -355,6 +372,8 @@ int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
 
 /* ops, one family per file */
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);
+/* q/k/v: one GEMM where their weights are one allocation (pqkv), else cu_matmul each */
+void cu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count, int n);
 /* out (f32) [n][n_out] = x W^T: the MoE router */
 void cu_matmul_f32(struct cuda_ctx *c, float *out, const bf16 *x, const bf16 *w, int n, int n_out, int n_in);
 /* out [n][n_out] = x W^T without bias, bf16 out (grouped expert GEMMs) */
@@ -514,6 +533,8 @@ void cu_flush(struct cuda_ctx *c);
 /* the held GEMM (cuda_ctx.pgemm): into its own output (res == NULL), or
  * added into res (res += x W^T in the GEMM's epilogue, one rounding) */
 void cu_pgemm_launch(struct cuda_ctx *c, bf16 *res);
+/* the held q/k/v GEMM's output split into the op's three buffers (pqkv) */
+void cu_pqkv_split(struct cuda_ctx *c);
 /* only the queued matmuls (with their folded norm) */
 void cu_flush_mm(struct cuda_ctx *c);
 /* the standalone launches behind the held-back ops */

@@ -839,6 +839,10 @@ void cu_flush_mm(struct cuda_ctx *c) {
  * invisible: at most one kind is pending at a time (each is held back only
  * right after a flush), except a norm with the matmuls that read it. */
 void cu_flush(struct cuda_ctx *c) {
+    /* a rope on the one q/k/v GEMM's output writes all three buffers; else
+     * they are split out */
+    if (c->prope.on && c->prope.qi) cu_rope_launch(c, NULL, NULL, NULL, 0);
+    if (c->pqkv.on) cu_pqkv_split(c);
     if (c->pgemm.on) cu_pgemm_launch(c, NULL);
     if (c->pkv.on) { /* the held rope + KV write (attention.cu) */
         c->pkv.on = 0;
@@ -894,6 +898,29 @@ static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf
                               n_in, &beta, out, ot, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* k_split_cols: row t of s (q | k | v, ld columns) into row t of each of
+ * the three outputs; one thread per 16-byte chunk (n_out[] % 8 == 0) */
+__global__ void k_split_cols(bf16 *o0, bf16 *o1, bf16 *o2, const bf16 *__restrict__ s, int n0, int n1, int ld, size_t total) {
+    KTRACE();
+    pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const int per = ld / 8, col = (int)(i % per) * 8;
+    const size_t t = i / per;
+    const uint4 v = ((const uint4 *)s)[i];
+    if (col < n0) *(uint4 *)(o0 + t * n0 + col) = v;
+    else if (col < n0 + n1) *(uint4 *)(o1 + t * n1 + col - n0) = v;
+    else *(uint4 *)(o2 + t * (ld - n0 - n1) + col - n0 - n1) = v;
+}
+
+void cu_pqkv_split(struct cuda_ctx *c) {
+    c->pqkv.on = 0;
+    const size_t total = (size_t)c->pqkv.n * c->pqkv.ld / 8;
+    cu_launch(c->stream, k_split_cols, (unsigned)((total + 255) / 256), 256, 0, c->pqkv.out[0], c->pqkv.out[1], c->pqkv.out[2],
+              (const bf16 *)c->pqkv.s, c->pqkv.n_out[0], c->pqkv.n_out[1], c->pqkv.ld, total);
+    CU_LAUNCHED();
+}
+
 void cu_pgemm_launch(struct cuda_ctx *c, bf16 *res) {
     c->pgemm.on = 0;
     blas_gemm(c, res ? res : c->pgemm.out, CUDA_R_16BF, c->pgemm.x, c->pgemm.w, c->pgemm.n, c->pgemm.n_out, c->pgemm.n_in,
@@ -923,6 +950,7 @@ static void mm_enqueue(struct cuda_ctx *c, void *out, const void *x, const struc
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n) {
     CU_SKIP_IF_REPLAY(be);
     struct cuda_ctx *c = cu_ctx(be);
+    if (c->prope.qi || c->pqkv.on) cu_flush(c); /* x may be one of the held q/k/v buffers */
     CU_TAPE(c, SKT_MATMUL, out, x, NULL, w, NULL, NULL, n, 0, 0, 0, 0.f);
     const struct cu_linear *L = (const struct cu_linear *)w->be;
     const bf16 *W = L->w;
@@ -1351,4 +1379,55 @@ void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, c
     dim3 grid((unsigned)((dim + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS), (unsigned)n);
     cu_launch(c->stream, k_moe_down, grid, 256, 0, out, h, sel, selp, wsel, down, K, ffn, dim);
     CU_LAUNCHED();
+}
+
+/* ==== q/k/v as one GEMM (prefill) ==== */
+
+static long qkv_merges;
+extern "C" long kiln_cuda_qkv_merge_count(void);
+extern "C" long kiln_cuda_qkv_merge_count(void) { return qkv_merges; }
+
+/* 1 if the three linears run as one GEMM: bf16 weights that
+ * cu_group_linears put back to back (no bias), a prefill (some sequence has
+ * more than one new row: a batch of single-row decodes keeps its rope for
+ * the attention kernel) of more rows than the GEMV paths take and at most
+ * qkv_max, and the ops not being recorded for a graph */
+static int qkv_merges_ok(struct cuda_ctx *c, void *const *outs, const void *x, const struct qlinear *const *ws, int n) {
+    if (n > c->qkv_max || n <= GEMV_MAX_ROWS || n <= TC_MAX_ROWS || c->max_seq_n < 2 || c->tape_on || c->no_defer || c->no_fuse ||
+        c->mode != CU_EAGER)
+        return 0;
+    const bf16 *next = NULL;
+    for (int i = 0; i < 3; i++) {
+        const struct cu_linear *L = (const struct cu_linear *)ws[i]->be;
+        if (!L || !L->w || L->q4 || L->bias || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 || (next && L->w != next) ||
+            outs[i] == x || (i && outs[i] == outs[0]) || (i == 2 && outs[2] == outs[1]))
+            return 0;
+        next = L->w + (size_t)ws[i]->n_out * ws[i]->n_in;
+    }
+    return 1;
+}
+
+void cu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, const struct qlinear *const *ws, int count, int n) {
+    CU_SKIP_IF_REPLAY(be);
+    struct cuda_ctx *c = cu_ctx(be);
+    if (count == 3 && qkv_merges_ok(c, outs, x, ws, n)) {
+        const int ld = ws[0]->n_out + ws[1]->n_out + ws[2]->n_out;
+        cu_flush(c);
+        /* the output: grown like the other scratch, but a failure only
+         * means three GEMMs instead of one */
+        const size_t bytes = (size_t)n * ld * 2;
+        if (bytes > c->qkv_buf_cap && c->mode == CU_EAGER) {
+            if (c->qkv_buf) cudaFree(c->qkv_buf), c->bytes_ws -= c->qkv_buf_cap, c->qkv_buf = NULL, c->qkv_buf_cap = 0;
+            if (cudaMalloc(&c->qkv_buf, bytes) == cudaSuccess) c->qkv_buf_cap = bytes, c->bytes_ws += bytes;
+            else cudaGetLastError(), c->qkv_buf = NULL;
+        }
+        if (c->qkv_buf && bytes <= c->qkv_buf_cap) {
+            blas_gemm(c, c->qkv_buf, CUDA_R_16BF, (const bf16 *)x, ((const struct cu_linear *)ws[0]->be)->w, n, ld, ws[0]->n_in);
+            c->pqkv.on = 1, c->pqkv.n = n, c->pqkv.ld = ld, c->pqkv.s = c->qkv_buf;
+            for (int i = 0; i < 3; i++) c->pqkv.out[i] = (bf16 *)outs[i], c->pqkv.n_out[i] = ws[i]->n_out;
+            qkv_merges++;
+            return;
+        }
+    }
+    for (int i = 0; i < count; i++) cu_matmul(be, outs[i], x, ws[i], n);
 }

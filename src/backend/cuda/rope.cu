@@ -89,7 +89,10 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope(bf16 *q, bf16 *k, const fl
  * v or past the end); the head's kind only decides what is stored. Same
  * arithmetic as k_qk_norm_rope per element: x * r times the weight, then
  * the rotation, rounded to bf16 once; only the sum of squares is added in
- * another order.
+ * another order. With qi the heads are read from row t of the prefill's one
+ * q/k/v GEMM (q | k | v, ld columns; gemm.cu cu_matmul_multi) and written
+ * to q, k and vo, where they would have been; without, q and k in place
+ * and v (for the cache) from vsrc.
  */
 template <int G, int ROPE_V_R>
 __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const float *__restrict__ qw, const float *__restrict__ kw,
@@ -97,12 +100,13 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
                                                         int n_head, int n_head_kv, float eps, bf16 *kc, bf16 *vc,
                                                         const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
                                                         const int *__restrict__ row_t, const int *__restrict__ seq,
-                                                        const int *__restrict__ pages, int P) {
+                                                        const int *__restrict__ pages, int P, const bf16 *__restrict__ qi, int ld,
+                                                        bf16 *vo) {
     KTRACE();
     constexpr int HD = 8 * G, HALF = HD / 2;
     pdl_wait();
     __shared__ float cs[2][HALF];
-    const int t = blockIdx.x, li = threadIdx.x % G, nh = n_head + n_head_kv + (kc ? n_head_kv : 0);
+    const int t = blockIdx.x, li = threadIdx.x % G, nh = n_head + n_head_kv + (kc || vo ? n_head_kv : 0);
     const float p = (float)pos[t];
     for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
         float sn, cn;
@@ -115,15 +119,20 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
         crow = ((size_t)pages[seq[4 * s + 3] + tt / P] * n_head_kv * P + tt % P) * HD;
     }
     uint4 w[ROPE_V_R];
-    bf16 *src[ROPE_V_R];
+    bf16 *dst[ROPE_V_R]; /* the head's row in q, k or vo (v: NULL without vo) */
 #pragma unroll
     for (int r = 0; r < ROPE_V_R; r++) {
         const int h = (blockIdx.y * ROPE_V_R + r) * (256 / G) + threadIdx.x / G;
-        src[r] = h < n_head               ? q + ((size_t)t * n_head + h) * HD
+        dst[r] = h < n_head               ? q + ((size_t)t * n_head + h) * HD
                  : h < n_head + n_head_kv ? k + ((size_t)t * n_head_kv + (h - n_head)) * HD
-                 : h < nh                 ? (bf16 *)vsrc + ((size_t)t * n_head_kv + (h - n_head - n_head_kv)) * HD
+                 : h < nh && vo           ? vo + ((size_t)t * n_head_kv + (h - n_head - n_head_kv)) * HD
                                           : NULL;
-        w[r] = src[r] ? ((const uint4 *)src[r])[li] : make_uint4(0, 0, 0, 0);
+        /* the input: in place, v from vsrc; or row t of the q | k | v GEMM output */
+        const bf16 *src = h >= nh ? NULL
+                          : qi    ? qi + (size_t)t * ld + (size_t)h * HD
+                          : h < n_head + n_head_kv ? dst[r]
+                                                   : vsrc + ((size_t)t * n_head_kv + (h - n_head - n_head_kv)) * HD;
+        w[r] = src ? ((const uint4 *)src)[li] : make_uint4(0, 0, 0, 0);
     }
     __syncthreads();
 #pragma unroll
@@ -151,21 +160,35 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
             const float c = cs[0][i], s = cs[1][i];
             ov[e] = __float2bfloat16(first ? x[e] * c - y * s : x[e] * c + y * s);
         }
-        if (!src[r]) continue;
-        if (h < n_head + n_head_kv) ((uint4 *)src[r])[li] = out;
+        if (h >= nh) continue;
+        if (dst[r]) ((uint4 *)dst[r])[li] = h < n_head + n_head_kv ? out : w[r];
         if (!kc || h < n_head) continue;
         const int hk = (h - n_head) % n_head_kv;
-        bf16 *dst = (h < n_head + n_head_kv ? kc : vc) + crow + (size_t)hk * P * HD;
-        ((uint4 *)dst)[li] = h < n_head + n_head_kv ? out : w[r];
+        bf16 *cd = (h < n_head + n_head_kv ? kc : vc) + crow + (size_t)hk * P * HD;
+        ((uint4 *)cd)[li] = h < n_head + n_head_kv ? out : w[r];
     }
 }
 
 /* launches the pending rope (cuda.cuh prope), with the KV write fused in when kc */
+static int rope_v_takes(int hd) {
+    const char *e = getenv("KILN_CUDA_ROPE_V"); /* =0: the per-element kernel */
+    return (hd == 64 || hd == 128 || hd == 256) && !(e && !strcmp(e, "0"));
+}
+
 void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P) {
     c->prope.on = 0;
-    const int nh = c->prope.n_head + c->prope.n_head_kv + (kc ? c->prope.n_head_kv : 0), hd = c->prope.hd;
-    const char *e = getenv("KILN_CUDA_ROPE_V"); /* =0: the per-element kernel */
-    if ((hd == 64 || hd == 128 || hd == 256) && !(e && !strcmp(e, "0"))) {
+    /* on the q/k/v GEMM's output: v comes from there too, and goes to its
+     * buffer as well as (kc) to the cache */
+    const bf16 *qi = c->prope.qi;
+    bf16 *vo = NULL;
+    c->prope.qi = NULL;
+    if (qi) {
+        c->pqkv.on = 0;
+        vo = c->pqkv.out[2];
+        v = qi + c->pqkv.n_out[0] + c->pqkv.n_out[1];
+    }
+    const int nh = c->prope.n_head + c->prope.n_head_kv + (kc || vo ? c->prope.n_head_kv : 0), hd = c->prope.hd;
+    if (rope_v_takes(hd)) {
         const int G = hd / 8, R = c->prope.n_tok > 64 ? 4 : 1, per_block = 256 / G * R;
         const dim3 grid((unsigned)c->prope.n_tok, (unsigned)((nh + per_block - 1) / per_block));
         auto k = hd == 64    ? (R == 4 ? k_qk_norm_rope_v<8, 4> : k_qk_norm_rope_v<8, 1>)
@@ -173,7 +196,7 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
                              : (R == 4 ? k_qk_norm_rope_v<32, 4> : k_qk_norm_rope_v<32, 1>);
         cu_launch(c->stream, k, grid, 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->prope.af,
                   c->d_pos, c->prope.n_head, c->prope.n_head_kv, c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq,
-                  c->d_pages, P);
+                  c->d_pages, P, qi, c->prope.ld, vo);
         CU_LAUNCHED();
         return;
     }
@@ -188,8 +211,15 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
 void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct ktensor *qn, const struct ktensor *kn,
                      const struct rope *rope, const struct kiln_batch *b, int n_head, int n_head_kv, int head_dim,
                      float eps) {
-    CU_OP_ENTER(be);
     struct cuda_ctx *c = cu_ctx(be);
+    /* q and k still in the held q/k/v GEMM's output: read them there (the
+     * kernel writes them to q and k, and v to its buffer) */
+    const int merged = c->pqkv.on && q == c->pqkv.out[0] && k == c->pqkv.out[1] && c->pqkv.n == b->n_tokens &&
+                       c->pqkv.n_out[0] == n_head * head_dim && c->pqkv.n_out[1] == n_head_kv * head_dim &&
+                       c->pqkv.n_out[2] == c->pqkv.n_out[1] && rope_v_takes(head_dim);
+    if (merged) c->pqkv.on = 0; /* not split by the flush */
+    CU_OP_ENTER(be);
+    if (merged) c->pqkv.on = 1;
     CU_TAPE(c, SKT_ROPE, q, k, NULL, qn, kn, rope, b->n_tokens, head_dim, n_head, n_head_kv, eps);
     if (head_dim / 2 > 32 * ROPE_MAX_PAIRS) {
         fprintf(stderr, "kiln: cuda: head_dim %d > %d is not supported\n", head_dim, 64 * ROPE_MAX_PAIRS);
@@ -199,6 +229,7 @@ void cu_qk_norm_rope(struct kiln_backend *be, void *q, void *k, const struct kte
     c->prope.kw = kn ? (const float *)kn->be : NULL, c->prope.inv_freq = (const float *)rope->be, c->prope.af = rope->attn_factor;
     c->prope.n_tok = b->n_tokens, c->prope.n_head = n_head, c->prope.n_head_kv = n_head_kv, c->prope.hd = head_dim;
     c->prope.eps = eps;
+    c->prope.qi = merged ? c->pqkv.s : NULL, c->prope.ld = c->pqkv.ld;
     c->prope.on = 1;
     if (c->no_fuse) cu_rope_launch(c, NULL, NULL, NULL, 0);
 }
