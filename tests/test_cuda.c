@@ -544,10 +544,10 @@ static void matmul_multi_on(struct kiln_backend *be, void *const *outs, const vo
  * rope + KV write (v into the cache from there too), or with a KV write
  * of another v buffer (the held rope runs first, then the plain write).
  * `merges` is how many one-GEMM launches the four modes should make. */
-static void qkv_case(struct pair *p, const char *what, int n, int nh, int nkv, int hd, int dim, int merges) {
+static void qkv_case(struct pair *p, const char *what, int n, int nh, int nkv, int hd, int dim, int bias, int merges) {
     char msg[200];
     struct rope2 R = rope2_make(p, hd);
-    struct lin2 L[3] = {lin_make(p, nh * hd, dim, 0), lin_make(p, nkv * hd, dim, 0), lin_make(p, nkv * hd, dim, 0)};
+    struct lin2 L[3] = {lin_make(p, nh * hd, dim, bias), lin_make(p, nkv * hd, dim, bias), lin_make(p, nkv * hd, dim, bias)};
     struct qlinear *gw[3] = {&L[0].g, &L[1].g, &L[2].g};
     if (p->gpu->group_linears) p->gpu->group_linears(p->gpu, gw, 3);
     const struct qlinear *wc[3] = {&L[0].c, &L[1].c, &L[2].c}, *wg[3] = {&L[0].g, &L[1].g, &L[2].g};
@@ -609,20 +609,24 @@ static void qkv_case(struct pair *p, const char *what, int n, int nh, int nkv, i
 }
 
 /* one GEMM from 17 rows up to KILN_CUDA_QKV_MERGE (2,048 by default), at
- * head_dim 64 / 128 / 256 (the 16-byte rope kernel); not at 5 rows (the
+ * head_dim 64 / 128 / 256 (the 16-byte rope kernel), with and without
+ * biases (Qwen2's, added where the output is read); not at 5 rows (the
  * GEMV queue), nor with the per-element rope kernel's head size or
  * KILN_CUDA_ROPE_V=0 (then the GEMM still runs as one and is split) */
 static void test_qkv_merge(struct pair *p) {
-    qkv_case(p, "q/k/v 40 tokens, 16/8 heads of 128, dim 1024", 40, 16, 8, 128, 1024, 4);
-    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128, dim 1024", 300, 32, 8, 128, 1024, 4);
-    qkv_case(p, "q/k/v 70 tokens, 14/2 heads of 64, dim 896", 70, 14, 2, 64, 896, 4);
-    qkv_case(p, "q/k/v 24 tokens, 16/4 heads of 256, dim 512", 24, 16, 4, 256, 512, 4);
-    qkv_case(p, "q/k/v 5 tokens (GEMV), 16/8 heads of 128, dim 1024", 5, 16, 8, 128, 1024, 0);
-    qkv_case(p, "q/k/v 40 tokens, 8/2 heads of 96 (split for the per-element rope)", 40, 8, 2, 96, 768, 4);
+    qkv_case(p, "q/k/v 40 tokens, 16/8 heads of 128, dim 1024", 40, 16, 8, 128, 1024, 0, 4);
+    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128, dim 1024", 300, 32, 8, 128, 1024, 0, 4);
+    qkv_case(p, "q/k/v 70 tokens, 14/2 heads of 64, dim 896", 70, 14, 2, 64, 896, 0, 4);
+    qkv_case(p, "q/k/v 70 tokens, 14/2 heads of 64, dim 896, bias", 70, 14, 2, 64, 896, 1, 4);
+    qkv_case(p, "q/k/v 300 tokens, 28/4 heads of 128, dim 1024, bias", 300, 28, 4, 128, 1024, 1, 4);
+    qkv_case(p, "q/k/v 24 tokens, 16/4 heads of 256, dim 512", 24, 16, 4, 256, 512, 0, 4);
+    qkv_case(p, "q/k/v 5 tokens (GEMV), 16/8 heads of 128, dim 1024", 5, 16, 8, 128, 1024, 0, 0);
+    qkv_case(p, "q/k/v 40 tokens, 8/2 heads of 96 (split for the per-element rope)", 40, 8, 2, 96, 768, 0, 4);
+    qkv_case(p, "q/k/v 40 tokens, 8/2 heads of 96, bias (split)", 40, 8, 2, 96, 768, 1, 4);
     setenv("KILN_CUDA_ROPE_V", "0", 1);
-    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128 (KILN_CUDA_ROPE_V=0)", 300, 32, 8, 128, 1024, 4);
+    qkv_case(p, "q/k/v 300 tokens, 32/8 heads of 128 (KILN_CUDA_ROPE_V=0)", 300, 32, 8, 128, 1024, 0, 4);
     unsetenv("KILN_CUDA_ROPE_V");
-    qkv_case(p, "q/k/v 2100 tokens (over the limit), 16/8 heads of 128, dim 512", 2100, 16, 8, 128, 512, 0);
+    qkv_case(p, "q/k/v 2100 tokens (over the limit), 16/8 heads of 128, dim 512", 2100, 16, 8, 128, 512, 0, 0);
 }
 
 /* attention over a paged cache: fills n_past tokens per sequence, then runs

@@ -747,7 +747,8 @@ static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
  * cu_matmul_multi): fewer, fuller waves of tiles where a prefill chunk has
  * few rows (H100, Qwen3-8B's q/k/v at 256 rows: 42.9 us as three cuBLAS
  * calls, 24.6 as one; equal at 8,192; tools/cublas_shapes.cu). Only bf16
- * weights without bias whose row counts keep 16-byte alignment; anything
+ * weights whose row counts keep 16-byte alignment (biases stay where they
+ * are); anything
  * else, or no device memory for the move, stays as it was (nothing fails).
  * The group's first linear owns the allocation.
  */
@@ -758,7 +759,7 @@ static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws,
     size_t total = 0;
     for (int i = 0; i < count; i++) {
         const struct cu_linear *L = (const struct cu_linear *)ws[i]->be;
-        if (!L || !L->w || L->q4 || L->shared || L->grouped || L->bias || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 ||
+        if (!L || !L->w || L->q4 || L->shared || L->grouped || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 ||
             ws[i]->n_in % 8)
             return;
         total += (size_t)ws[i]->n_out * ws[i]->n_in;

@@ -91,6 +91,12 @@ struct cu_moe_tab {
     const bf16 **gate, **up, **down; /* device arrays [n_expert] */
 };
 
+/* q, k and v's biases (f32, or NULL) for the kernels that read the
+ * prefill's one q/k/v GEMM output (cuda_ctx.pqkv) */
+struct cu_qkv_bias {
+    const float *b[3];
+};
+
 /* One captured decode step. */
 #define ATT_SPLIT_TOKENS 16
 
@@ -289,6 +295,7 @@ struct cuda_ctx {
         int on, n, ld, n_out[3];
         bf16 *out[3];
         bf16 *s;
+        struct cu_qkv_bias bias; /* the linears' biases (Qwen2), added where s is read */
     } pqkv;
     int qkv_max;
     bf16 *qkv_buf;

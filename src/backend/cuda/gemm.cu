@@ -899,25 +899,33 @@ static void blas_gemm(struct cuda_ctx *c, void *out, cudaDataType_t ot, const bf
 }
 
 /* k_split_cols: row t of s (q | k | v, ld columns) into row t of each of
- * the three outputs; one thread per 16-byte chunk (n_out[] % 8 == 0) */
-__global__ void k_split_cols(bf16 *o0, bf16 *o1, bf16 *o2, const bf16 *__restrict__ s, int n0, int n1, int ld, size_t total) {
+ * the three outputs, plus the output's bias (rounded as k_bias rounds);
+ * one thread per 16-byte chunk (n_out[] % 8 == 0: a chunk is one output's) */
+__global__ void k_split_cols(bf16 *o0, bf16 *o1, bf16 *o2, const bf16 *__restrict__ s, int n0, int n1, int ld, size_t total,
+                             const struct cu_qkv_bias B) {
     KTRACE();
     pdl_wait();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     const int per = ld / 8, col = (int)(i % per) * 8;
     const size_t t = i / per;
-    const uint4 v = ((const uint4 *)s)[i];
-    if (col < n0) *(uint4 *)(o0 + t * n0 + col) = v;
-    else if (col < n0 + n1) *(uint4 *)(o1 + t * n1 + col - n0) = v;
-    else *(uint4 *)(o2 + t * (ld - n0 - n1) + col - n0 - n1) = v;
+    uint4 v = ((const uint4 *)s)[i];
+    const int j = col < n0 ? 0 : col < n0 + n1 ? 1 : 2, cj = col - (j > 0) * n0 - (j > 1) * n1;
+    const float *b = j == 0 ? B.b[0] : j == 1 ? B.b[1] : B.b[2];
+    if (b) {
+        bf16 *e = (bf16 *)&v;
+#pragma unroll
+        for (int u = 0; u < 8; u++) e[u] = __float2bfloat16(__bfloat162float(e[u]) + b[cj + u]);
+    }
+    bf16 *o = j == 0 ? o0 + t * n0 : j == 1 ? o1 + t * n1 : o2 + t * (ld - n0 - n1);
+    *(uint4 *)(o + cj) = v;
 }
 
 void cu_pqkv_split(struct cuda_ctx *c) {
     c->pqkv.on = 0;
     const size_t total = (size_t)c->pqkv.n * c->pqkv.ld / 8;
     cu_launch(c->stream, k_split_cols, (unsigned)((total + 255) / 256), 256, 0, c->pqkv.out[0], c->pqkv.out[1], c->pqkv.out[2],
-              (const bf16 *)c->pqkv.s, c->pqkv.n_out[0], c->pqkv.n_out[1], c->pqkv.ld, total);
+              (const bf16 *)c->pqkv.s, c->pqkv.n_out[0], c->pqkv.n_out[1], c->pqkv.ld, total, c->pqkv.bias);
     CU_LAUNCHED();
 }
 
@@ -1388,7 +1396,8 @@ extern "C" long kiln_cuda_qkv_merge_count(void);
 extern "C" long kiln_cuda_qkv_merge_count(void) { return qkv_merges; }
 
 /* 1 if the three linears run as one GEMM: bf16 weights that
- * cu_group_linears put back to back (no bias), a prefill (some sequence has
+ * cu_group_linears put back to back (biases are added by the kernels that
+ * read the output), a prefill (some sequence has
  * more than one new row: a batch of single-row decodes keeps its rope for
  * the attention kernel) of more rows than the GEMV paths take and at most
  * qkv_max, and the ops not being recorded for a graph */
@@ -1399,7 +1408,7 @@ static int qkv_merges_ok(struct cuda_ctx *c, void *const *outs, const void *x, c
     const bf16 *next = NULL;
     for (int i = 0; i < 3; i++) {
         const struct cu_linear *L = (const struct cu_linear *)ws[i]->be;
-        if (!L || !L->w || L->q4 || L->bias || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 || (next && L->w != next) ||
+        if (!L || !L->w || L->q4 || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 || (next && L->w != next) ||
             outs[i] == x || (i && outs[i] == outs[0]) || (i == 2 && outs[2] == outs[1]))
             return 0;
         next = L->w + (size_t)ws[i]->n_out * ws[i]->n_in;
@@ -1424,7 +1433,8 @@ void cu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, 
         if (c->qkv_buf && bytes <= c->qkv_buf_cap) {
             blas_gemm(c, c->qkv_buf, CUDA_R_16BF, (const bf16 *)x, ((const struct cu_linear *)ws[0]->be)->w, n, ld, ws[0]->n_in);
             c->pqkv.on = 1, c->pqkv.n = n, c->pqkv.ld = ld, c->pqkv.s = c->qkv_buf;
-            for (int i = 0; i < 3; i++) c->pqkv.out[i] = (bf16 *)outs[i], c->pqkv.n_out[i] = ws[i]->n_out;
+            for (int i = 0; i < 3; i++)
+                c->pqkv.out[i] = (bf16 *)outs[i], c->pqkv.n_out[i] = ws[i]->n_out, c->pqkv.bias.b[i] = ((const struct cu_linear *)ws[i]->be)->bias;
             qkv_merges++;
             return;
         }

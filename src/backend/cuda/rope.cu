@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
                                                         const bf16 *__restrict__ vsrc, const int *__restrict__ row_seq,
                                                         const int *__restrict__ row_t, const int *__restrict__ seq,
                                                         const int *__restrict__ pages, int P, const bf16 *__restrict__ qi, int ld,
-                                                        bf16 *vo) {
+                                                        bf16 *vo, const struct cu_qkv_bias B) {
     KTRACE();
     constexpr int HD = 8 * G, HALF = HD / 2;
     pdl_wait();
@@ -133,6 +133,15 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
                           : h < n_head + n_head_kv ? dst[r]
                                                    : vsrc + ((size_t)t * n_head_kv + (h - n_head - n_head_kv)) * HD;
         w[r] = src ? ((const uint4 *)src)[li] : make_uint4(0, 0, 0, 0);
+        /* the GEMM output's bias (Qwen2), rounded as k_bias rounds it */
+        const int j = h < n_head ? 0 : h < n_head + n_head_kv ? 1 : 2;
+        const float *bj = j == 0 ? B.b[0] : j == 1 ? B.b[1] : B.b[2];
+        if (qi && src && bj) {
+            bf16 *e = (bf16 *)&w[r];
+            const float *b = bj + (size_t)(h - (j > 0) * n_head - (j > 1) * n_head_kv) * HD + 8 * li;
+#pragma unroll
+            for (int u = 0; u < 8; u++) e[u] = __float2bfloat16(__bfloat162float(e[u]) + b[u]);
+        }
     }
     __syncthreads();
 #pragma unroll
@@ -181,10 +190,11 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
      * buffer as well as (kc) to the cache */
     const bf16 *qi = c->prope.qi;
     bf16 *vo = NULL;
+    struct cu_qkv_bias B = {};
     c->prope.qi = NULL;
     if (qi) {
         c->pqkv.on = 0;
-        vo = c->pqkv.out[2];
+        vo = c->pqkv.out[2], B = c->pqkv.bias;
         v = qi + c->pqkv.n_out[0] + c->pqkv.n_out[1];
     }
     const int nh = c->prope.n_head + c->prope.n_head_kv + (kc || vo ? c->prope.n_head_kv : 0), hd = c->prope.hd;
@@ -196,7 +206,7 @@ void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P
                              : (R == 4 ? k_qk_norm_rope_v<32, 4> : k_qk_norm_rope_v<32, 1>);
         cu_launch(c->stream, k, grid, 256, 0, c->prope.q, c->prope.k, c->prope.qw, c->prope.kw, c->prope.inv_freq, c->prope.af,
                   c->d_pos, c->prope.n_head, c->prope.n_head_kv, c->prope.eps, kc, vc, v, c->d_row_seq, c->d_row_t, c->d_seq,
-                  c->d_pages, P, qi, c->prope.ld, vo);
+                  c->d_pages, P, qi, c->prope.ld, vo, B);
         CU_LAUNCHED();
         return;
     }
