@@ -1425,9 +1425,10 @@ void cu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, 
         /* the output: grown like the other scratch, but a failure only
          * means three GEMMs instead of one */
         const size_t bytes = (size_t)n * ld * 2;
-        if (bytes > c->qkv_buf_cap && c->mode == CU_EAGER) {
+        if (bytes > c->qkv_buf_cap && c->mode == CU_EAGER) { /* with cu_scratch's slack: a chunk plus decode rows next time */
+            const size_t want = bytes + bytes / 4 + 256;
             if (c->qkv_buf) cudaFree(c->qkv_buf), c->bytes_ws -= c->qkv_buf_cap, c->qkv_buf = NULL, c->qkv_buf_cap = 0;
-            if (cudaMalloc(&c->qkv_buf, bytes) == cudaSuccess) c->qkv_buf_cap = bytes, c->bytes_ws += bytes;
+            if (cudaMalloc(&c->qkv_buf, want) == cudaSuccess) c->qkv_buf_cap = want, c->bytes_ws += want;
             else cudaGetLastError(), c->qkv_buf = NULL;
         }
         if (c->qkv_buf && bytes <= c->qkv_buf_cap) {
