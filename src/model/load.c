@@ -478,9 +478,14 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
-    for (int l = 0; be->group_linears && l < m->cfg.n_layer; l++) {
-        struct qlinear *qkv[3] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv};
-        be->group_linears(be, qkv, 3);
+    if (be->group_linears) {
+        const double t0 = kiln_now();
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            struct qlinear *qkv[3] = {&m->layers[l].wq, &m->layers[l].wk, &m->layers[l].wv};
+            be->group_linears(be, qkv, 3);
+        }
+        kiln_log(KILN_LOG_DEBUG, "%s: q/k/v of %d layers offered for grouping in %.1f ms", be->name, m->cfg.n_layer,
+                 1e3 * (kiln_now() - t0));
     }
     return 0;
 }
