@@ -178,12 +178,13 @@ __global__ void __launch_bounds__(256) k_qk_norm_rope_v(bf16 *q, bf16 *k, const 
     }
 }
 
-/* launches the pending rope (cuda.cuh prope), with the KV write fused in when kc */
+/* the 16-byte kernel takes this head size (KILN_CUDA_ROPE_V=0: the per-element kernel always) */
 static int rope_v_takes(int hd) {
-    const char *e = getenv("KILN_CUDA_ROPE_V"); /* =0: the per-element kernel */
+    const char *e = getenv("KILN_CUDA_ROPE_V");
     return (hd == 64 || hd == 128 || hd == 256) && !(e && !strcmp(e, "0"));
 }
 
+/* launches the pending rope (cuda.cuh prope), with the KV write fused in when kc */
 void cu_rope_launch(struct cuda_ctx *c, bf16 *kc, bf16 *vc, const bf16 *v, int P) {
     c->prope.on = 0;
     /* on the q/k/v GEMM's output: v comes from there too, and goes to its
