@@ -18,21 +18,13 @@
 #include <cublas_v2.h>
 
 #include "gpu_bench.cuh"
+#include "../src/backend/cuda/swiglu.cuh"
 
 /* out = silu(g) * u over 8-element chunks; grid-stride so the pipelined
  * variant can cap how many SMs it takes */
 __global__ void k_swiglu8(bf16 *out, const bf16 *g, const bf16 *u, size_t n8) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
-        uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], ov;
-        const __nv_bfloat162 *gh = (const __nv_bfloat162 *)&gv, *uh = (const __nv_bfloat162 *)&uv;
-        __nv_bfloat162 *oh = (__nv_bfloat162 *)&ov;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float2 a = __bfloat1622float2(gh[j]), b = __bfloat1622float2(uh[j]);
-            oh[j] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
-        }
-        ((uint4 *)out)[i] = ov;
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x)
+        ((uint4 *)out)[i] = swiglu_chunk8(((const uint4 *)g)[i], ((const uint4 *)u)[i]);
 }
 
 static const int D = 4096, F = 12288;

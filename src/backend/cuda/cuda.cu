@@ -158,7 +158,9 @@ static void cu_free(struct kiln_backend *be, void *p) {
     CUDA_CHECK(cudaFree(p));
 }
 
-void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
+void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) { return cu_scratch_try(c, p, cap, bytes, 1); }
+
+void *cu_scratch_try(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes, int fault) {
     if (bytes <= *cap) return *p;
     if (c->mode == CU_CAPTURE) {
         fprintf(stderr, "kiln: cuda: scratch grew during graph capture (a bug)\n");
@@ -174,7 +176,7 @@ void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes) {
     if (cudaMalloc(p, bytes) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not a sticky error */
         *p = NULL;
-        cu_fault(c, bytes, 0);
+        if (fault) cu_fault(c, bytes, 0);
         return NULL;
     }
     c->bytes_ws += bytes;

@@ -369,6 +369,9 @@ static inline void cu_fault(struct cuda_ctx *c, size_t bytes, int host) {
  * NULL when device memory runs out (recorded in fault_bytes): the caller
  * skips its launch */
 void *cu_scratch(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
+/* the same; with fault 0 a failed allocation is not the batch's failure
+ * (the caller has another way: NULL, nothing recorded) */
+void *cu_scratch_try(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes, int fault);
 /* the split merges' counters (att_cnt), at least n, zeroed when grown (the
  * kernels leave them zeroed); NULL when device memory runs out */
 int *cu_att_cnt(struct cuda_ctx *c, size_t n);

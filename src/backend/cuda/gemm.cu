@@ -1402,7 +1402,7 @@ extern "C" long kiln_cuda_qkv_merge_count(void) { return qkv_merges; }
  * the attention kernel) of more rows than the GEMV paths take and at most
  * qkv_max, and the ops not being recorded for a graph */
 static int qkv_merges_ok(struct cuda_ctx *c, void *const *outs, const void *x, const struct qlinear *const *ws, int n) {
-    if (n > c->qkv_max || n <= GEMV_MAX_ROWS || n <= TC_MAX_ROWS || c->max_seq_n < 2 || c->tape_on || c->no_defer || c->no_fuse ||
+    if (n > c->qkv_max || n <= TC_MAX_ROWS || c->max_seq_n < 2 || c->tape_on || c->no_defer || c->no_fuse ||
         c->mode != CU_EAGER)
         return 0;
     const bf16 *next = NULL;
@@ -1422,16 +1422,9 @@ void cu_matmul_multi(struct kiln_backend *be, void *const *outs, const void *x, 
     if (count == 3 && qkv_merges_ok(c, outs, x, ws, n)) {
         const int ld = ws[0]->n_out + ws[1]->n_out + ws[2]->n_out;
         cu_flush(c);
-        /* the output: grown like the other scratch, but a failure only
-         * means three GEMMs instead of one */
-        const size_t bytes = (size_t)n * ld * 2;
-        if (bytes > c->qkv_buf_cap && c->mode == CU_EAGER) { /* with cu_scratch's slack: a chunk plus decode rows next time */
-            const size_t want = bytes + bytes / 4 + 256;
-            if (c->qkv_buf) cudaFree(c->qkv_buf), c->bytes_ws -= c->qkv_buf_cap, c->qkv_buf = NULL, c->qkv_buf_cap = 0;
-            if (cudaMalloc(&c->qkv_buf, want) == cudaSuccess) c->qkv_buf_cap = want, c->bytes_ws += want;
-            else cudaGetLastError(), c->qkv_buf = NULL;
-        }
-        if (c->qkv_buf && bytes <= c->qkv_buf_cap) {
+        /* the output: scratch, but a failed allocation only means three
+         * GEMMs instead of one */
+        if (cu_scratch_try(c, (void **)&c->qkv_buf, &c->qkv_buf_cap, (size_t)n * ld * 2, 0)) {
             blas_gemm(c, c->qkv_buf, CUDA_R_16BF, (const bf16 *)x, ((const struct cu_linear *)ws[0]->be)->w, n, ld, ws[0]->n_in);
             c->pqkv.on = 1, c->pqkv.n = n, c->pqkv.ld = ld, c->pqkv.s = c->qkv_buf;
             for (int i = 0; i < 3; i++)

@@ -6,6 +6,7 @@
  * size allows, else one per element.
  */
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/swiglu.cuh"
 
 /* k_copy_rows: out[i] = src[idx[i]] (rows of `dim` bf16; idx from the device) */
 __global__ void k_copy_rows(bf16 *__restrict__ out, const bf16 *__restrict__ src, const int *__restrict__ idx, int dim) {
@@ -65,15 +66,7 @@ __global__ void k_swiglu8(bf16 *out, const bf16 *g, const bf16 *u, size_t n8) {
     pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n8) return;
-    uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], ov;
-    const __nv_bfloat162 *gh = (const __nv_bfloat162 *)&gv, *uh = (const __nv_bfloat162 *)&uv;
-    __nv_bfloat162 *oh = (__nv_bfloat162 *)&ov;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float2 a = __bfloat1622float2(gh[j]), b = __bfloat1622float2(uh[j]);
-        oh[j] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
-    }
-    ((uint4 *)out)[i] = ov;
+    ((uint4 *)out)[i] = swiglu_chunk8(((const uint4 *)g)[i], ((const uint4 *)u)[i]);
 }
 
 __global__ void k_swiglu1(bf16 *out, const bf16 *g, const bf16 *u, size_t n) {
