@@ -1354,6 +1354,7 @@ static void test_decode_fused(struct pair *p) {
 long kiln_cuda_moe_down_b_count(void) __attribute__((weak));
 long kiln_cuda_moe_down_r_count(void) __attribute__((weak));
 int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
+long kiln_cuda_moe_chunked_count(void) __attribute__((weak));
 
 /* E random experts (gate, up: F x dim; down: dim x F) into ex[3E] and the
  * layers' gate / up / down arrays, CPU copies in mc, GPU copies in mg */
@@ -1367,7 +1368,8 @@ static void experts_make(struct pair *p, struct lin2 *ex, struct moe_ffn *mc, st
 }
 
 /* one MoE layer of E experts, top-K, against the CPU, at n = 1, 4, 8
- * (decode's direct path) and 100 tokens (grouped GEMMs). The direct path's
+ * (decode's direct path) and 100 and 300 tokens (grouped GEMMs; chunked:
+ * 1 or 0, whether they must run as chunk batches, -1 not checked). The direct path's
  * down GEMV is the register kernel (gemm.cu k_moe_down_r, R x J rows x
  * chunks per warp: 8 x 3 up to 768 wide, 4 x 6 at 1536, 2 x 12 at 2048 with
  * 10 slots, two per warp); with KILN_CUDA_MOE_LD=0 on sm_90 the bulk-copy
@@ -1375,7 +1377,7 @@ static void experts_make(struct pair *p, struct lin2 *ex, struct moe_ffn *mc, st
  * 1536, 1 at 2048 with 10 slots) */
 enum { ROUTER_RANDOM, ROUTER_TIED, ROUTER_NAN };
 
-static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_kind) {
+static void moe_case_c(struct pair *p, int E, int K, int dim, int F, int router_kind, int chunked) {
     struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc;
     struct qlinear rw = rand_linear(E, dim, 0);
     CHECK(rw.w.dtype == KILN_DTYPE_BF16, "rand_linear's weights are bf16");
@@ -1399,7 +1401,7 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
     static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
     const int ld = switches_on(sw_ld) && F <= 3072;
     const int bulk = !ld && kiln_cuda_moe_down_b_ok && kiln_cuda_moe_down_b_ok() && switches_on(sw);
-    const int ns[] = {1, 4, 8, 100};
+    const int ns[] = {1, 4, 8, 100, 300};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
         float *x = rand_vec((size_t)n * dim, 3.f);
@@ -1407,6 +1409,7 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
         put(p, &xc, &xg, x, (size_t)n * dim);
         const long b0 = kiln_cuda_moe_down_b_count ? kiln_cuda_moe_down_b_count() : 0;
         const long r0 = kiln_cuda_moe_down_r_count ? kiln_cuda_moe_down_r_count() : 0;
+        const long c0 = kiln_cuda_moe_chunked_count ? kiln_cuda_moe_chunked_count() : 0;
         p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
@@ -1428,11 +1431,18 @@ static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_ki
         if (kiln_cuda_moe_down_r_count)
             CHECK(kiln_cuda_moe_down_r_count() - r0 == (ld && n <= 8), "%s: register down kernel ran %ld times", what,
                   kiln_cuda_moe_down_r_count() - r0);
+        if (kiln_cuda_moe_chunked_count && chunked >= 0)
+            CHECK(kiln_cuda_moe_chunked_count() - c0 == (chunked && n > 8), "%s: the experts ran as chunk batches %ld times",
+                  what, kiln_cuda_moe_chunked_count() - c0);
         free_both(p, xc, xg), free_both(p, oc, og), free(x);
     }
     for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[e]);
     lin_free(p, &router);
     free(ex), free(mc.gate), free(mc.up), free(mc.down), free(mg.gate), free(mg.up), free(mg.down);
+}
+
+static void moe_case(struct pair *p, int E, int K, int dim, int F, int router_kind) {
+    moe_case_c(p, E, K, dim, F, router_kind, -1);
 }
 
 /* tied: the top K (odd) ends inside a pair of equal probabilities, which
@@ -1464,6 +1474,38 @@ static void test_moe(struct pair *p) {
     }
     if (saved) setenv("KILN_CUDA_MOE_LD", saved, 1), free(saved);
     else unsetenv("KILN_CUDA_MOE_LD");
+}
+
+/* the prefill expert GEMMs with each expert's rows cut into chunks of T
+ * rows (KILN_CUDA_MOE_CHUNK=T; moe.cu moe_experts_chunked): one row, fewer
+ * rows than a warp, a T that is no power of two, the sizes the backend
+ * picks; T = 0, one problem per expert (the grouped call), and that with the
+ * grouped call off (one cuBLAS call per expert). At 100 and 300 tokens an
+ * expert has 0 to several chunks (16 experts of 10: ~190 rows each at 300
+ * tokens), the last one padded. */
+static void test_moe_chunks(struct pair *p) {
+    static const char *const ts[] = {"1", "8", "48", "64", "128", "0", "0/loop"};
+    char *saved = getenv("KILN_CUDA_MOE_CHUNK") ? strdup(getenv("KILN_CUDA_MOE_CHUNK")) : NULL, err[256];
+    char *saved_g = getenv("KILN_CUDA_MOE_GROUPED") ? strdup(getenv("KILN_CUDA_MOE_GROUPED")) : NULL;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        const int loop = strchr(ts[i], '/') != NULL, T = atoi(ts[i]);
+        setenv("KILN_CUDA_MOE_CHUNK", loop ? "0" : ts[i], 1);
+        if (loop) setenv("KILN_CUDA_MOE_GROUPED", "0", 1);
+        struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
+        CHECK(q.gpu != NULL, "KILN_CUDA_MOE_CHUNK=%s: %s", ts[i], err);
+        if (q.gpu) {
+            moe_case_c(&q, 32, 8, 1024, 768, ROUTER_RANDOM, T > 0);
+            moe_case_c(&q, 16, 10, 256, 2048, ROUTER_RANDOM, T > 0);
+            moe_case_c(&q, 128, 7, 512, 768, ROUTER_TIED, T > 0);
+            moe_case_c(&q, 200, 9, 256, 128, ROUTER_TIED, T > 0);
+            q.gpu->destroy(q.gpu);
+        }
+        if (saved_g) setenv("KILN_CUDA_MOE_GROUPED", saved_g, 1);
+        else unsetenv("KILN_CUDA_MOE_GROUPED");
+    }
+    if (saved) setenv("KILN_CUDA_MOE_CHUNK", saved, 1), free(saved);
+    else unsetenv("KILN_CUDA_MOE_CHUNK");
+    free(saved_g);
 }
 
 /* a MoE layer whose host arrays are reused for other experts, as when a
@@ -2215,6 +2257,7 @@ void test_cuda(void) {
     test_misc(&p);
     test_decode_fused(&p);
     test_moe(&p);
+    test_moe_chunks(&p);
     test_moe_reuse(&p);
     test_scratch_oom(&p);
     test_read_row(&p);

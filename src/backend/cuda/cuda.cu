@@ -1219,6 +1219,9 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     const char *smb = getenv("KILN_CUDA_GEMV_SMB");
     if (smb) cu_gemv_smb = atoi(smb);
     c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
+    const char *mc = getenv("KILN_CUDA_MOE_CHUNK"); /* rows per chunk of the prefill expert GEMMs (0: one problem per expert) */
+    c->moe_chunk = mc && *mc ? atoi(mc) : -1;
+    if (c->moe_chunk < 0 || c->moe_chunk > 4096) c->moe_chunk = -1;
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
     const char *gt = getenv("KILN_CUDA_GEMV_TC"); /* batched decode matmuls on the tensor cores up to this many rows (0: cuBLAS) */

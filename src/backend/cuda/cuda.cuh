@@ -218,6 +218,7 @@ struct cuda_ctx {
     int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
     void **moe_ptr_host; size_t moe_ptr_cap; /* pinned: pointer tables of the grouped expert GEMMs */
     int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
+    int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
 
     struct cu_moe_tab *moe_tabs;
     int n_moe_tabs;

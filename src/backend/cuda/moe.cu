@@ -13,9 +13,12 @@
  *  - grouped (prefill): a counting sort on the device groups the routed rows
  *    by expert (k_moe_count, k_moe_place), the per-expert counts come back
  *    to the host (one sync per layer: they are the GEMM sizes), the rows are
- *    gathered into one dense block, each expert runs three GEMMs on its
- *    contiguous slice (cuBLAS; every expert's weights read once), and a
- *    combine kernel sums each token's k results in slot order.
+ *    gathered into one block, each expert's rows a contiguous slice. The
+ *    expert GEMMs (cuBLAS; every expert's weights read once) run as two
+ *    batched calls over chunks of T rows (each expert's slice starting on a
+ *    multiple of T, its last chunk padded), or with few rows per expert as
+ *    two grouped calls of one problem per expert. A combine kernel sums each
+ *    token's k results in slot order.
  */
 #include <string.h>
 
@@ -188,10 +191,12 @@ static size_t route_smem(int E, int K, int ptr) {
  * The counting sort of the routed pairs j = i*K + k by expert, as the host
  * did it (stable: ascending j within an expert), in two launches.
  * k_moe_count: block e counts the pairs routed to expert e.
- * k_moe_place: block e sums the counts of the experts before it (its first
- * slot) and walks the pairs in order, 256 at a time: a pair's rank among the
- * chunk's pairs of expert e is a ballot prefix within its warp plus the
- * counts of the warps before it; pos[j] = its slot, tok[slot] = its token.
+ * k_moe_place: block e sums the rows of the experts before it (its first
+ * slot; each expert's count rounded up to a multiple of T, so that its rows
+ * start on a chunk boundary: moe_chunk_rows) and walks the pairs in order,
+ * 256 at a time: a pair's rank among the chunk's pairs of expert e is a
+ * ballot prefix within its warp plus the counts of the warps before it;
+ * pos[j] = its slot.
  */
 __global__ void k_moe_count(int *__restrict__ cnt, const int *__restrict__ sel, int nk) {
     KTRACE();
@@ -210,15 +215,14 @@ __global__ void k_moe_count(int *__restrict__ cnt, const int *__restrict__ sel, 
     }
 }
 
-__global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const int *__restrict__ sel, const int *__restrict__ cnt,
-                            int nk, int K) {
+__global__ void k_moe_place(int *__restrict__ pos, const int *__restrict__ sel, const int *__restrict__ cnt, int nk, int T) {
     KTRACE();
     pdl_wait();
     const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     __shared__ int base, wc[32];
     if (threadIdx.x == 0) {
         int b = 0;
-        for (int i = 0; i < e; i++) b += cnt[i];
+        for (int i = 0; i < e; i++) b += (cnt[i] + T - 1) / T * T;
         base = b;
     }
     __syncthreads();
@@ -229,11 +233,7 @@ __global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const 
         __syncthreads();
         int before = base;
         for (int w = 0; w < warp; w++) before += wc[w];
-        if (hit) {
-            const int slot = before + __popc(m & ((1u << lane) - 1));
-            pos[j] = slot;
-            tok[slot] = j / K;
-        }
+        if (hit) pos[j] = before + __popc(m & ((1u << lane) - 1));
         __syncthreads();
         if (threadIdx.x == 0)
             for (int w = 0; w < nw; w++) base += wc[w];
@@ -241,12 +241,14 @@ __global__ void k_moe_place(int *__restrict__ pos, int *__restrict__ tok, const 
     }
 }
 
-/* k_gather: xg[j] = x[tok[j]], rows of dim (dim % 8 == 0); one block per row */
-__global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, const int *__restrict__ tok, int dim) {
+/* k_gather: xg[pos[j]] = x[j / K], rows of dim (dim % 8 == 0); one block per
+ * routed pair (the slots between experts' rows, chunk padding, are not
+ * written: their GEMM rows are computed and never read) */
+__global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, const int *__restrict__ pos, int K, int dim) {
     KTRACE();
     pdl_wait();
-    const uint4 *s = (const uint4 *)(x + (size_t)tok[blockIdx.x] * dim);
-    uint4 *o = (uint4 *)(xg + (size_t)blockIdx.x * dim);
+    const uint4 *s = (const uint4 *)(x + (size_t)(blockIdx.x / K) * dim);
+    uint4 *o = (uint4 *)(xg + (size_t)pos[blockIdx.x] * dim);
     for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) o[c] = s[c];
 }
 
@@ -264,6 +266,60 @@ __global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, co
 }
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static long chunked_layers; /* MoE prefill layers whose expert GEMMs ran as chunk batches (tests) */
+extern "C" long kiln_cuda_moe_chunked_count(void) { return chunked_layers; }
+
+/*
+ * Rows per chunk of the prefill expert GEMMs (moe_experts_chunked), or 0 for
+ * one problem per expert (moe_experts_grouped). KILN_CUDA_MOE_CHUNK=T sets
+ * it (0: one problem per expert). By default from the mean rows per expert,
+ * after tools/moe_shapes.cu on an H100 (Qwen3-30B-A3B: 128 experts, top-8,
+ * expert FFN 768, hidden 2,048; µs for a layer's gate + up + down, the
+ * routed rows spread evenly / skewed over the experts; docs/cuda.md "MoE
+ * prefill"):
+ *
+ *   tokens (mean rows)  one problem per expert  chunks of 64   chunks of 128
+ *   8,192 (512)         2,094 / 2,286           1,415 / 1,403  1,047 / 1,110
+ *   4,096 (256)         1,289 / 1,348             866 / 882      723 / 767
+ *   2,048 (128)           792 / 711               612 / 626      599 / 592
+ *   1,024 (64)            528 / 523               509 / 515      516 / 530
+ *   512 (32)              459 / 462               465 / 472      517 / 518
+ *
+ * One GEMM over all 65,536 rows of 8,192 tokens with one expert's weights,
+ * the same FLOPs without grouping, takes 915. Up to ~1,024 tokens the
+ * layer is bound by reading the experts' 1.2 GB of weights (~400 µs), and
+ * the padding costs about what the chunks gain.
+ */
+static int moe_chunk_rows(const struct cuda_ctx *c, size_t nk, int E) {
+    if (c->moe_chunk >= 0) return c->moe_chunk;
+    const size_t mean = nk / (size_t)E;
+    return mean >= 96 ? 128 : mean >= 48 ? 64 : 0;
+}
+
+/* the pinned host table holds n pointers; -1 if it cannot (nothing ran) */
+static int ptr_table(struct cuda_ctx *c, size_t n) {
+    const size_t bytes = sizeof(void *) * n;
+    if (c->moe_ptr_cap >= bytes) return 0;
+    if (CUDA_FAILED(cudaStreamSynchronize(c->stream))) return -1; /* no copy from the old table in flight */
+    return cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, bytes) ? -1 : 0;
+}
+
+static const bf16 *ew(const struct qlinear *q) { return ((const struct cu_linear *)q->be)->w; }
+
+/* expert e's GEMMs, one cuBLAS call each: gate and up (part & 1), down (part & 2) */
+static void expert_calls(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
+                         bf16 *hu, bf16 *y, int F, int dim, int part) {
+    for (int e = 0; e < m->n_expert; e++) {
+        const int o = off[e], ne = cnt[e];
+        if (!ne) continue;
+        if (part & 1) {
+            cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ew(&m->gate[e]), ne, F, dim);
+            cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ew(&m->up[e]), ne, F, dim);
+        }
+        if (part & 2) cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ew(&m->down[e]), ne, dim, F);
+    }
+}
 
 /*
  * The expert GEMMs of the grouped path as two cublasGemmGroupedBatchedEx
@@ -300,30 +356,26 @@ static int grouped_gemm(struct cuda_ctx *c, int np, const int *rows, int n_out, 
 /* fills the pointer tables of both calls, copies them up, runs the calls;
  * 1, or 0 if cuBLAS refused the first, -1 if there was no pinned memory for
  * the tables (nothing was computed in either case) */
-static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, bf16 *xg, bf16 *hg, bf16 *hu, bf16 *y,
-                               int F, int dim, const void **dtab) {
+static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
+                               bf16 *hu, bf16 *y, int F, int dim, const void **dtab) {
     const int E = m->n_expert;
-    const size_t tab_bytes = sizeof(void *) * 9 * (size_t)E;
-    if (c->moe_ptr_cap < tab_bytes) {
-        if (CUDA_FAILED(cudaStreamSynchronize(c->stream))) return -1; /* no copy from the old table in flight */
-        /* no pinned table this time: the caller runs one call per expert
-         * (same results), so this is not the batch's failure */
-        if (cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, tab_bytes)) return -1;
-    }
+    /* no pinned table this time: the caller runs one call per expert
+     * (same results), so this is not the batch's failure */
+    if (ptr_table(c, 9 * (size_t)E)) return -1;
     int *rows = (int *)kiln_malloc(sizeof(int) * 2 * (size_t)E), g = 0;
     const void **h = (const void **)c->moe_ptr_host;
     for (int e = 0; e < E; e++)
-        if (cnt[e + 1] > cnt[e]) rows[g++] = cnt[e + 1] - cnt[e];
+        if (cnt[e]) rows[g++] = cnt[e];
     /* gate/up table: [A: 2g weights | B: 2g x slices | C: 2g outputs]; down: [g | g | g] after it */
     const void **A = h, **B = h + 2 * g, **C = h + 4 * g, **A2 = h + 6 * g, **B2 = h + 7 * g, **C2 = h + 8 * g;
     int q = 0;
     for (int e = 0; e < E; e++) {
-        int o = cnt[e], ne = cnt[e + 1] - cnt[e];
-        if (!ne) continue;
-        A[q] = ((const struct cu_linear *)m->gate[e].be)->w, A[g + q] = ((const struct cu_linear *)m->up[e].be)->w;
+        const int o = off[e];
+        if (!cnt[e]) continue;
+        A[q] = ew(&m->gate[e]), A[g + q] = ew(&m->up[e]);
         B[q] = B[g + q] = xg + (size_t)o * dim;
         C[q] = hg + (size_t)o * F, C[g + q] = hu + (size_t)o * F;
-        A2[q] = ((const struct cu_linear *)m->down[e].be)->w, B2[q] = hg + (size_t)o * F, C2[q] = y + (size_t)o * dim;
+        A2[q] = ew(&m->down[e]), B2[q] = hg + (size_t)o * F, C2[q] = y + (size_t)o * dim;
         q++;
     }
     for (int i = 0; i < g; i++) rows[g + i] = rows[i];
@@ -333,15 +385,63 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
     }
     int ok = grouped_gemm(c, 2 * g, rows, F, dim, dtab);
     if (ok) {
-        cu_swiglu_raw(c, hg, hg, hu, (size_t)cnt[E] * F);
-        ok = grouped_gemm(c, g, rows, dim, F, dtab + 6 * g);
-        if (!ok) {
-            fprintf(stderr, "kiln: cuda: grouped GEMM accepted gate/up but refused down\n");
-            abort();
-        }
+        cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
+        if (!grouped_gemm(c, g, rows, dim, F, dtab + 6 * g)) expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
     }
     free(rows);
     return ok;
+}
+
+/* one pointer-array batched GEMM of np problems out_p^T = W_p x_p^T, all
+ * n_out x T from n_in (cuBLAS's column-major view, as blas_gemm) */
+static int batched_gemm(struct cuda_ctx *c, int np, int T, int n_out, int n_in, const void **dptr) {
+    const float one = 1.f, zero = 0.f;
+    const cublasStatus_t st = cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &one, dptr, CUDA_R_16BF, n_in,
+                                                  dptr + np, CUDA_R_16BF, n_in, &zero, (void *const *)(dptr + 2 * np), CUDA_R_16BF,
+                                                  n_out, np, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        kiln_log(KILN_LOG_INFO, "cuda: batched GEMM refused (cuBLAS status %d): MoE prefill stops cutting experts' rows into chunks",
+                 (int)st);
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * The expert GEMMs as two pointer-array batched calls of one shape each.
+ * k_moe_place started each expert's rows on a multiple of T (off), so its
+ * rows cut into whole T-row chunks, the last one padded with rows that are
+ * computed and never read. Call 1 holds the gate and the up problem of
+ * every chunk (F x T from dim), call 2 the down problems (dim x T from F):
+ * cuBLAS gets hundreds of same-shaped tiles' worth of work per call, where
+ * the grouped call's per-expert problems of a few hundred rows ran its
+ * slower kernels (moe_chunk_rows has the figures). Costs the padding: on
+ * average T/2 rows per expert with rows. Tables: gate/up [A: 2nc weights |
+ * B: 2nc x chunks | C: 2nc outputs], down [nc | nc | nc] after it.
+ * Returns 1, 0 if cuBLAS refused the first call, -1 if there was no pinned
+ * memory for the tables (nothing was computed in either case).
+ */
+static int moe_experts_chunked(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, int T, bf16 *xg,
+                               bf16 *hg, bf16 *hu, bf16 *y, int F, int dim, const void **dtab) {
+    const int E = m->n_expert, nc = off[E] / T;
+    if (ptr_table(c, 9 * (size_t)nc)) return -1;
+    const void **h = (const void **)c->moe_ptr_host;
+    const void **A = h, **B = h + 2 * nc, **C = h + 4 * nc, **A2 = h + 6 * nc, **B2 = h + 7 * nc, **C2 = h + 8 * nc;
+    int q = 0;
+    for (int e = 0; e < E; e++)
+        for (int r = off[e]; r < off[e + 1]; r += T, q++) {
+            A[q] = ew(&m->gate[e]), A[nc + q] = ew(&m->up[e]);
+            B[q] = B[nc + q] = xg + (size_t)r * dim;
+            C[q] = hg + (size_t)r * F, C[nc + q] = hu + (size_t)r * F;
+            A2[q] = ew(&m->down[e]), B2[q] = hg + (size_t)r * F, C2[q] = y + (size_t)r * dim;
+        }
+    if (CUDA_FAILED(cudaMemcpyAsync(dtab, h, sizeof(void *) * 9 * (size_t)nc, cudaMemcpyHostToDevice, c->stream)))
+        return -1; /* no table on the device (the batch fails, cu_error) */
+    if (!batched_gemm(c, 2 * nc, T, F, dim, dtab)) return 0;
+    cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
+    if (!batched_gemm(c, nc, T, dim, F, dtab + 6 * nc)) expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
+    chunked_layers++;
+    return 1;
 }
 
 void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe_ffn *m, int n, int dim) {
@@ -360,13 +460,16 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     if (!tab) return; /* out of device memory: cu_error reports it */
     const size_t nk = (size_t)n * K;
     const int direct = n <= MOE_DIRECT_MAX;
-    /* scratch: logits | sel | wsel | (direct: h) (grouped: pos | tok | xg | hg | hu | y) */
+    /* grouped: each expert's rows start on a multiple of T (1: packed) */
+    const int T = direct ? 0 : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
+    const size_t rows = nk + (size_t)E * (pad - 1), ntab = 9 * (T ? rows / T : (size_t)E);
+    /* scratch: logits | sel | wsel | (direct: h | chosen pointers) (grouped: pos | xg | hg | hu | y | counts | pointer tables) */
     size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
-    size_t o_h = o_end, o_pos = o_end, o_tok = al256(o_pos + nk * 4), o_xg = al256(o_tok + nk * 4);
-    size_t o_hg = al256(o_xg + nk * dim * 2), o_hu = al256(o_hg + nk * F * 2), o_y = al256(o_hu + nk * F * 2);
-    size_t o_cnt = al256(o_y + nk * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
+    size_t o_h = o_end, o_pos = o_end, o_xg = al256(o_pos + nk * 4);
+    size_t o_hg = al256(o_xg + rows * dim * 2), o_hu = al256(o_hg + rows * F * 2), o_y = al256(o_hu + rows * F * 2);
+    size_t o_cnt = al256(o_y + rows * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
     const size_t o_selp = al256(o_h + nk * F * 2); /* direct: the chosen experts' pointers, 3 per pair */
-    size_t total = direct ? al256(o_selp + nk * 3 * sizeof(void *)) : al256(o_tab + sizeof(void *) * 9 * (size_t)E);
+    size_t total = direct ? al256(o_selp + nk * 3 * sizeof(void *)) : al256(o_tab + sizeof(void *) * ntab);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
     if (!buf) return; /* out of device memory: cu_error reports it */
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
@@ -388,40 +491,38 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
 
     /* grouped: sort the routed rows by expert on the device; only the
      * per-expert counts come to the host (the GEMM sizes), one sync */
-    int *pos = (int *)(buf + o_pos), *tok = (int *)(buf + o_tok), *dcnt = (int *)(buf + o_cnt);
+    int *pos = (int *)(buf + o_pos), *dcnt = (int *)(buf + o_cnt);
     cu_launch(c->stream, k_moe_count, E, 256, 0, dcnt, sel, (int)nk);
     CU_LAUNCHED();
-    cu_launch(c->stream, k_moe_place, E, 256, 0, pos, tok, sel, dcnt, (int)nk, K);
+    cu_launch(c->stream, k_moe_place, E, 256, 0, pos, sel, dcnt, (int)nk, pad);
     CU_LAUNCHED();
     if (cu_pinned(c, (void **)&c->moe_host, &c->moe_host_cap, ((size_t)2 * E + 1) * 4)) {
         cu_fault(c, ((size_t)2 * E + 1) * 4, 1); /* the batch fails (cu_error) */
         return;
     }
-    int *hcnt = c->moe_host, *cnt = hcnt + E;
+    int *cnt = c->moe_host, *off = cnt + E;
     /* the counts size the GEMMs below: without them nothing more runs (the batch fails, cu_error) */
-    if (CUDA_FAILED(cudaMemcpyAsync(hcnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream)) ||
+    if (CUDA_FAILED(cudaMemcpyAsync(cnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream)) ||
         CUDA_FAILED(cudaStreamSynchronize(c->stream)))
         return;
-    cnt[0] = 0;
-    for (int e = 0; e < E; e++) cnt[e + 1] = cnt[e] + hcnt[e]; /* cnt[e] = first slot of expert e */
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + (cnt[e] + pad - 1) / pad * pad; /* as k_moe_place: expert e's first slot */
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
-    cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, tok, dim);
+    cu_launch(c->stream, k_gather, (unsigned)nk, 128, 0, xg, x, pos, K, dim);
     CU_LAUNCHED();
-    const int grouped = c->moe_grouped ? moe_experts_grouped(c, m, cnt, xg, hg, hu, y, F, dim, (const void **)(buf + o_tab)) : 0;
-    if (grouped == 0) c->moe_grouped = 0; /* cuBLAS refused: one call per expert from now on */
-    if (grouped <= 0) {
-        for (int e = 0; e < E; e++) {
-            int o = cnt[e], ne = cnt[e + 1] - cnt[e];
-            if (!ne) continue;
-            cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->gate[e].be)->w, ne, F, dim);
-            cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ((const struct cu_linear *)m->up[e].be)->w, ne, F, dim);
-        }
-        cu_swiglu_raw(c, hg, hg, hu, nk * F);
-        for (int e = 0; e < E; e++) {
-            int o = cnt[e], ne = cnt[e + 1] - cnt[e];
-            if (!ne) continue;
-            cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ((const struct cu_linear *)m->down[e].be)->w, ne, dim, F);
-        }
+    const void **dtab = (const void **)(buf + o_tab);
+    int done = 0;
+    if (T) {
+        done = moe_experts_chunked(c, m, cnt, off, T, xg, hg, hu, y, F, dim, dtab);
+        if (done == 0) c->moe_chunk = 0; /* cuBLAS refused: one problem per expert from now on */
+    } else if (c->moe_grouped) {
+        done = moe_experts_grouped(c, m, cnt, off, xg, hg, hu, y, F, dim, dtab);
+        if (done == 0) c->moe_grouped = 0; /* cuBLAS refused: one call per expert from now on */
+    }
+    if (done <= 0) {
+        expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 1);
+        cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
+        expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
     }
     cu_launch(c->stream, k_combine, n, 256, 0, (bf16 *)out, y, pos, wsel, K, dim);
     CU_LAUNCHED();
