@@ -1355,6 +1355,14 @@ long kiln_cuda_moe_down_b_count(void) __attribute__((weak));
 long kiln_cuda_moe_down_r_count(void) __attribute__((weak));
 int kiln_cuda_moe_down_b_ok(void) __attribute__((weak));
 long kiln_cuda_moe_chunked_count(void) __attribute__((weak));
+long kiln_cuda_moe_batch_count(void) __attribute__((weak));
+
+/* the backend's MoE path limits as a backend made now reads them (cuda.cuh
+ * MOE_DIRECT_MAX, MOE_BATCH_MAX) */
+static int moe_env(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
 
 /* E random experts (gate, up: F x dim; down: dim x F) into ex[3E] and the
  * layers' gate / up / down arrays, CPU copies in mc, GPU copies in mg */
@@ -1368,8 +1376,11 @@ static void experts_make(struct pair *p, struct lin2 *ex, struct moe_ffn *mc, st
 }
 
 /* one MoE layer of E experts, top-K, against the CPU, at n = 1, 4, 8
- * (decode's direct path) and 100 and 300 tokens (grouped GEMMs; chunked:
- * 1 or 0, whether they must run as chunk batches, -1 not checked). The direct path's
+ * (decode's direct path), 9, 16, 33 and 64 (expert by expert on the device,
+ * moe_batch.cu) and 100 and 300 tokens (grouped GEMMs; chunked: 1 or 0,
+ * whether they must run as chunk batches, -1 not checked). Which path a
+ * size takes follows KILN_CUDA_MOE_DIRECT / _BATCH as the backend read
+ * them. The direct path's
  * down GEMV is the register kernel (gemm.cu k_moe_down_r, R x J rows x
  * chunks per warp: 8 x 3 up to 768 wide, 4 x 6 at 1536, 2 x 12 at 2048 with
  * 10 slots, two per warp); with KILN_CUDA_MOE_LD=0 on sm_90 the bulk-copy
@@ -1401,7 +1412,8 @@ static void moe_case_c(struct pair *p, int E, int K, int dim, int F, int router_
     static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
     const int ld = switches_on(sw_ld) && F <= 3072;
     const int bulk = !ld && kiln_cuda_moe_down_b_ok && kiln_cuda_moe_down_b_ok() && switches_on(sw);
-    const int ns[] = {1, 4, 8, 100, 300};
+    const int ns[] = {1, 4, 8, 9, 16, 33, 64, 100, 300};
+    const int dmax = moe_env("KILN_CUDA_MOE_DIRECT", 8), bmax = moe_env("KILN_CUDA_MOE_BATCH", 32);
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         int n = ns[k];
         float *x = rand_vec((size_t)n * dim, 3.f);
@@ -1410,10 +1422,13 @@ static void moe_case_c(struct pair *p, int E, int K, int dim, int F, int router_
         const long b0 = kiln_cuda_moe_down_b_count ? kiln_cuda_moe_down_b_count() : 0;
         const long r0 = kiln_cuda_moe_down_r_count ? kiln_cuda_moe_down_r_count() : 0;
         const long c0 = kiln_cuda_moe_chunked_count ? kiln_cuda_moe_chunked_count() : 0;
+        const long m0 = kiln_cuda_moe_batch_count ? kiln_cuda_moe_batch_count() : 0;
+        const int direct = n <= dmax, batch = !direct && n <= bmax;
         p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
         p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
         char what[96];
-        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s%s)", E, K, F, dim, n, n <= 8 ? "direct" : "grouped",
+        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d (%s%s)", E, K, F, dim, n,
+                 direct ? "direct" : batch ? "expert by expert" : "grouped",
                  tied ? ", logits tied in pairs" : nan ? ", a NaN router weight" : "");
         if (nan) { /* experts are still chosen among the E (no read past the tables), and NaN comes out everywhere */
             float *hc = kiln_malloc(sizeof(float) * (size_t)n * dim), *hg = kiln_malloc(sizeof(float) * (size_t)n * dim);
@@ -1426,14 +1441,17 @@ static void moe_case_c(struct pair *p, int E, int K, int dim, int F, int router_
         } else
             check_rel(p, what, oc, og, (size_t)n * dim, TOL_OP2);
         if (kiln_cuda_moe_down_b_count)
-            CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && n <= 8), "%s: bulk-copy down kernel ran %ld times", what,
+            CHECK(kiln_cuda_moe_down_b_count() - b0 == (bulk && direct), "%s: bulk-copy down kernel ran %ld times", what,
                   kiln_cuda_moe_down_b_count() - b0);
         if (kiln_cuda_moe_down_r_count)
-            CHECK(kiln_cuda_moe_down_r_count() - r0 == (ld && n <= 8), "%s: register down kernel ran %ld times", what,
+            CHECK(kiln_cuda_moe_down_r_count() - r0 == (ld && direct), "%s: register down kernel ran %ld times", what,
                   kiln_cuda_moe_down_r_count() - r0);
         if (kiln_cuda_moe_chunked_count && chunked >= 0)
-            CHECK(kiln_cuda_moe_chunked_count() - c0 == (chunked && n > 8), "%s: the experts ran as chunk batches %ld times",
+            CHECK(kiln_cuda_moe_chunked_count() - c0 == (chunked && !direct && !batch), "%s: the experts ran as chunk batches %ld times",
                   what, kiln_cuda_moe_chunked_count() - c0);
+        if (kiln_cuda_moe_batch_count)
+            CHECK(kiln_cuda_moe_batch_count() - m0 == batch, "%s: the expert-by-expert kernels ran %ld times", what,
+                  kiln_cuda_moe_batch_count() - m0);
         free_both(p, xc, xg), free_both(p, oc, og), free(x);
     }
     for (int e = 0; e < 3 * E; e++) lin_free(p, &ex[e]);
@@ -1476,6 +1494,22 @@ static void test_moe(struct pair *p) {
     else unsetenv("KILN_CUDA_MOE_LD");
 }
 
+/* the MoE cases a backend made under other path settings runs (chunked
+ * as moe_case_c) */
+static void moe_env_cases(struct pair *p, const char *what, int chunked) {
+    char err[256];
+    struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
+    CHECK(q.gpu != NULL, "%s: %s", what, err);
+    if (!q.gpu) return;
+    moe_case_c(&q, 32, 8, 1024, 768, ROUTER_RANDOM, chunked);
+    moe_case_c(&q, 16, 10, 256, 2048, ROUTER_RANDOM, chunked);
+    moe_case_c(&q, 128, 7, 512, 768, ROUTER_TIED, chunked);
+    moe_case_c(&q, 200, 9, 256, 128, ROUTER_TIED, chunked);
+    moe_case_c(&q, 128, 8, 512, 768, ROUTER_NAN, chunked);
+    moe_case_c(&q, 1024, 32, 64, 64, ROUTER_TIED, chunked); /* the most experts, and per token: the sort's widest scan */
+    q.gpu->destroy(q.gpu);
+}
+
 /* the prefill expert GEMMs with each expert's rows cut into chunks of T
  * rows (KILN_CUDA_MOE_CHUNK=T; moe.cu moe_experts_chunked): one row, fewer
  * rows than a warp, a T that is no power of two, the sizes the backend
@@ -1485,27 +1519,30 @@ static void test_moe(struct pair *p) {
  * tokens), the last one padded. */
 static void test_moe_chunks(struct pair *p) {
     static const char *const ts[] = {"1", "8", "48", "64", "128", "0", "0/loop"};
-    char *saved = getenv("KILN_CUDA_MOE_CHUNK") ? strdup(getenv("KILN_CUDA_MOE_CHUNK")) : NULL, err[256];
-    char *saved_g = getenv("KILN_CUDA_MOE_GROUPED") ? strdup(getenv("KILN_CUDA_MOE_GROUPED")) : NULL;
+    char *saved = env_save("KILN_CUDA_MOE_CHUNK"), *saved_g = env_save("KILN_CUDA_MOE_GROUPED");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-        const int loop = strchr(ts[i], '/') != NULL, T = atoi(ts[i]);
+        const int loop = strchr(ts[i], '/') != NULL;
         setenv("KILN_CUDA_MOE_CHUNK", loop ? "0" : ts[i], 1);
         if (loop) setenv("KILN_CUDA_MOE_GROUPED", "0", 1);
-        struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
-        CHECK(q.gpu != NULL, "KILN_CUDA_MOE_CHUNK=%s: %s", ts[i], err);
-        if (q.gpu) {
-            moe_case_c(&q, 32, 8, 1024, 768, ROUTER_RANDOM, T > 0);
-            moe_case_c(&q, 16, 10, 256, 2048, ROUTER_RANDOM, T > 0);
-            moe_case_c(&q, 128, 7, 512, 768, ROUTER_TIED, T > 0);
-            moe_case_c(&q, 200, 9, 256, 128, ROUTER_TIED, T > 0);
-            q.gpu->destroy(q.gpu);
-        }
-        if (saved_g) setenv("KILN_CUDA_MOE_GROUPED", saved_g, 1);
-        else unsetenv("KILN_CUDA_MOE_GROUPED");
+        moe_env_cases(p, ts[i], atoi(ts[i]) > 0);
+        env_restore("KILN_CUDA_MOE_GROUPED", saved_g);
     }
-    if (saved) setenv("KILN_CUDA_MOE_CHUNK", saved, 1), free(saved);
-    else unsetenv("KILN_CUDA_MOE_CHUNK");
-    free(saved_g);
+    env_restore("KILN_CUDA_MOE_CHUNK", saved);
+    free(saved), free(saved_g);
+}
+
+/* the MoE paths' limits moved: every size expert by expert (the direct
+ * path off, the batch path up to 300 tokens), and no batch path (9-32
+ * tokens through the grouped GEMMs) */
+static void test_moe_paths(struct pair *p) {
+    static const char *const set[][2] = {{"0", "300"}, {"8", "0"}};
+    char *sd = env_save("KILN_CUDA_MOE_DIRECT"), *sb = env_save("KILN_CUDA_MOE_BATCH");
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        setenv("KILN_CUDA_MOE_DIRECT", set[i][0], 1), setenv("KILN_CUDA_MOE_BATCH", set[i][1], 1);
+        moe_env_cases(p, set[i][1], -1);
+    }
+    env_restore("KILN_CUDA_MOE_DIRECT", sd), env_restore("KILN_CUDA_MOE_BATCH", sb);
+    free(sd), free(sb);
 }
 
 /* a MoE layer whose host arrays are reused for other experts, as when a
@@ -2258,6 +2295,7 @@ void test_cuda(void) {
     test_decode_fused(&p);
     test_moe(&p);
     test_moe_chunks(&p);
+    test_moe_paths(&p);
     test_moe_reuse(&p);
     test_scratch_oom(&p);
     test_read_row(&p);

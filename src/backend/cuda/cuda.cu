@@ -67,10 +67,10 @@ extern "C" {
 /* decode steps (one token per sequence) of at most this many tokens may be
  * captured as graphs; the ops they call must all be device-driven or depend
  * on the shape only at these sizes (gemm.cu GEMV and cuBLAS, attention.cu
- * row kernel). MoE models stop at MOE_GRAPH_MAX_TOKENS: above it moe.cu
- * groups the experts on the host. */
+ * row kernel). MoE models stop where moe.cu's device-driven paths stop
+ * (cuda_ctx.moe_direct, moe_batch): above them it groups the experts
+ * through the host. */
 #define GRAPH_MAX_TOKENS 512
-#define MOE_GRAPH_MAX_TOKENS 8
 
 static cudaEvent_t meta_done;
 /* KILN_CUDA_PROFILE=1: host time per forward, split into issuing the ops
@@ -1022,7 +1022,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
 
     /* graphs: replay a known decode shape, record it the second time */
     /* an MoE model has built its expert tables in its first (eager) forward */
-    const int graph_max = c->n_moe_tabs ? MOE_GRAPH_MAX_TOKENS : GRAPH_MAX_TOKENS;
+    const int graph_max = c->n_moe_tabs ? (c->moe_batch > c->moe_direct ? c->moe_batch : c->moe_direct) : GRAPH_MAX_TOKENS;
     if (c->no_graphs || n > graph_max || max_n > 1 || no == 0 || c->use_flash) return 0;
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
@@ -1219,6 +1219,11 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     const char *smb = getenv("KILN_CUDA_GEMV_SMB");
     if (smb) cu_gemv_smb = atoi(smb);
     c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
+    const char *md = getenv("KILN_CUDA_MOE_DIRECT"), *mb = getenv("KILN_CUDA_MOE_BATCH");
+    c->moe_direct = md && *md ? atoi(md) : MOE_DIRECT_MAX;
+    c->moe_batch = mb && *mb ? atoi(mb) : MOE_BATCH_MAX;
+    if (c->moe_direct < 0 || c->moe_direct > GRAPH_MAX_TOKENS) c->moe_direct = MOE_DIRECT_MAX;
+    if (c->moe_batch < 0 || c->moe_batch > GRAPH_MAX_TOKENS) c->moe_batch = MOE_BATCH_MAX;
     const char *mc = getenv("KILN_CUDA_MOE_CHUNK"); /* rows per chunk of the prefill expert GEMMs (0: one problem per expert) */
     c->moe_chunk = mc && *mc ? atoi(mc) : -1;
     if (c->moe_chunk < 0 || c->moe_chunk > 4096) c->moe_chunk = -1;

@@ -156,6 +156,12 @@ struct cu_qkv_bias {
  * expert pointers in shared memory: 36 bytes each) */
 #define CU_MOE_MAX_USED 32
 #define CU_MOE_MAX_EXPERTS 1024
+/* MoE of at most MOE_DIRECT_MAX tokens takes decode's direct path (a GEMV
+ * per routed pair), up to MOE_BATCH_MAX the expert-by-expert kernels of
+ * moe_batch.cu, above that the grouped GEMMs (moe.cu); defaults of
+ * cuda_ctx.moe_direct / moe_batch */
+#define MOE_DIRECT_MAX 8
+#define MOE_BATCH_MAX 32
 
 struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
 
@@ -218,6 +224,8 @@ struct cuda_ctx {
     int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
     void **moe_ptr_host; size_t moe_ptr_cap; /* pinned: pointer tables of the grouped expert GEMMs */
     int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
+    int moe_direct;   /* MoE of at most this many tokens: decode's direct path (KILN_CUDA_MOE_DIRECT, default MOE_DIRECT_MAX) */
+    int moe_batch;    /* ... above it and up to this many: expert by expert on the device (moe_batch.cu; KILN_CUDA_MOE_BATCH) */
     int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
 
     struct cu_moe_tab *moe_tabs;
@@ -431,6 +439,11 @@ void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, 
                     const bf16 *const *up, int n, int K, int ffn, int dim);
 void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
                  const bf16 *const *down, int n, int K, int ffn, int dim);
+/* moe_batch.cu: the MoE FFN of n tokens expert by expert, each used expert
+ * read once, no host wait; scratch of cu_moe_batch_scratch bytes */
+size_t cu_moe_batch_scratch(int n, int K, int E, int ffn, int dim);
+void cu_moe_batch(struct cuda_ctx *c, bf16 *out, const bf16 *x, const int *sel, const float *wsel, const struct cu_moe_tab *tab,
+                  int n, int K, int E, int ffn, int dim, void *scratch);
 
 /*
  * Launches go through cu_launch, which marks them for programmatic dependent

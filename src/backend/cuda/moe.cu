@@ -4,12 +4,14 @@
  *   logits = router(x) in f32; p = softmax(logits); top-k of p (ties to the
  *   lower id); renormalise if norm_topk; y = sum_k p_k * expert_k(x)
  *
- * Routing stays on the device. Then two paths:
- *  - direct (n <= MOE_DIRECT_MAX tokens, decode): each routed (token, slot)
+ * Routing stays on the device. Then three paths:
+ *  - direct (n <= cuda_ctx.moe_direct tokens, decode): each routed (token, slot)
  *    streams its expert's gate/up rows straight from a device table of expert
  *    pointers (gemm.cu k_moe_gate_up), and one kernel does the down
  *    projections and the weighted sum (k_moe_down). No host round trip, so a
  *    decode step stays one CUDA graph.
+ *  - batch (up to cuda_ctx.moe_batch tokens; moe_batch.cu): each expert
+ *    with routed rows read once for all of them, found on the device.
  *  - grouped (prefill): a counting sort on the device groups the routed rows
  *    by expert (k_moe_count, k_moe_place), the per-expert counts come back
  *    to the host (one sync per layer: they are the GEMM sizes), the rows are
@@ -23,8 +25,8 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.cuh"
+#include "backend/cuda/moe_combine.cuh"
 
-#define MOE_DIRECT_MAX 8
 
 /* the per-layer device tables of expert pointers; NULL when device memory
  * runs out (recorded by cu_fault). A table is found by the moe_ffn's host
@@ -252,19 +254,6 @@ __global__ void k_gather(bf16 *__restrict__ xg, const bf16 *__restrict__ x, cons
     for (int c = threadIdx.x; c < dim / 8; c += blockDim.x) o[c] = s[c];
 }
 
-/* k_combine: out[i][d] = sum_k wsel[i][k] * y[pos[i][k]][d]; one block per token */
-__global__ void k_combine(bf16 *__restrict__ out, const bf16 *__restrict__ y, const int *__restrict__ pos,
-                          const float *__restrict__ wsel, int K, int dim) {
-    KTRACE();
-    pdl_wait();
-    const int i = blockIdx.x;
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        float s = 0.f;
-        for (int k = 0; k < K; k++) s += wsel[(size_t)i * K + k] * __bfloat162float(y[(size_t)pos[(size_t)i * K + k] * dim + d]);
-        out[(size_t)i * dim + d] = __float2bfloat16(s);
-    }
-}
-
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static long chunked_layers; /* MoE prefill layers whose expert GEMMs ran as chunk batches (tests) */
@@ -459,9 +448,9 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     const struct cu_moe_tab *tab = moe_tab(c, m);
     if (!tab) return; /* out of device memory: cu_error reports it */
     const size_t nk = (size_t)n * K;
-    const int direct = n <= MOE_DIRECT_MAX;
+    const int direct = n <= c->moe_direct, batch = !direct && n <= c->moe_batch;
     /* grouped: each expert's rows start on a multiple of T (1: packed) */
-    const int T = direct ? 0 : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
+    const int T = direct || batch ? 0 : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
     const size_t rows = nk + (size_t)E * (pad - 1), ntab = 9 * (T ? rows / T : (size_t)E);
     /* scratch: logits | sel | wsel | (direct: h | chosen pointers) (grouped: pos | xg | hg | hu | y | counts | pointer tables) */
     size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
@@ -469,7 +458,9 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     size_t o_hg = al256(o_xg + rows * dim * 2), o_hu = al256(o_hg + rows * F * 2), o_y = al256(o_hu + rows * F * 2);
     size_t o_cnt = al256(o_y + rows * dim * 2), o_tab = al256(o_cnt + (size_t)E * 4);
     const size_t o_selp = al256(o_h + nk * F * 2); /* direct: the chosen experts' pointers, 3 per pair */
-    size_t total = direct ? al256(o_selp + nk * 3 * sizeof(void *)) : al256(o_tab + sizeof(void *) * ntab);
+    size_t total = direct ? al256(o_selp + nk * 3 * sizeof(void *))
+                   : batch ? o_end + al256(cu_moe_batch_scratch(n, K, E, F, dim))
+                           : al256(o_tab + sizeof(void *) * ntab);
     char *buf = (char *)cu_scratch(c, &c->moe_buf, &c->moe_buf_cap, total);
     if (!buf) return; /* out of device memory: cu_error reports it */
     float *logits = (float *)(buf + o_log), *wsel = (float *)(buf + o_w);
@@ -482,6 +473,10 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
               logits, E, K, m->norm_topk);
     CU_LAUNCHED();
 
+    if (batch) {
+        cu_moe_batch(c, (bf16 *)out, x, sel, wsel, tab, n, K, E, F, dim, buf + o_end);
+        return;
+    }
     if (direct) {
         bf16 *h = (bf16 *)(buf + o_h);
         cu_moe_gate_up(c, h, x, sel, selp, tab->gate, tab->up, n, K, F, dim);
@@ -524,7 +519,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
         expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
     }
-    cu_launch(c->stream, k_combine, n, 256, 0, (bf16 *)out, y, pos, wsel, K, dim);
+    cu_launch(c->stream, k_combine<bf16>, n, 256, 0, (bf16 *)out, (const bf16 *)y, pos, wsel, K, dim);
     CU_LAUNCHED();
     /* no wait here: the pinned pointer tables are rewritten only by the next
      * MoE layer, after its own sync (which comes after this upload in stream
