@@ -357,6 +357,26 @@ static void test_inproc(void) {
     bt_free(&t);
     bench_inproc_free(&tg);
 
+    /* a batch's prompts prefilled as many whole prompts per forward as fit
+     * the chunk: 5 prompts of 40 in a chunk of 100 are 2 + 2 + 1, each
+     * group's sequences getting their first token together, group after
+     * group; prompts longer than the chunk go one after another */
+    bench_inproc_target(&tg, e, 1024, 100);
+    {
+        double tf[5], te[5];
+        int no[5];
+        struct bench_job j = {.batch = 5, .n_new = 40, .n_out = 3, .seed = 7};
+        struct bench_obs ob = {.t_first = tf, .t_end = te, .n_out = no};
+        CHECK(tg.run(&tg, &j, &ob, err, sizeof err) == 0, "%s", err);
+        CHECK(tf[0] == tf[1] && tf[2] == tf[3] && ob.t_send < tf[0] && tf[1] < tf[2] && tf[3] < tf[4] && tf[4] < te[0],
+              "first tokens at %g %g %g %g %g after %g", tf[0], tf[1], tf[2], tf[3], tf[4], ob.t_send);
+        for (int b = 0; b < 5; b++) CHECK(no[b] == 3 && te[b] == te[0], "sequence %d: %d tokens", b, no[b]);
+        j.batch = 3, j.n_new = 150;
+        CHECK(tg.run(&tg, &j, &ob, err, sizeof err) == 0, "%s", err);
+        CHECK(ob.t_send < tf[0] && tf[0] < tf[1] && tf[1] < tf[2], "first tokens at %g %g %g", tf[0], tf[1], tf[2]);
+    }
+    bench_inproc_free(&tg);
+
     int pp[] = {32}, tgn[] = {4};
     struct bench_pptg_opts po = {.pp = pp, .n_pp = 1, .tg = tgn, .n_tg = 1, .reps = 2, .warmup = 1, .seed = 1,
                                  .size_str = "1 MiB", .params_str = "0.00 B"};

@@ -230,9 +230,9 @@ static void add_footer(struct bt_table *t, const struct bench_opts *o, const str
                      "averaged over the batch. "
                      "Non-first token Throughput = batch * 1000 / non-first time; Throughput = batch * Out_seq / total "
                      "(MindIE's definitions; the published header spells it \"Throughout\").");
-        if (strcmp(tg->kind, "serve")) bt_footer(t, "In-process, batch > 1: the prompts are prefilled in one forward when "
-                                                     "batch x In_seq fits one prefill chunk, else one after another; decode "
-                                                     "steps run all sequences in one forward (kiln_seqs_eval).");
+        if (strcmp(tg->kind, "serve")) bt_footer(t, "In-process, batch > 1: the prompts are prefilled as many whole prompts "
+                                                     "per forward as fit one prefill chunk (one after another when one fills it); "
+                                                     "decode steps run all sequences in one forward (kiln_seqs_eval).");
         else bt_footer(t, "Over HTTP, batch > 1 means that many concurrent streaming requests.");
     }
     if (tg->mem_what && strcmp(o->profile, "prefix"))
