@@ -32,7 +32,10 @@
  * replaces): 9 tokens 17.2 -> 14.5, 16 23.1 -> 21.1, 24 29.6 -> 27.6, 32
  * 32.9 -> 32.4, but 48 39.2 -> 42.2 and 64 43.4 -> 51.8, so MOE_BATCH_MAX
  * is 32. Below 9 tokens the direct path is as fast or faster (8: 13.8
- * against 14.3). The kernels reach ~2 TB/s of the experts' bytes, not the
+ * against 14.3). These step times carry ~1.5-13 ms of a bench artefact
+ * (prompts then prefilled one at a time, the waits counted as decode;
+ * docs/benchmarks.md, forty-fifth session), the same in both figures of a
+ * pair. The kernels reach ~2-2.3 TB/s of the experts' bytes, not the
  * card's ~3.3: not profiled yet.
  *
  * The order of an expert's slots (atomics) does not change any result: a
