@@ -52,6 +52,7 @@
  * wait), KILN_CUDA_GEMV_TC=N (decode matmuls of 3..N rows on gemm.cu's
  * tensor-core GEMV, default 16; 0: cuBLAS).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,6 +86,15 @@ int cu_pdl = 1;
 static int env_is(const char *name, const char *v) {
     const char *e = getenv(name);
     return e && !strcmp(e, v);
+}
+
+/* the environment variable name as an integer in [lo, hi], else (unset,
+ * empty or out of range) def (the tunables below) */
+static int env_int(const char *name, int def, int lo, int hi) {
+    const char *e = getenv(name);
+    if (!e || !*e) return def;
+    const int v = atoi(e);
+    return v >= lo && v <= hi ? v : def;
 }
 
 int cu_sm90_code(const void *k) {
@@ -927,15 +937,13 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     int n_ent = 0, n_slots = 0, cb = 0;
     static int rows_ctx = -1, dec_ctx = -1;
     if (rows_ctx < 0) {
-        const char *e = getenv("KILN_CUDA_FLASH_ROWS_CTX"), *d = getenv("KILN_CUDA_FLASH_DECODE_CTX");
-        rows_ctx = e && *e ? atoi(e) : FA_ROWS_MIN_CTX;
-        dec_ctx = d && *d ? atoi(d) : FA_DECODE_MIN_CTX;
+        rows_ctx = env_int("KILN_CUDA_FLASH_ROWS_CTX", FA_ROWS_MIN_CTX, INT_MIN, INT_MAX);
+        dec_ctx = env_int("KILN_CUDA_FLASH_DECODE_CTX", FA_DECODE_MIN_CTX, INT_MIN, INT_MAX);
     }
     /* a decode step over a long context: attn_dec.cu's kernel (in a graph) where the shape suits it */
-    const char *dc = getenv("KILN_CUDA_ATT_DEC_CTX"); /* from this many keys (0: never; read per batch, tests switch it) */
-    const int dec_min = dc && *dc ? atoi(dc) : ATT_DEC_MIN_CTX;
-    const char *ds = getenv("KILN_CUDA_ATT_DEC_SEQS"); /* A/B timing: at most this many sequences */
-    const int dec_seqs = ds && *ds ? atoi(ds) : ATT_DEC_MAX_SEQS;
+    /* from this many keys (0: never; read per batch, tests switch it) */
+    const int dec_min = env_int("KILN_CUDA_ATT_DEC_CTX", ATT_DEC_MIN_CTX, INT_MIN, INT_MAX);
+    const int dec_seqs = env_int("KILN_CUDA_ATT_DEC_SEQS", ATT_DEC_MAX_SEQS, INT_MIN, INT_MAX); /* A/B timing: at most this many sequences */
     const int flash_dec = dec_ctx > 0 && max_n == 1 && S <= FA_DECODE_MAX_SEQS && max_len >= dec_ctx;
     /* by the last attention call's shape (a model's layers share one; none yet: try it) */
     const int dec_ok = !c->fa_hd || cu_att_dec_shape(c->fa_hd, c->fa_heads, c->fa_nkv), G = c->fa_nkv ? c->fa_heads / c->fa_nkv : 0;
@@ -949,9 +957,8 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
          * saved (H200: 0.6B pp1024 4.95 -> 5.3 ms, pp8192 70.6 -> 53.8 ms);
          * the wgmma kernel (flash_wg.cu) pays off from 512 keys on */
         const int J = fa_longest_kb(b);
-        const char *hm = getenv("KILN_CUDA_FA_HG_MIN"); /* A/B timing */
         const int wg = (c->fa_hd == 128 || c->fa_hd == 0) && cu_flash_wg_ok();
-        const int hg_min = hm && *hm ? atoi(hm) : wg ? FA_WG_HG_MIN_KB : FA_HG_MIN_KB;
+        const int hg_min = env_int("KILN_CUDA_FA_HG_MIN", wg ? FA_WG_HG_MIN_KB : FA_HG_MIN_KB, INT_MIN, INT_MAX); /* A/B timing */
         c->fa_hg_run = (c->fa_hg ? c->fa_hg : 2) == 2 && J >= hg_min ? 2 : 1;
         const char *ov = getenv("KILN_CUDA_FA_OVERLAP"); /* A/B timing: 0 never, 1 always */
         c->fa_ovl_run = ov && *ov ? *ov != '0' : J >= FA_WG_OVL_MIN_KB;
@@ -1190,10 +1197,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_defer = env_is("KILN_CUDA_DEFER", "0");
     c->no_fuse = env_is("KILN_CUDA_FUSE", "0");
     c->no_gemm_res = env_is("KILN_CUDA_GEMM_RES", "0");
-    const char *qm = getenv("KILN_CUDA_QKV_MERGE");
-    c->qkv_max = qm && *qm ? atoi(qm) : 2048;
-    const char *ws = getenv("KILN_CUDA_W4_SLICE");
-    c->w4_slice_env = ws && *ws ? atoi(ws) : -1;
+    c->qkv_max = env_int("KILN_CUDA_QKV_MERGE", 2048, INT_MIN, INT_MAX);
+    c->w4_slice_env = env_int("KILN_CUDA_W4_SLICE", -1, INT_MIN, INT_MAX);
     c->no_fuse_att = env_is("KILN_CUDA_FUSE_ATT", "0"); /* decode rope + KV write as their own launch */
     /* folding the norm into the next GEMV is off unless asked for: measured
      * on the H200 it cost 0.6B decode ~5% and gained nothing on 8B (each
@@ -1208,8 +1213,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->no_gemv_b = env_is("KILN_CUDA_GEMV_B", "0");
     c->no_gemv_b_spread = env_is("KILN_CUDA_GEMV_B_SPREAD", "0");
     c->moe_ef = !env_is("KILN_CUDA_MOE_EF", "0");
-    const char *st = getenv("KILN_CUDA_ATT_SPLIT_TOKENS"); /* keys per decode attention split */
-    c->att_split_tokens = st && atoi(st) > 0 ? atoi(st) : ATT_SPLIT_TOKENS;
+    c->att_split_tokens = env_int("KILN_CUDA_ATT_SPLIT_TOKENS", ATT_SPLIT_TOKENS, 1, INT_MAX); /* keys per decode attention split */
     c->old_read = env_is("KILN_CUDA_READ", "0");
     cu_gemv_pf = !env_is("KILN_CUDA_PF", "0");
     const char *bps = getenv("KILN_CUDA_GEMV_BPS");
@@ -1219,14 +1223,10 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     const char *smb = getenv("KILN_CUDA_GEMV_SMB");
     if (smb) cu_gemv_smb = atoi(smb);
     c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
-    const char *md = getenv("KILN_CUDA_MOE_DIRECT"), *mb = getenv("KILN_CUDA_MOE_BATCH");
-    c->moe_direct = md && *md ? atoi(md) : MOE_DIRECT_MAX;
-    c->moe_batch = mb && *mb ? atoi(mb) : MOE_BATCH_MAX;
-    if (c->moe_direct < 0 || c->moe_direct > GRAPH_MAX_TOKENS) c->moe_direct = MOE_DIRECT_MAX;
-    if (c->moe_batch < 0 || c->moe_batch > GRAPH_MAX_TOKENS) c->moe_batch = MOE_BATCH_MAX;
-    const char *mc = getenv("KILN_CUDA_MOE_CHUNK"); /* rows per chunk of the prefill expert GEMMs (0: one problem per expert) */
-    c->moe_chunk = mc && *mc ? atoi(mc) : -1;
-    if (c->moe_chunk < 0 || c->moe_chunk > 4096) c->moe_chunk = -1;
+    c->moe_direct = env_int("KILN_CUDA_MOE_DIRECT", MOE_DIRECT_MAX, 0, GRAPH_MAX_TOKENS);
+    c->moe_batch = env_int("KILN_CUDA_MOE_BATCH", MOE_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
+    /* rows per chunk of the prefill expert GEMMs (0: one problem per expert; -1: by the row count) */
+    c->moe_chunk = env_int("KILN_CUDA_MOE_CHUNK", -1, 0, 4096);
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
     if (gr && *gr >= '0' && *gr <= '8' && !gr[1]) cu_gemv_rows = *gr - '0';
     const char *gt = getenv("KILN_CUDA_GEMV_TC"); /* batched decode matmuls on the tensor cores up to this many rows (0: cuBLAS) */

@@ -37,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cuda/swiglu.cuh"
+
 extern "C" {
 #include "backend/backend.h"
 #include "base/base.h"

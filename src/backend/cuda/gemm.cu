@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(256) k_gemv(const struct gemv_jobs J, const bf
             for (int j = 0; j < NB; j++) {
                 const float g = __bfloat162float(__float2bfloat16(acc[j] + b));
                 const bf16 u = __float2bfloat16(acc2[j] + b2);
-                ((bf16 *)jb.out)[(size_t)j * jb.n_out + row] = __float2bfloat16(g / (1.f + __expf(-g)) * __bfloat162float(u));
+                ((bf16 *)jb.out)[(size_t)j * jb.n_out + row] = __float2bfloat16(silu(g) * __bfloat162float(u));
                 ((bf16 *)jb.out2)[(size_t)j * jb.n_out + row] = u;
             }
         }
@@ -310,7 +310,7 @@ __device__ __forceinline__ void gs_emit(const struct gemv_jobs &J, int row, cons
         for (int j = 0; j < NB; j++) {
             const float gv = __bfloat162float(__float2bfloat16(v[j] + b));
             const bf16 u = __float2bfloat16(v2[j] + b2);
-            ((bf16 *)out)[(size_t)(j0 + j) * n_out + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+            ((bf16 *)out)[(size_t)(j0 + j) * n_out + r] = __float2bfloat16(silu(gv) * __bfloat162float(u));
             ((bf16 *)J.j[0].out2)[(size_t)(j0 + j) * n_out + r] = u;
         }
     }
@@ -1039,8 +1039,6 @@ void cu_gemm_bf16(struct cuda_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, i
 }
 
 /* ==== MoE decode: experts read straight from the routing result ==== */
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 /* the expert GEMVs' weight loads: with EF (sm_90) under an L2 evict_first
  * policy (cuda_ctx.moe_ef) */

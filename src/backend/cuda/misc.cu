@@ -6,7 +6,6 @@
  * size allows, else one per element.
  */
 #include "backend/cuda/cuda.cuh"
-#include "backend/cuda/swiglu.cuh"
 
 /* k_copy_rows: out[i] = src[idx[i]] (rows of `dim` bf16; idx from the device) */
 __global__ void k_copy_rows(bf16 *__restrict__ out, const bf16 *__restrict__ src, const int *__restrict__ idx, int dim) {
@@ -75,7 +74,7 @@ __global__ void k_swiglu1(bf16 *out, const bf16 *g, const bf16 *u, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float a = __bfloat162float(g[i]);
-    out[i] = __float2bfloat16(a / (1.f + __expf(-a)) * __bfloat162float(u[i]));
+    out[i] = __float2bfloat16(silu(a) * __bfloat162float(u[i]));
 }
 
 void cu_swiglu_raw(struct cuda_ctx *c, bf16 *out, const bf16 *g, const bf16 *u, size_t n) {

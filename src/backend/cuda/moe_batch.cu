@@ -55,8 +55,6 @@
 #define MOE_RG 2
 #define MOE_RD 8
 
-__device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
-
 /*
  * k_moe_sort: one block of 1024 threads (E <= 1024, nk <= 32768).
  * pos[j]: pair j's slot; pslot[slot] = j; for used expert y (in id order):
@@ -149,7 +147,7 @@ __global__ void __launch_bounds__(256) k_moe_gu_e(bf16 *__restrict__ h, const bf
             for (int t = 0; t < MOE_TG; t++)
                 if (t < nt) {
                     const float a = warp_sum(ag[t]), b = warp_sum(au[t]);
-                    if (lane == 0) h[(size_t)(o + t0 + t) * ffn + r] = __float2bfloat16(silu_f(a) * b);
+                    if (lane == 0) h[(size_t)(o + t0 + t) * ffn + r] = __float2bfloat16(silu(a) * b);
                 }
         }
     }
@@ -201,37 +199,48 @@ static long batch_runs;
 extern "C" long kiln_cuda_moe_batch_count(void);
 extern "C" long kiln_cuda_moe_batch_count(void) { return batch_runs; }
 
+/* the scratch's parts, in order, each 256-byte aligned: sorted positions
+ * and slots (nk each), the used experts' ids, first slots and counts (E
+ * each), their count, h (nk x ffn bf16), the down outputs (nk x dim f32);
+ * with base NULL only the total bytes */
+struct batch_parts {
+    int *pos, *pslot, *ue, *uo, *uc, *nu;
+    bf16 *h;
+    float *yo;
+};
+static size_t batch_layout(int n, int K, int E, int ffn, int dim, char *base, struct batch_parts *b) {
+    const size_t nk = (size_t)n * K;
+    const size_t sizes[8] = {nk * 4, nk * 4, (size_t)E * 4, (size_t)E * 4, (size_t)E * 4, 4, nk * ffn * 2, nk * dim * 4};
+    void **parts[8] = {(void **)&b->pos, (void **)&b->pslot, (void **)&b->ue, (void **)&b->uo, (void **)&b->uc, (void **)&b->nu,
+                       (void **)&b->h, (void **)&b->yo};
+    size_t o = 0;
+    for (int i = 0; i < 8; i++) {
+        if (base) *parts[i] = base + o;
+        o += (sizes[i] + 255) & ~(size_t)255;
+    }
+    return o;
+}
+
 size_t cu_moe_batch_scratch(int n, int K, int E, int ffn, int dim) {
-    const size_t nk = (size_t)n * K, al = 256;
-    auto up = [&](size_t b) { return (b + al - 1) / al * al; };
-    return up(nk * 4) * 2 + up((size_t)E * 4) * 3 + al + up(nk * ffn * 2) + up(nk * dim * 4);
+    struct batch_parts b;
+    return batch_layout(n, K, E, ffn, dim, NULL, &b);
 }
 
 void cu_moe_batch(struct cuda_ctx *c, bf16 *out, const bf16 *x, const int *sel, const float *wsel, const struct cu_moe_tab *tab,
                   int n, int K, int E, int ffn, int dim, void *scratch) {
-    const size_t nk = (size_t)n * K, al = 256;
-    auto up = [&](size_t b) { return (b + al - 1) / al * al; };
-    char *p = (char *)scratch;
-    int *pos = (int *)p;
-    p += up(nk * 4);
-    int *pslot = (int *)p;
-    p += up(nk * 4);
-    int *ue = (int *)p, *uo = (int *)(p + up((size_t)E * 4)), *uc = (int *)(p + 2 * up((size_t)E * 4));
-    p += 3 * up((size_t)E * 4);
-    int *nu = (int *)p;
-    p += al;
-    bf16 *h = (bf16 *)p;
-    p += up(nk * ffn * 2);
-    float *yo = (float *)p;
+    const size_t nk = (size_t)n * K;
+    struct batch_parts b;
+    batch_layout(n, K, E, ffn, dim, (char *)scratch, &b);
     const unsigned ny = (unsigned)(nk < (size_t)E ? nk : (size_t)E);
-    cu_launch(c->stream, k_moe_sort, 1, 1024, 0, pos, pslot, ue, uo, uc, nu, sel, (int)nk, E);
+    cu_launch(c->stream, k_moe_sort, 1, 1024, 0, b.pos, b.pslot, b.ue, b.uo, b.uc, b.nu, sel, (int)nk, E);
     CU_LAUNCHED();
-    cu_launch(c->stream, k_moe_gu_e, dim3((unsigned)((ffn + 8 * MOE_RG - 1) / (8 * MOE_RG)), ny), 256, 0, h, x, pslot, ue, uo, uc, nu, tab->gate, tab->up, K,
-              ffn, dim);
+    cu_launch(c->stream, k_moe_gu_e, dim3((unsigned)((ffn + 8 * MOE_RG - 1) / (8 * MOE_RG)), ny), 256, 0, b.h, x, b.pslot, b.ue, b.uo,
+              b.uc, b.nu, tab->gate, tab->up, K, ffn, dim);
     CU_LAUNCHED();
-    cu_launch(c->stream, k_moe_dn_e, dim3((unsigned)((dim + 8 * MOE_RD - 1) / (8 * MOE_RD)), ny), 256, 0, yo, h, ue, uo, uc, nu, tab->down, ffn, dim);
+    cu_launch(c->stream, k_moe_dn_e, dim3((unsigned)((dim + 8 * MOE_RD - 1) / (8 * MOE_RD)), ny), 256, 0, b.yo, b.h, b.ue, b.uo, b.uc,
+              b.nu, tab->down, ffn, dim);
     CU_LAUNCHED();
-    cu_launch(c->stream, k_combine<float>, n, 256, 0, out, (const float *)yo, pos, wsel, K, dim);
+    cu_launch(c->stream, k_combine<float>, n, 256, 0, out, (const float *)b.yo, b.pos, wsel, K, dim);
     CU_LAUNCHED();
     batch_runs++;
 }

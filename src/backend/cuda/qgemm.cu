@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w
     } else { /* rounded as the separate matmuls and swiglu round */
         const float gv = __bfloat162float(__float2bfloat16(s + (bias ? bias[row] : 0.f)));
         const bf16 u = __float2bfloat16(s2 + (J.j[1].bias ? J.j[1].bias[row] : 0.f));
-        J.j[0].out[o] = __float2bfloat16(gv / (1.f + __expf(-gv)) * __bfloat162float(u));
+        J.j[0].out[o] = __float2bfloat16(silu(gv) * __bfloat162float(u));
         J.out2[o] = u;
     }
 }

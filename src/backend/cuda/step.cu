@@ -287,7 +287,7 @@ __device__ __forceinline__ void sk_emit(const struct sk_stage &S, int j, int lr,
     if (S.glu) {
         const float g = __bfloat162float(__float2bfloat16(v));
         const bf16 u = __float2bfloat16(a2 + (S.bias2 ? S.bias2[lr] : 0.f));
-        out[lr] = __float2bfloat16(g / (1.f + __expf(-g)) * __bfloat162float(u));
+        out[lr] = __float2bfloat16(silu(g) * __bfloat162float(u));
         S.out2[lr] = u;
         return;
     }
