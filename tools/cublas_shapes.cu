@@ -13,12 +13,6 @@
 
 #include "gpu_bench.cuh"
 
-static float timeit(int reps, auto fn) {
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 3; i++) fn();
-    cudaEventRecord(a, 0); for (int i = 0; i < reps; i++) fn(); cudaEventRecord(b, 0); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); return ms / reps * 1e3f;
-}
 int main() {
     cublasHandle_t h; cublasCreate(&h);
     const float one = 1, zero = 0;

@@ -1,10 +1,10 @@
 /*
  * gpu_bench.cuh: what the standalone GPU timing tools share (cublas_shapes,
- * cublas_sustained, mlp_overlap): random bf16 operands, a wall clock, the
- * SM clock and board power from the driver's NVML library, opened at run
- * time (the toolkit here has no nvml.h), and timing on a card held at its
- * sustained clock. Header-only: each tool is one
- * nvcc command.
+ * cublas_sustained, mlp_overlap, moe_shapes): random bf16 operands, a wall
+ * clock, the SM clock and board power from the driver's NVML library,
+ * opened at run time (the toolkit here has no nvml.h), quick back-to-back
+ * timing, and timing on a card held at its sustained clock. Header-only:
+ * each tool is one nvcc command.
  */
 #pragma once
 #include <chrono>
@@ -44,6 +44,23 @@ static void nvml_open() {
 static void clocks(unsigned *sm, unsigned *mw) {
     *sm = *mw = 0;
     if (nvml_clock) nvml_clock(nvml_dev, 1 /* NVML_CLOCK_SM */, sm), nvml_power(nvml_dev, mw);
+}
+
+/* microseconds per call of fn over reps calls after 3 untimed ones, by
+ * events on the default stream (not at the sustained clock: for comparing
+ * variants run back to back) */
+template <class F> static float timeit(int reps, F fn) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    for (int i = 0; i < 3; i++) fn();
+    cudaEventRecord(a, 0);
+    for (int i = 0; i < reps; i++) fn();
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms / reps * 1e3f;
 }
 
 /* runs fn in batches of `batch` calls until secs have passed and returns

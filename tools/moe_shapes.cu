@@ -27,19 +27,6 @@
 
 #include "gpu_bench.cuh"
 
-static float timeit(int reps, auto fn) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
-    for (int i = 0; i < 3; i++) fn();
-    cudaEventRecord(a, 0);
-    for (int i = 0; i < reps; i++) fn();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    return ms / reps * 1e3f;
-}
-
 static unsigned hash(unsigned i) {
     i = i * 2654435761u ^ 0x9e3779b9u;
     i ^= i >> 13, i *= 0x5bd1e995, i ^= i >> 15;

@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(256) k_gu(bf16 *h, const bf16 *x, struct exper
         }
     }
     ag = warp_sum(ag), au = warp_sum(au);
-    if (lane == 0) h[(size_t)p * F + r] = __float2bfloat16(ag / (1.f + __expf(-ag)) * au);
+    if (lane == 0) h[(size_t)p * F + r] = __float2bfloat16(silu(ag) * au);
     span_end();
 #endif
 }
