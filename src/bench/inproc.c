@@ -112,24 +112,18 @@ static int inproc_run(struct bench_target *t, const struct bench_job *j, struct 
 
     /* ---- timed ---- */
     o->t_send = kiln_now();
-    if (B == 1) {
-        if (kiln_seq_eval(seqs[0], ids[0], j->n_new, p->logits, 0, err, errlen)) goto out;
-        tok[0] = sampler_argmax(p->logits, V);
-        o->t_first[0] = kiln_now();
-    } else {
-        /* as many whole prompts per forward as fit one prefill chunk, as a
-         * server batches waiting prompts; a prompt longer than the chunk
-         * alone, in its chunks */
-        const int g = j->n_new <= p->chunk ? p->chunk / j->n_new : 1;
-        for (int b0 = 0; b0 < B; b0 += g) {
-            const int m = B - b0 < g ? B - b0 : g;
-            if (m > 1 ? kiln_seqs_eval(seqs + b0, m, tp + b0, nn + b0, p->logits + (size_t)b0 * V, err, errlen)
-                      : kiln_seq_eval(seqs[b0], ids[b0], j->n_new, p->logits + (size_t)b0 * V, 0, err, errlen))
-                goto out;
-            for (int b = b0; b < b0 + m; b++) tok[b] = sampler_argmax(p->logits + (size_t)b * V, V);
-            const double now = kiln_now();
-            for (int b = b0; b < b0 + m; b++) o->t_first[b] = now;
-        }
+    /* as many whole prompts per forward as fit one prefill chunk, as a
+     * server batches waiting prompts; a prompt alone (batch 1, or longer
+     * than the chunk) through kiln_seq_eval, in its chunks */
+    const int g = j->n_new <= p->chunk ? p->chunk / j->n_new : 1;
+    for (int b0 = 0; b0 < B; b0 += g) {
+        const int m = B - b0 < g ? B - b0 : g;
+        if (m > 1 ? kiln_seqs_eval(seqs + b0, m, tp + b0, nn + b0, p->logits + (size_t)b0 * V, err, errlen)
+                  : kiln_seq_eval(seqs[b0], ids[b0], j->n_new, p->logits + (size_t)b0 * V, 0, err, errlen))
+            goto out;
+        for (int b = b0; b < b0 + m; b++) tok[b] = sampler_argmax(p->logits + (size_t)b * V, V);
+        const double now = kiln_now();
+        for (int b = b0; b < b0 + m; b++) o->t_first[b] = now;
     }
     for (int b = 0; b < B; b++) o->n_out[b] = 1, tp[b] = &tok[b], nn[b] = 1;
     /* decode: the greedy token is the argmax taken by the backend (on the

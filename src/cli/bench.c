@@ -548,13 +548,13 @@ int cli_bench(int argc, char **argv) {
             for (int i = 0; i < c.n_inputs; i++) mx = c.inputs[i] > mx ? c.inputs[i] : mx;
         else mx = !strcmp(c.profile, "prefix") ? 2000 : !strcmp(c.profile, "speed") ? 129024 : 8192;
         if (!strcmp(c.profile, "prefix") && mx > 2000 && !c.inputs) mx = 2000;
+        if (c.b.max_input > 0 && mx > c.b.max_input) mx = c.b.max_input;
         if (!strcmp(c.profile, "batch")) { /* the batch's prompts in as few forwards as 8,192 tokens allow */
             int mb = c.batches ? 1 : 16;
             for (int i = 0; i < c.n_batches; i++) mb = c.batches[i] > mb ? c.batches[i] : mb;
             const long long all = (long long)mx * mb;
             if (mx < 8192) mx = all < 8192 ? (int)all : 8192;
         }
-        if (c.b.max_input > 0 && mx > c.b.max_input) mx = c.b.max_input;
         if (!pptg && mx > 16384) mx = 16384;
         eo.prefill_chunk = mx > 512 ? mx : 512;
     }

@@ -138,6 +138,17 @@ def test_bench_depth_runs_each_test_after_a_cached_context():
     assert r.returncode != 0 and b"-d belong to --profile pp-tg" in r.stderr
 
 
+def test_bench_batch_chunk_holds_the_batch():
+    """The batch profile's default prefill chunk is batch x the longest input
+    (what --max-input leaves of it), at most 8,192 tokens, so a batch's
+    prompts share forwards."""
+    for extra, chunk in ((["--inputs", "256"], 1024), (["--inputs", "256", "--max-input", "300"], 1024),
+                         (["--inputs", "4000", "--max-input", "1000"], 4000), (["--inputs", "1024,4096"], 8192)):
+        r = kiln("bench", "--profile", "batch", "-m", TINY, "-t", "1", "--batches", "1,4", "--output-len", "2", "-r", "1",
+                 "--max-total-tokens", "64", *extra)
+        assert b"(chunk %d)" % chunk in r.stderr, (extra, r.stderr.decode())
+
+
 def test_bench_tg_batch_decodes_sequences_together():
     """--tg-batch B: the tg tests decode B sequences at once ("tg4 @ b3",
     tg4_b3): t/s counts all B sequences' tokens, GB/s the weights once per
