@@ -1545,6 +1545,244 @@ static void test_moe_paths(struct pair *p) {
     free(sd), free(sb);
 }
 
+long kiln_cuda_moe_w4_count(void) __attribute__((weak));
+
+/* a quantized expert matrix's format: ref_quant_linear's fmt, group, act-order, asymmetric */
+struct qex {
+    const char *fmt;
+    int group, act, asym;
+};
+
+/* w (n_out x n_in f32) rounded to bf16, as a dense linear on the GPU */
+static struct qlinear gpu_bf16_of(struct pair *p, const float *w, int n_out, int n_in) {
+    char err[256];
+    struct qlinear q = rand_linear(n_out, n_in, 0);
+    uint16_t *d = (uint16_t *)q.w.data;
+    for (size_t i = 0; i < (size_t)n_out * n_in; i++) d[i] = kiln_f32_to_bf16(w[i]);
+    CHECK(p->gpu->prepare_linear(p->gpu, &q, err, sizeof err) == 0, "%s", err);
+    return q;
+}
+
+/* an MoE layer in f64 on the host (Qwen3-MoE semantics, as cpu/moe.c):
+ * router rw (bf16, E x dim), experts w[3 E] (gate | up | down, f32); out
+ * NULL: the routing only. gap[i]: token i's K-th largest router logit less
+ * its (K+1)-th (how far it is from choosing another expert) */
+static void moe_ref64(float *out, double *gap, const float *x, int n, int dim, const uint16_t *rw, float *const *w, int E, int K, int F) {
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        double *p = kiln_malloc(sizeof(double) * E), *h = kiln_malloc(sizeof(double) * F), mx = -INFINITY, tot = 0, ptot = 0;
+        for (int e = 0; e < E; e++) {
+            double a = 0;
+            for (int k = 0; k < dim; k++) a += (double)xi[k] * kiln_bf16_to_f32(rw[(size_t)e * dim + k]);
+            p[e] = a, mx = a > mx ? a : mx;
+        }
+        for (int e = 0; e < E; e++) tot += p[e] = exp(p[e] - mx);
+        int *chosen = kiln_malloc(sizeof(int) * K);
+        for (int k = 0; k < K; k++) { /* the largest not yet chosen, ties to the lower id */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= chosen[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            chosen[k] = best, ptot += p[best];
+        }
+        double next = 0; /* the largest probability not chosen */
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < K; j++) taken |= chosen[j] == e;
+            if (!taken && p[e] > next) next = p[e];
+        }
+        gap[i] = K < E ? log(p[chosen[K - 1]] / next) : INFINITY;
+        if (!out) {
+            free(p), free(h), free(chosen);
+            continue;
+        }
+        double *o = kiln_calloc((size_t)dim, sizeof(double));
+        for (int k = 0; k < K; k++) {
+            const int e = chosen[k];
+            const float *g = w[e], *u = w[E + e], *d = w[2 * E + e];
+            for (int r = 0; r < F; r++) {
+                double a = 0, b = 0;
+                for (int c = 0; c < dim; c++) a += (double)g[(size_t)r * dim + c] * xi[c], b += (double)u[(size_t)r * dim + c] * xi[c];
+                h[r] = a / (1 + exp(-a)) * b;
+            }
+            for (int r = 0; r < dim; r++) {
+                double a = 0;
+                for (int c = 0; c < F; c++) a += (double)d[(size_t)r * F + c] * h[c];
+                o[r] += p[e] / ptot * a;
+            }
+        }
+        for (int r = 0; r < dim; r++) out[(size_t)i * dim + r] = (float)o[r];
+        free(p), free(h), free(chosen), free(o);
+    }
+}
+
+/* relative L2 error of b against a (n rows of dim) over the rows whose
+ * gap is at least min_gap; *left: the rows left out */
+static double rel_rows(const float *a, const float *b, int n, int dim, const double *gap, double min_gap, int *left) {
+    double num = 0, den = 0;
+    *left = 0;
+    for (int i = 0; i < n; i++) {
+        if (gap[i] < min_gap) {
+            ++*left;
+            continue;
+        }
+        for (int j = 0; j < dim; j++) {
+            const double d = (double)b[(size_t)i * dim + j] - a[(size_t)i * dim + j];
+            if (d != d) return INFINITY;
+            num += d * d, den += (double)a[(size_t)i * dim + j] * a[(size_t)i * dim + j];
+        }
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/*
+ * An MoE layer with quantized experts, at the sizes of moe_case_c. 4-bit
+ * kinds (gate with up, and down) stay 4-bit on the device (their bytes are
+ * checked) and run moe_w4.cu's kernels (launches counted, one per 4-bit
+ * kind): pair by pair up to the direct limit when both kinds are 4-bit,
+ * expert by expert up to the 4-bit batch limit; above it they are
+ * dequantized into scratch for cuBLAS. want_gu / want_dn: whether each kind
+ * should stay 4-bit. act0 makes expert 0's gate act-order (the others' are
+ * not): a kind the 4-bit kernels cannot take as a whole, widened on the
+ * device with its columns put back in order. Checked against
+ *  - the CPU on the same weights: TOL_OP2, as for bf16 experts (the CPU's
+ *    4-bit kernels quantize x to int8: ~1% of the output's norm here);
+ *  - the 4-bit kernels (up to 64 tokens): an f64 reference on the
+ *    dequantized weights (a widened kind's rounded to bf16, as the GPU holds
+ *    it): 4e-3. Their products are exact and summed in f32; what is left is
+ *    the bf16 rounding of h and of the output, 1.66e-3 of the norm each (as
+ *    test_matmul_quant measures one rounding), ~2.4e-3 together;
+ *  - the dequantized path: bit for bit the same layer with bf16 experts (the
+ *    reference dequantization rounded once), which is what it computes,
+ *    where that layer runs the same grouped GEMMs.
+ * A token whose K-th and (K+1)-th router logits lie within 1e-4 (f64) is
+ * left out of the first two: the f32 logits of the backends may choose
+ * either expert (random routers put one such token in ~10^3 here).
+ */
+static void moe_w4_case(struct pair *p, int E, int K, int dim, int F, struct qex gu, struct qex dn, int act0, int want_gu, int want_dn) {
+    struct moe_ffn mc = {.n_expert = E, .n_used = K, .ffn = F, .norm_topk = 1}, mg = mc, mb = mc;
+    struct lin2 router = lin_make(p, E, dim, 0);
+    mc.router = router.c, mg.router = mb.router = router.g;
+    struct lin2 *ex = kiln_malloc(sizeof(struct lin2) * 3 * E);
+    struct ref_qmem *qm = kiln_calloc((size_t)3 * E, sizeof *qm);
+    struct qlinear *arr = kiln_malloc(sizeof(struct qlinear) * 9 * E);
+    float **wd = kiln_malloc(sizeof(float *) * 3 * E); /* the reference's weights */
+    mc.gate = arr, mc.up = arr + E, mc.down = arr + 2 * E, mg.gate = arr + 3 * E, mg.up = arr + 4 * E, mg.down = arr + 5 * E;
+    mb.gate = arr + 6 * E, mb.up = arr + 7 * E, mb.down = arr + 8 * E;
+    for (int e = 0; e < E; e++) {
+        ex[3 * e] = lin_prepare(p, q_linear(&qm[3 * e], gu.fmt, F, dim, gu.group, gu.act || (act0 && e == 0), gu.asym, 0));
+        ex[3 * e + 1] = lin_prepare(p, q_linear(&qm[3 * e + 1], gu.fmt, F, dim, gu.group, gu.act, gu.asym, 0));
+        ex[3 * e + 2] = lin_prepare(p, q_linear(&qm[3 * e + 2], dn.fmt, dim, F, dn.group, dn.act, dn.asym, 0));
+        mc.gate[e] = ex[3 * e].c, mg.gate[e] = ex[3 * e].g, mc.up[e] = ex[3 * e + 1].c, mg.up[e] = ex[3 * e + 1].g;
+        mc.down[e] = ex[3 * e + 2].c, mg.down[e] = ex[3 * e + 2].g;
+        for (int k = 0; k < 3; k++) {
+            const struct qlinear *q = &ex[3 * e + k].c;
+            float *w = wd[(size_t)k * E + e] = kiln_malloc(sizeof(float) * (size_t)q->n_out * q->n_in);
+            quant_dequant_linear(q, w);
+            mb.gate[(size_t)k * E + e] = gpu_bf16_of(p, w, q->n_out, q->n_in); /* mb's three arrays are contiguous */
+            if (!(k < 2 ? want_gu : want_dn)) /* a widened kind: the reference takes its bf16 weights */
+                for (size_t i = 0; i < (size_t)q->n_out * q->n_in; i++) w[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(w[i]));
+        }
+    }
+    const int ns[] = {1, 4, 8, 9, 16, 33, 64, 100, 300};
+    const int pmax = moe_env("KILN_CUDA_MOE_W4_PAIRS", 1), wmax = moe_env("KILN_CUDA_MOE_W4_BATCH", 128);
+    const int dmax = moe_env("KILN_CUDA_MOE_DIRECT", 8), bmax = moe_env("KILN_CUDA_MOE_BATCH", 32); /* mb's paths */
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int n = ns[k];
+        float *x = rand_vec((size_t)n * dim, 3.f);
+        void *xc, *xg, *og, *oc = alloc_both(p, &og, (size_t)n * dim), *ob = p->gpu->alloc(p->gpu, (size_t)n * dim * p->gpu->act_size);
+        put(p, &xc, &xg, x, (size_t)n * dim);
+        const long w0 = kiln_cuda_moe_w4_count ? kiln_cuda_moe_w4_count() : 0;
+        const long m0 = kiln_cuda_moe_batch_count ? kiln_cuda_moe_batch_count() : 0;
+        p->cpu->moe(p->cpu, oc, xc, &mc, n, dim);
+        p->gpu->moe(p->gpu, og, xg, &mg, n, dim);
+        const long w1 = kiln_cuda_moe_w4_count ? kiln_cuda_moe_w4_count() : 0;
+        const long m1 = kiln_cuda_moe_batch_count ? kiln_cuda_moe_batch_count() : 0;
+        char what[160];
+        snprintf(what, sizeof what, "moe E=%d top-%d %dx%d n=%d, %s g%d / %s g%d%s", E, K, F, dim, n, gu.fmt, gu.group, dn.fmt, dn.group,
+                 act0 ? ", expert 0's gate act-order" : "");
+        const int pairs = want_gu && want_dn && n <= pmax, by_expert = !pairs && (want_gu || want_dn) && n <= wmax;
+        float *hc = kiln_malloc(sizeof(float) * (size_t)n * dim), *hg = kiln_malloc(sizeof(float) * (size_t)n * dim), *ref = NULL;
+        double *gap = kiln_malloc(sizeof(double) * n), mx;
+        p->cpu->read(p->cpu, hc, oc, (size_t)n * dim);
+        p->gpu->read(p->gpu, hg, og, (size_t)n * dim);
+        if ((pairs || by_expert) && n <= 64) ref = kiln_malloc(sizeof(float) * (size_t)n * dim);
+        moe_ref64(ref, gap, x, n, dim, (const uint16_t *)router.c.w.data, wd, E, K, F);
+        int left;
+        double r = rel_rows(hc, hg, n, dim, gap, 1e-4, &left);
+        if (verbose()) fprintf(stderr, "  %-44s rel %.2e (%d near-tied tokens left out)\n", what, r, left);
+        CHECK(r <= TOL_OP2, "%s: relative error %.3g against the cpu > %.3g", what, r, TOL_OP2);
+        if (ref) {
+            r = rel_rows(ref, hg, n, dim, gap, 1e-4, &left);
+            if (verbose()) fprintf(stderr, "  %-44s rel %.2e against f64\n", what, r);
+            CHECK(r <= 4e-3, "%s: relative error %.3g against the f64 reference > 4e-3", what, r);
+        } else if (!pairs && !by_expert && n > dmax && n > bmax) { /* both layers on the grouped GEMMs */
+            p->gpu->moe(p->gpu, ob, xg, &mb, n, dim);
+            struct pair gg = {p->gpu, p->gpu}; /* both on the GPU */
+            r = compare(&gg, ob, og, (size_t)n * dim, &mx);
+            if (verbose()) fprintf(stderr, "  %-44s rel %.2e against bf16 experts\n", what, r);
+            CHECK(r == 0, "%s: %.3g relative to the same layer with bf16 experts, not the same bits (max |delta| %.3g)", what, r, mx);
+        }
+        free(hc), free(hg), free(ref), free(gap);
+        if (kiln_cuda_moe_w4_count)
+            CHECK(w1 - w0 == (pairs || by_expert ? want_gu + want_dn : 0), "%s: 4-bit expert kernels ran %ld times", what, w1 - w0);
+        if (kiln_cuda_moe_batch_count && (want_gu || want_dn))
+            CHECK(m1 - m0 == by_expert, "%s: the expert-by-expert path ran %ld times", what, m1 - m0);
+        free_both(p, xc, xg), free_both(p, oc, og), p->gpu->free(p->gpu, ob), free(x);
+    }
+    /* after the first forward (which settles the kinds): 4-bit (padded rows and columns included), or the bf16 copy */
+    const struct qlinear *kinds[2] = {&mg.up[E - 1], &mg.down[E - 1]};
+    const int want[2] = {want_gu, want_dn};
+    for (int i = 0; i < 2; i++) {
+        const int64_t bytes = p->gpu->linear_bytes(p->gpu, kinds[i]), bf = (int64_t)F * dim * 2;
+        CHECK(want[i] ? bytes < bf : bytes == bf, "moe E=%d %s: %s holds %lld device bytes (bf16: %lld), expected %s", E,
+              i ? dn.fmt : gu.fmt, i ? "down" : "up", (long long)bytes, (long long)bf, want[i] ? "4-bit" : "the bf16 copy");
+    }
+    for (int e = 0; e < 3 * E; e++) {
+        p->cpu->release_linear(p->cpu, &ex[e].c);
+        p->gpu->release_linear(p->gpu, &ex[e].g);
+        ref_qmem_free(&qm[e]);
+        p->gpu->release_linear(p->gpu, &mb.gate[e]);
+        free((void *)mb.gate[e].w.data), free(wd[e]);
+    }
+    lin_free(p, &router);
+    free(ex), free(qm), free(arr), free(wd);
+}
+
+static void test_moe_w4(struct pair *p) {
+    const struct qex g128 = {"gptq-int4", 128, 0, 0}, g64a = {"gptq-int4", 64, 0, 1}, pc = {"gptq-int4", -1, 0, 1};
+    const struct qex awq = {"awq", 32, 0, 1}, q40 = {"q4_0", 0, 0, 0}, q80 = {"q8_0", 0, 0, 0}, g32 = {"gptq-int4", 32, 0, 1};
+    moe_w4_case(p, 32, 8, 1024, 768, g128, g128, 0, 1, 1);  /* groups spanning a 128-column block (GB) */
+    moe_w4_case(p, 128, 8, 512, 768, awq, awq, 0, 1, 1);    /* Qwen3-MoE's E and K, groups of 32 */
+    moe_w4_case(p, 16, 4, 256, 512, q40, q40, 0, 1, 1);     /* GGUF Q4_0 */
+    moe_w4_case(p, 16, 4, 256, 160, q40, g32, 0, 1, 1);     /* rows and columns padded in the layout */
+    moe_w4_case(p, 32, 8, 512, 256, g64a, q80, 0, 1, 0);    /* down widened at load (Q8_0) */
+    moe_w4_case(p, 32, 8, 512, 256, g128, pc, 1, 0, 1);     /* gate / up widened on the device; down per channel */
+    /* other path limits, each on a backend made under them: every size
+     * expert by expert (up to 300 tokens: many passes over an expert's
+     * codes), pairs up to 16 tokens and no expert-by-expert path, and
+     * neither (all dequantized) */
+    static const char *const set[][2] = {{"0", "300"}, {"16", "0"}, {"0", "0"}};
+    static const char *const names[2] = {"KILN_CUDA_MOE_W4_PAIRS", "KILN_CUDA_MOE_W4_BATCH"};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        char *saved[2], err[256];
+        for (int j = 0; j < 2; j++) saved[j] = env_save(names[j]), env_restore(names[j], set[i][j]);
+        struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
+        CHECK(q.gpu != NULL, "%s", err);
+        if (q.gpu) {
+            moe_w4_case(&q, 32, 8, 1024, 768, g128, g128, 0, 1, 1);
+            moe_w4_case(&q, 128, 8, 512, 768, awq, awq, 0, 1, 1);
+            moe_w4_case(&q, 16, 4, 256, 160, q40, g32, 0, 1, 1);
+            moe_w4_case(&q, 32, 8, 512, 256, g64a, q80, 0, 1, 0);
+            q.gpu->destroy(q.gpu);
+        }
+        for (int j = 0; j < 2; j++) env_restore(names[j], saved[j]), free(saved[j]);
+    }
+}
+
 /* a MoE layer whose host arrays are reused for other experts, as when a
  * model is freed and the next one's arrays land at the same addresses: the
  * GPU must run the new experts, not its table of the freed ones' pointers.
@@ -2296,6 +2534,7 @@ void test_cuda(void) {
     test_moe(&p);
     test_moe_chunks(&p);
     test_moe_paths(&p);
+    test_moe_w4(&p);
     test_moe_reuse(&p);
     test_scratch_oom(&p);
     test_read_row(&p);

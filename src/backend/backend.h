@@ -143,6 +143,10 @@ struct kiln_backend {
      * (CUDA: one allocation, one prefill GEMM in matmul_multi); never
      * fails: what it cannot group stays as it was */
     void (*group_linears)(struct kiln_backend *be, struct qlinear *const *ws, int count);
+    /* optional, once at load after prepare_linear: an MoE layer's experts
+     * as a whole (CUDA: each kind kept 4-bit or widened, the pointer
+     * tables uploaded); 0 or -1 with err */
+    int (*prepare_moe)(struct kiln_backend *be, const struct moe_ffn *m, char *err, size_t errlen);
     void (*release_tensor)(struct kiln_backend *be, struct ktensor *t);
     void (*release_linear)(struct kiln_backend *be, struct qlinear *w);
     void (*release_rope)(struct kiln_backend *be, struct rope *r);

@@ -478,6 +478,9 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     struct errbuf e = {err, errlen};
     if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
+    for (int l = 0; be->prepare_moe && l < m->cfg.n_layer; l++)
+        if (m->layers[l].is_moe && be->prepare_moe(be, &m->layers[l].moe, err, errlen))
+            return kiln_err_prefix(err, errlen, "%s: layer %d: ", m->path, l);
     if (be->group_linears) {
         const double t0 = kiln_now();
         for (int l = 0; l < m->cfg.n_layer; l++) {

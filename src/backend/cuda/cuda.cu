@@ -50,7 +50,10 @@
  * decode steps of at most N sequences, default ATT_DEC_MAX_SEQS),
  * KILN_CUDA_ATT_PRE=0 (decode attention reads no cached key before its
  * wait), KILN_CUDA_GEMV_TC=N (decode matmuls of 3..N rows on gemm.cu's
- * tensor-core GEMV, default 16; 0: cuBLAS).
+ * tensor-core GEMV, default 16; 0: cuBLAS), KILN_CUDA_MOE_W4_PAIRS=N and
+ * KILN_CUDA_MOE_W4_BATCH=N (4-bit MoE experts: pair by pair up to N tokens,
+ * expert by expert up to N, defaults MOE_W4_PAIRS_MAX / MOE_W4_BATCH_MAX;
+ * moe_w4.cu).
  */
 #include <limits.h>
 #include <pthread.h>
@@ -69,8 +72,8 @@ extern "C" {
  * captured as graphs; the ops they call must all be device-driven or depend
  * on the shape only at these sizes (gemm.cu GEMV and cuBLAS, attention.cu
  * row kernel). MoE models stop where moe.cu's device-driven paths stop
- * (cuda_ctx.moe_direct, moe_batch): above them it groups the experts
- * through the host. */
+ * (cuda_ctx.moe_direct, moe_batch; 4-bit experts: moe_w4_pairs,
+ * moe_w4_batch): above them it groups the experts through the host. */
 #define GRAPH_MAX_TOKENS 512
 
 static cudaEvent_t meta_done;
@@ -608,14 +611,14 @@ static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == K
 static void say_dequant(struct cuda_ctx *c, const char *what) {
     if (c->deq_said++) return;
     kiln_log(KILN_LOG_INFO, "cuda: %s weights are dequantized to bf16 at load (the CUDA backend computes on GPTQ / AWQ int4 "
-                            "and Q4_0 of dense models as stored, on every other format, FP8 included, in bf16)", what);
+                            "and Q4_0 as stored, but act-order MoE experts, and on every other format, FP8 included, in bf16)", what);
 }
 
 /* A quantized matrix the 4-bit kernels do not take, widened to bf16 on the
  * host (the reference dequantization rounded once, quant_widen_bf16) and
  * uploaded: GGUF blocks of any type (the embedding table and head of a GGUF
  * file, Q8_0 and K-quant linears), FP8, GPTQ / AWQ int8 and group shapes
- * qgemm.cu does not take, and every quantized weight of an MoE model. An
+ * qgemm.cu does not take, and act-order 4-bit weights of an MoE model. An
  * info line (once per backend) names the format `what`. NULL with err. */
 static bf16 *upload_widened(struct cuda_ctx *c, const struct qlinear *w, const char *what, char *err, size_t errlen) {
     const size_t n = (size_t)w->n_out * w->n_in;
@@ -671,9 +674,10 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
         L->shared = 1;
     } else if (dense) {
         L->w = upload_bf16(c, w->w.data, w->w.dtype, (size_t)w->n_out * w->n_in, err, errlen);
-    } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0) {
+    } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0 && !(rc > 0 && c->w4_noperm && cu_w4_permuted(L))) {
         /* 4-bit, kept as stored (rc 1), or an upload error (-1) */
     } else {
+        if (rc > 0) cu_w4_release(c, L), rc = 0; /* act-order in an MoE model: widened */
         char what[48];
         quant_linear_label(w, what, sizeof what);
         L->w = upload_widened(c, w, what, err, errlen);
@@ -698,7 +702,7 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
  * (attention.cu launch_rows), the MoE GEMVs read 16-byte chunks and route
  * at most CU_MOE_MAX_USED of at most CU_MOE_MAX_EXPERTS experts per token
  * (moe.cu). Every weight format loads: BF16 / F16 / F32 as bf16, 4-bit
- * GPTQ / AWQ / Q4_0 of dense models as stored, the rest widened to bf16. */
+ * GPTQ / AWQ / Q4_0 as stored (MoE experts: moe_w4.cu), the rest widened to bf16. */
 static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg, char *err, size_t errlen) {
     const int hd = cfg->head_dim;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
@@ -709,9 +713,21 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
                          "the CUDA backend's MoE needs hidden_size and moe_intermediate_size divisible by 8, at most %d "
                          "experts and at most %d experts per token (got %d, %d, %d, %d; use --backend cpu)",
                          CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, cfg->dim, cfg->moe_ffn, cfg->n_expert, cfg->n_expert_used);
-    /* the MoE kernels read bf16 experts: an MoE model's quantized weights are widened at load (FP8 checkpoints' always) */
-    cu_ctx(be)->w4_off = cfg->n_expert > 0 || env_is("KILN_CUDA_W4", "0");
+    cu_ctx(be)->w4_off = env_is("KILN_CUDA_W4", "0");
+    /* an MoE model's 4-bit experts stay 4-bit (moe_w4.cu), but not in act-order */
+    cu_ctx(be)->w4_noperm = cfg->n_expert > 0;
     return 0;
+}
+
+/* an MoE layer at load: its expert kinds settled (moe_w4.cu) and its
+ * pointer tables uploaded, so that running out of device memory here is
+ * an error before serving starts */
+static int cu_prepare_moe(struct kiln_backend *be, const struct moe_ffn *m, char *err, size_t errlen) {
+    struct cuda_ctx *c = cu_ctx(be);
+    if (cu_moe_table(c, m) && !CUDA_FAILED(cudaStreamSynchronize(c->stream))) return 0;
+    const double mib = c->fault_bytes / 1048576.0;
+    c->fault_bytes = 0, c->fault_host = 0;
+    return kiln_errf(err, errlen, "cuda: preparing an MoE layer's %d experts failed (%.1f MiB of device memory wanted)", m->n_expert, mib);
 }
 
 /* the bytes a pass over w reads: its bf16 matrix, or its 4-bit codes and scales */
@@ -1029,7 +1045,13 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
 
     /* graphs: replay a known decode shape, record it the second time */
     /* an MoE model has built its expert tables in its first (eager) forward */
-    const int graph_max = c->n_moe_tabs ? (c->moe_batch > c->moe_direct ? c->moe_batch : c->moe_direct) : GRAPH_MAX_TOKENS;
+    int graph_max = GRAPH_MAX_TOKENS;
+    for (int i = 0; i < c->n_moe_tabs; i++) { /* as far as every MoE layer's paths without a host wait go (moe.cu cu_moe) */
+        const struct cu_moe_w4 *k = c->moe_tabs[i].w4;
+        int most = c->moe_batch > c->moe_direct ? c->moe_batch : c->moe_direct;
+        if (k[0].on || k[2].on) most = k[0].on && k[2].on && c->moe_w4_pairs > c->moe_w4_batch ? c->moe_w4_pairs : c->moe_w4_batch;
+        if (most < graph_max) graph_max = most;
+    }
     if (c->no_graphs || n > graph_max || max_n > 1 || no == 0 || c->use_flash) return 0;
     int gi = -1;
     for (int i = 0; i < c->n_graphs; i++)
@@ -1225,6 +1247,8 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_grouped = !env_is("KILN_CUDA_MOE_GROUPED", "0");
     c->moe_direct = env_int("KILN_CUDA_MOE_DIRECT", MOE_DIRECT_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_batch = env_int("KILN_CUDA_MOE_BATCH", MOE_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
+    c->moe_w4_pairs = env_int("KILN_CUDA_MOE_W4_PAIRS", MOE_W4_PAIRS_MAX, 0, GRAPH_MAX_TOKENS);
+    c->moe_w4_batch = env_int("KILN_CUDA_MOE_W4_BATCH", MOE_W4_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
     /* rows per chunk of the prefill expert GEMMs (0: one problem per expert; -1: by the row count) */
     c->moe_chunk = env_int("KILN_CUDA_MOE_CHUNK", -1, 0, 4096);
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");
@@ -1255,6 +1279,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     be->prepare_linear = cu_prepare_linear;
     be->linear_bytes = cu_linear_bytes;
     be->check_model = cu_check_model;
+    be->prepare_moe = cu_prepare_moe;
     be->error = cu_error;
     be->prepare_rope = cu_prepare_rope;
     be->release_tensor = cu_release_tensor;

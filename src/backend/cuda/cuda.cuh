@@ -85,12 +85,22 @@ struct cu_linear {
     int grouped;  /* w lies inside the allocation of its group's first linear (cu_group_linears): not freed on its own */
 };
 
-/* Per-MoE-layer device tables of expert weight pointers, built on first use. */
+/* one kind (gate, up or down) of an MoE layer's expert matrices kept 4-bit
+ * (moe_w4.cu): every expert's in this layout, or none (on 0) */
+struct cu_moe_w4 {
+    int on, n_out, n_in, nkb, ng, gsh, sbf;
+};
+
+/* Per-MoE-layer device tables of expert weight pointers, built at load
+ * (cu_prepare_moe) or on first use. A 4-bit kind's entries are its
+ * experts' codes (as bf16 pointers), with their scale words in sc. */
 struct cu_moe_tab {
     const void *key;   /* the moe_ffn's host `gate` array */
     int n_expert;
-    const bf16 **host; /* what the device arrays hold: gate | up | down, 3 n_expert */
+    const bf16 **host; /* what the device arrays hold: gate | up | down, then the 3 kinds' scale words (NULL for bf16), 6 n_expert */
     const bf16 **gate, **up, **down; /* device arrays [n_expert] */
+    const uint32_t *const *sc;       /* device: 3 n_expert scale-word pointers */
+    struct cu_moe_w4 w4[3];          /* gate, up, down */
 };
 
 /* q, k and v's biases (f32, or NULL) for the kernels that read the
@@ -164,6 +174,11 @@ struct cu_qkv_bias {
  * cuda_ctx.moe_direct / moe_batch */
 #define MOE_DIRECT_MAX 8
 #define MOE_BATCH_MAX 32
+/* 4-bit experts (moe_w4.cu): pair by pair up to MOE_W4_PAIRS_MAX tokens,
+ * expert by expert up to MOE_W4_BATCH_MAX, above it dequantized to bf16
+ * scratch for the grouped GEMMs (cuda_ctx.moe_w4_pairs, moe_w4_batch) */
+#define MOE_W4_PAIRS_MAX 1
+#define MOE_W4_BATCH_MAX 128
 
 struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
 
@@ -219,8 +234,9 @@ struct cuda_ctx {
     int *att_cnt;     size_t att_cnt_cap;   /* split-K: blocks done per (row or split group, head), kept zero between launches */
     float *f32buf;    size_t f32buf_cap;    /* read(): bf16 -> f32 */
     bf16 *w4_x;       size_t w4_x_cap;      /* act-order 4-bit matmuls: x with its columns permuted (qgemm.cu) */
-    bf16 *w4_deq;     size_t w4_deq_cap;    /* 4-bit prefill: the weight dequantized to bf16 for cuBLAS */
-    int w4_off;       /* quantized weights all go to bf16 at load (an MoE model: its expert kernels read bf16; KILN_CUDA_W4=0) */
+    bf16 *w4_deq;     size_t w4_deq_cap;    /* 4-bit prefill: the weight (an MoE layer: its 4-bit experts with rows) dequantized to bf16 for cuBLAS */
+    int w4_off;       /* quantized weights all go to bf16 at load (KILN_CUDA_W4=0) */
+    int w4_noperm;    /* act-order 4-bit weights go to bf16 at load (an MoE model: moe_w4.cu takes no permutation) */
     int deq_said;     /* the load-time dequantization has been logged */
     void *moe_buf;    size_t moe_buf_cap;   /* MoE routing, gathered rows, expert outputs */
     int *moe_host;    size_t moe_host_cap;  /* pinned: per-expert row counts of the prefill grouping */
@@ -228,6 +244,8 @@ struct cuda_ctx {
     int moe_grouped;  /* expert GEMMs of prefill: 1 one grouped cuBLAS call per projection, 0 one call per expert (KILN_CUDA_MOE_GROUPED) */
     int moe_direct;   /* MoE of at most this many tokens: decode's direct path (KILN_CUDA_MOE_DIRECT, default MOE_DIRECT_MAX) */
     int moe_batch;    /* ... above it and up to this many: expert by expert on the device (moe_batch.cu; KILN_CUDA_MOE_BATCH) */
+    int moe_w4_pairs; /* 4-bit experts: pair by pair up to this many tokens (moe_w4.cu; KILN_CUDA_MOE_W4_PAIRS, default MOE_W4_PAIRS_MAX) */
+    int moe_w4_batch; /* ... expert by expert up to this many (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_BATCH_MAX) */
     int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
 
     struct cu_moe_tab *moe_tabs;
@@ -441,11 +459,16 @@ void cu_moe_gate_up(struct cuda_ctx *c, bf16 *h, const bf16 *x, const int *sel, 
                     const bf16 *const *up, int n, int K, int ffn, int dim);
 void cu_moe_down(struct cuda_ctx *c, bf16 *out, const bf16 *h, const int *sel, const bf16 *const *selp, const float *wsel,
                  const bf16 *const *down, int n, int K, int ffn, int dim);
+/* moe.cu: an MoE layer's expert tables (settled, uploaded on first use); NULL
+ * when device memory runs out (recorded by cu_fault) */
+const struct cu_moe_tab *cu_moe_table(struct cuda_ctx *c, const struct moe_ffn *m);
 /* moe_batch.cu: the MoE FFN of n tokens expert by expert, each used expert
  * read once, no host wait; scratch of cu_moe_batch_scratch bytes */
 size_t cu_moe_batch_scratch(int n, int K, int E, int ffn, int dim);
+/* pairs: both kinds 4-bit, each routed pair its own expert read (no sort;
+ * the 4-bit layers' direct path) */
 void cu_moe_batch(struct cuda_ctx *c, bf16 *out, const bf16 *x, const int *sel, const float *wsel, const struct cu_moe_tab *tab,
-                  int n, int K, int E, int ffn, int dim, void *scratch);
+                  int n, int K, int E, int ffn, int dim, void *scratch, int pairs);
 
 /*
  * Launches go through cu_launch, which marks them for programmatic dependent
@@ -596,6 +619,28 @@ int cu_w4_permuted(const struct cu_linear *L);
 int cu_w4_gsh(const struct cu_linear *L);
 /* the weight as bf16 (n_out, n_in) in scratch, for cuBLAS; NULL when out of memory */
 const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L);
+/* L widened to bf16 on the device for good (its 4-bit copy freed): 0, or
+ * -1 when device memory runs out (recorded by cu_fault) */
+int cu_w4_widen(struct cuda_ctx *c, struct cu_linear *L);
+
+/* moe_w4.cu: MoE experts kept 4-bit. settle: a kind whose experts are not
+ * all 4-bit in one layout is widened (0, or -1 out of device memory);
+ * kinds: the layer's three kinds as they are now; ptr: w's codes (sc 0) or
+ * scale words (sc 1), NULL for a bf16 matrix */
+int cu_moe_settle(struct cuda_ctx *c, const struct moe_ffn *m);
+void cu_moe_w4_kinds(const struct moe_ffn *m, struct cu_moe_w4 *k);
+const void *cu_moe_w4_ptr(const struct qlinear *w, int sc);
+/* expert by expert over k_moe_sort's grouping (moe_batch.cu), or with ue
+ * NULL pair by pair (slot j = pair j, expert sel[j]; ny = the pairs): h =
+ * silu(x gate^T) * (x up^T) per slot, yo = h down^T per slot (f32) */
+void cu_moe_w4_gate_up(struct cuda_ctx *c, const struct cu_moe_tab *tab, bf16 *h, const bf16 *x, const int *pslot, const int *ue,
+                       const int *uo, const int *uc, const int *nu, const int *sel, int K, unsigned ny);
+void cu_moe_w4_down(struct cuda_ctx *c, const struct cu_moe_tab *tab, float *yo, const bf16 *h, const int *ue, const int *uo,
+                    const int *uc, const int *nu, const int *sel, unsigned ny);
+/* prefill: the 4-bit kinds' experts with rows (dcnt, device) as bf16 in
+ * scratch; hw[3 E] = every expert's bf16 gate | up | down for cuBLAS; -1
+ * when out of device memory */
+int cu_moe_w4_dequant(struct cuda_ctx *c, const struct cu_moe_tab *tab, const int *dcnt, const bf16 **hw);
 
 /* step.cu: the persistent decode step kernel */
 int cu_sk_enabled(struct cuda_ctx *c);

@@ -12,6 +12,9 @@
  *    decode step stays one CUDA graph.
  *  - batch (up to cuda_ctx.moe_batch tokens; moe_batch.cu): each expert
  *    with routed rows read once for all of them, found on the device.
+ *  - 4-bit experts (moe_w4.cu): pair by pair or expert by expert with
+ *    kernels on the codes, or above moe_w4_batch tokens the grouped path on
+ *    a bf16 scratch copy of the experts that have rows.
  *  - grouped (prefill): a counting sort on the device groups the routed rows
  *    by expert (k_moe_count, k_moe_place), the per-expert counts come back
  *    to the host (one sync per layer: they are the GEMM sizes), the rows are
@@ -34,22 +37,27 @@
  * freed and another loaded can get the same host address (malloc reuses
  * it), and its layer must not run on the freed model's pointers. That
  * happened in make test-cuda, one MoE case after another, as an illegal
- * address now and then (eighteenth session). */
-static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn *m) {
+ * address now and then (eighteenth session). First the layer's expert
+ * kinds are settled: 4-bit in one layout, or widened (moe_w4.cu). */
+const struct cu_moe_tab *cu_moe_table(struct cuda_ctx *c, const struct moe_ffn *m) {
     const int E = m->n_expert;
-    const bf16 **h = (const bf16 **)kiln_malloc(sizeof(bf16 *) * 3 * (size_t)E);
-    for (int e = 0; e < E; e++) {
-        h[e] = ((const struct cu_linear *)m->gate[e].be)->w;
-        h[E + e] = ((const struct cu_linear *)m->up[e].be)->w;
-        h[2 * E + e] = ((const struct cu_linear *)m->down[e].be)->w;
-    }
-    const size_t bytes = sizeof(bf16 *) * 3 * (size_t)E;
+    if (cu_moe_settle(c, m)) return NULL; /* out of device memory: cu_error reports it */
+    const struct qlinear *ws[3] = {m->gate, m->up, m->down};
+    const bf16 **h = (const bf16 **)kiln_malloc(sizeof(bf16 *) * 6 * (size_t)E);
+    for (int k = 0; k < 3; k++)
+        for (int e = 0; e < E; e++) {
+            const struct cu_linear *L = (const struct cu_linear *)ws[k][e].be;
+            h[(size_t)k * E + e] = L->q4 ? (const bf16 *)cu_moe_w4_ptr(&ws[k][e], 0) : L->w;
+            h[(size_t)(3 + k) * E + e] = (const bf16 *)cu_moe_w4_ptr(&ws[k][e], 1);
+        }
+    const size_t bytes = sizeof(bf16 *) * 6 * (size_t)E;
     for (int i = 0; i < c->n_moe_tabs; i++) {
         struct cu_moe_tab *t = &c->moe_tabs[i];
         if (t->key != (const void *)m->gate || t->n_expert != E) continue;
         if (memcmp(t->host, h, bytes)) { /* another model's layer at the old address: new pointers, in stream order */
             free(t->host);
             t->host = h;
+            cu_moe_w4_kinds(m, t->w4);
             if (CUDA_FAILED(cudaMemcpyAsync((void *)t->gate, h, bytes, cudaMemcpyHostToDevice, c->stream))) {
                 memset(t->host, 0, bytes); /* matches no layer: the next call uploads again */
                 return NULL;               /* the batch fails (cu_error) */
@@ -73,6 +81,8 @@ static const struct cu_moe_tab *moe_tab(struct cuda_ctx *c, const struct moe_ffn
     c->moe_tabs = (struct cu_moe_tab *)kiln_realloc(c->moe_tabs, sizeof *c->moe_tabs * (size_t)(c->n_moe_tabs + 1));
     struct cu_moe_tab *t = &c->moe_tabs[c->n_moe_tabs++];
     t->key = m->gate, t->n_expert = E, t->host = h, t->gate = d, t->up = d + E, t->down = d + 2 * E;
+    t->sc = (const uint32_t *const *)(d + 3 * E);
+    cu_moe_w4_kinds(m, t->w4);
     return t;
 }
 
@@ -294,19 +304,20 @@ static int ptr_table(struct cuda_ctx *c, size_t n) {
     return cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, bytes) ? -1 : 0;
 }
 
-static const bf16 *ew(const struct qlinear *q) { return ((const struct cu_linear *)q->be)->w; }
+/* The prefill's expert weights in bf16, hw[3 E] (gate | up | down): the
+ * layer's own (tab->host), or 4-bit kinds' scratch copies (moe_w4.cu). */
 
 /* expert e's GEMMs, one cuBLAS call each: gate and up (part & 1), down (part & 2) */
-static void expert_calls(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
+static void expert_calls(struct cuda_ctx *c, const bf16 *const *hw, int E, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
                          bf16 *hu, bf16 *y, int F, int dim, int part) {
-    for (int e = 0; e < m->n_expert; e++) {
+    for (int e = 0; e < E; e++) {
         const int o = off[e], ne = cnt[e];
         if (!ne) continue;
         if (part & 1) {
-            cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, ew(&m->gate[e]), ne, F, dim);
-            cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, ew(&m->up[e]), ne, F, dim);
+            cu_gemm_bf16(c, hg + (size_t)o * F, xg + (size_t)o * dim, hw[e], ne, F, dim);
+            cu_gemm_bf16(c, hu + (size_t)o * F, xg + (size_t)o * dim, hw[E + e], ne, F, dim);
         }
-        if (part & 2) cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, ew(&m->down[e]), ne, dim, F);
+        if (part & 2) cu_gemm_bf16(c, y + (size_t)o * dim, hg + (size_t)o * F, hw[2 * E + e], ne, dim, F);
     }
 }
 
@@ -345,9 +356,8 @@ static int grouped_gemm(struct cuda_ctx *c, int np, const int *rows, int n_out, 
 /* fills the pointer tables of both calls, copies them up, runs the calls;
  * 1, or 0 if cuBLAS refused the first, -1 if there was no pinned memory for
  * the tables (nothing was computed in either case) */
-static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
+static int moe_experts_grouped(struct cuda_ctx *c, const bf16 *const *hw, int E, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
                                bf16 *hu, bf16 *y, int F, int dim, const void **dtab) {
-    const int E = m->n_expert;
     /* no pinned table this time: the caller runs one call per expert
      * (same results), so this is not the batch's failure */
     if (ptr_table(c, 9 * (size_t)E)) return -1;
@@ -361,10 +371,10 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
     for (int e = 0; e < E; e++) {
         const int o = off[e];
         if (!cnt[e]) continue;
-        A[q] = ew(&m->gate[e]), A[g + q] = ew(&m->up[e]);
+        A[q] = hw[e], A[g + q] = hw[E + e];
         B[q] = B[g + q] = xg + (size_t)o * dim;
         C[q] = hg + (size_t)o * F, C[g + q] = hu + (size_t)o * F;
-        A2[q] = ew(&m->down[e]), B2[q] = hg + (size_t)o * F, C2[q] = y + (size_t)o * dim;
+        A2[q] = hw[2 * E + e], B2[q] = hg + (size_t)o * F, C2[q] = y + (size_t)o * dim;
         q++;
     }
     for (int i = 0; i < g; i++) rows[g + i] = rows[i];
@@ -375,7 +385,7 @@ static int moe_experts_grouped(struct cuda_ctx *c, const struct moe_ffn *m, cons
     int ok = grouped_gemm(c, 2 * g, rows, F, dim, dtab);
     if (ok) {
         cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
-        if (!grouped_gemm(c, g, rows, dim, F, dtab + 6 * g)) expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
+        if (!grouped_gemm(c, g, rows, dim, F, dtab + 6 * g)) expert_calls(c, hw, E, cnt, off, xg, hg, hu, y, F, dim, 2);
     }
     free(rows);
     return ok;
@@ -410,25 +420,25 @@ static int batched_gemm(struct cuda_ctx *c, int np, int T, int n_out, int n_in, 
  * Returns 1, 0 if cuBLAS refused the first call, -1 if there was no pinned
  * memory for the tables (nothing was computed in either case).
  */
-static int moe_experts_chunked(struct cuda_ctx *c, const struct moe_ffn *m, const int *cnt, const int *off, int T, bf16 *xg,
+static int moe_experts_chunked(struct cuda_ctx *c, const bf16 *const *hw, int E, const int *cnt, const int *off, int T, bf16 *xg,
                                bf16 *hg, bf16 *hu, bf16 *y, int F, int dim, const void **dtab) {
-    const int E = m->n_expert, nc = off[E] / T;
+    const int nc = off[E] / T;
     if (ptr_table(c, 9 * (size_t)nc)) return -1;
     const void **h = (const void **)c->moe_ptr_host;
     const void **A = h, **B = h + 2 * nc, **C = h + 4 * nc, **A2 = h + 6 * nc, **B2 = h + 7 * nc, **C2 = h + 8 * nc;
     int q = 0;
     for (int e = 0; e < E; e++)
         for (int r = off[e]; r < off[e + 1]; r += T, q++) {
-            A[q] = ew(&m->gate[e]), A[nc + q] = ew(&m->up[e]);
+            A[q] = hw[e], A[nc + q] = hw[E + e];
             B[q] = B[nc + q] = xg + (size_t)r * dim;
             C[q] = hg + (size_t)r * F, C[nc + q] = hu + (size_t)r * F;
-            A2[q] = ew(&m->down[e]), B2[q] = hg + (size_t)r * F, C2[q] = y + (size_t)r * dim;
+            A2[q] = hw[2 * E + e], B2[q] = hg + (size_t)r * F, C2[q] = y + (size_t)r * dim;
         }
     if (CUDA_FAILED(cudaMemcpyAsync(dtab, h, sizeof(void *) * 9 * (size_t)nc, cudaMemcpyHostToDevice, c->stream)))
         return -1; /* no table on the device (the batch fails, cu_error) */
     if (!batched_gemm(c, 2 * nc, T, F, dim, dtab)) return 0;
     cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
-    if (!batched_gemm(c, nc, T, dim, F, dtab + 6 * nc)) expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
+    if (!batched_gemm(c, nc, T, dim, F, dtab + 6 * nc)) expert_calls(c, hw, E, cnt, off, xg, hg, hu, y, F, dim, 2);
     chunked_layers++;
     return 1;
 }
@@ -445,10 +455,15 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         fprintf(stderr, "kiln: cuda: (a bug: the load-time check refuses this) MoE needs dim and expert ffn divisible by 8, E <= %d and top-k <= %d (got %d, %d, %d, %d)\n", CU_MOE_MAX_EXPERTS, CU_MOE_MAX_USED, dim, F, E, K);
         abort();
     }
-    const struct cu_moe_tab *tab = moe_tab(c, m);
+    const struct cu_moe_tab *tab = cu_moe_table(c, m);
     if (!tab) return; /* out of device memory: cu_error reports it */
     const size_t nk = (size_t)n * K;
-    const int direct = n <= c->moe_direct, batch = !direct && n <= c->moe_batch;
+    /* 4-bit experts (moe_w4.cu): pair by pair up to moe_w4_pairs tokens when
+     * both kinds are 4-bit, expert by expert up to moe_w4_batch (the bf16
+     * direct path's kernels do not take them), dequantized above it */
+    const int w4 = tab->w4[0].on || tab->w4[2].on, w4_pairs = tab->w4[0].on && tab->w4[2].on && n <= c->moe_w4_pairs;
+    const int direct = !w4 && n <= c->moe_direct;
+    const int batch = !direct && (w4 ? w4_pairs || n <= c->moe_w4_batch : n <= c->moe_batch);
     /* grouped: each expert's rows start on a multiple of T (1: packed) */
     const int T = direct || batch ? 0 : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
     const size_t rows = nk + (size_t)E * (pad - 1), ntab = 9 * (T ? rows / T : (size_t)E);
@@ -474,7 +489,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     CU_LAUNCHED();
 
     if (batch) {
-        cu_moe_batch(c, (bf16 *)out, x, sel, wsel, tab, n, K, E, F, dim, buf + o_end);
+        cu_moe_batch(c, (bf16 *)out, x, sel, wsel, tab, n, K, E, F, dim, buf + o_end, w4_pairs);
         return;
     }
     if (direct) {
@@ -500,6 +515,14 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     if (CUDA_FAILED(cudaMemcpyAsync(cnt, dcnt, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream)) ||
         CUDA_FAILED(cudaStreamSynchronize(c->stream)))
         return;
+    const bf16 **hw = tab->host; /* the experts' bf16 weights for cuBLAS */
+    if (w4) {
+        hw = (const bf16 **)kiln_malloc(sizeof *hw * 3 * (size_t)E);
+        if (cu_moe_w4_dequant(c, tab, dcnt, hw)) {
+            free(hw); /* out of device memory: cu_error reports it */
+            return;
+        }
+    }
     off[0] = 0;
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + (cnt[e] + pad - 1) / pad * pad; /* as k_moe_place: expert e's first slot */
     bf16 *xg = (bf16 *)(buf + o_xg), *hg = (bf16 *)(buf + o_hg), *hu = (bf16 *)(buf + o_hu), *y = (bf16 *)(buf + o_y);
@@ -508,18 +531,19 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     const void **dtab = (const void **)(buf + o_tab);
     int done = 0;
     if (T) {
-        done = moe_experts_chunked(c, m, cnt, off, T, xg, hg, hu, y, F, dim, dtab);
+        done = moe_experts_chunked(c, hw, E, cnt, off, T, xg, hg, hu, y, F, dim, dtab);
         if (done == 0) c->moe_chunk = 0; /* cuBLAS refused: one problem per expert from now on */
     } else if (c->moe_grouped) {
-        done = moe_experts_grouped(c, m, cnt, off, xg, hg, hu, y, F, dim, dtab);
+        done = moe_experts_grouped(c, hw, E, cnt, off, xg, hg, hu, y, F, dim, dtab);
         if (done == 0) c->moe_grouped = 0; /* cuBLAS refused: one call per expert from now on */
     }
     if (done <= 0) {
-        expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 1);
+        expert_calls(c, hw, E, cnt, off, xg, hg, hu, y, F, dim, 1);
         cu_swiglu_raw(c, hg, hg, hu, (size_t)off[E] * F);
-        expert_calls(c, m, cnt, off, xg, hg, hu, y, F, dim, 2);
+        expert_calls(c, hw, E, cnt, off, xg, hg, hu, y, F, dim, 2);
     }
-    cu_launch(c->stream, k_combine<bf16>, n, 256, 0, (bf16 *)out, (const bf16 *)y, pos, wsel, K, dim);
+    if (hw != tab->host) free(hw);
+    cu_launch(c->stream, k_combine<bf16>, moe_combine_grid(n, dim), 256, 0, (bf16 *)out, (const bf16 *)y, pos, wsel, K, dim);
     CU_LAUNCHED();
     /* no wait here: the pinned pointer tables are rewritten only by the next
      * MoE layer, after its own sync (which comes after this upload in stream

@@ -227,20 +227,35 @@ size_t cu_moe_batch_scratch(int n, int K, int E, int ffn, int dim) {
 }
 
 void cu_moe_batch(struct cuda_ctx *c, bf16 *out, const bf16 *x, const int *sel, const float *wsel, const struct cu_moe_tab *tab,
-                  int n, int K, int E, int ffn, int dim, void *scratch) {
+                  int n, int K, int E, int ffn, int dim, void *scratch, int pairs) {
     const size_t nk = (size_t)n * K;
     struct batch_parts b;
     batch_layout(n, K, E, ffn, dim, (char *)scratch, &b);
+    if (pairs) { /* 4-bit experts, pair by pair: no grouping; slot j is pair j */
+        cu_moe_w4_gate_up(c, tab, b.h, x, NULL, NULL, NULL, NULL, NULL, sel, K, (unsigned)nk);
+        cu_moe_w4_down(c, tab, b.yo, b.h, NULL, NULL, NULL, NULL, sel, (unsigned)nk);
+        cu_launch(c->stream, k_combine<float>, moe_combine_grid(n, dim), 256, 0, out, (const float *)b.yo, (const int *)NULL, wsel, K, dim);
+        CU_LAUNCHED();
+        return;
+    }
     const unsigned ny = (unsigned)(nk < (size_t)E ? nk : (size_t)E);
     cu_launch(c->stream, k_moe_sort, 1, 1024, 0, b.pos, b.pslot, b.ue, b.uo, b.uc, b.nu, sel, (int)nk, E);
     CU_LAUNCHED();
-    cu_launch(c->stream, k_moe_gu_e, dim3((unsigned)((ffn + 8 * MOE_RG - 1) / (8 * MOE_RG)), ny), 256, 0, b.h, x, b.pslot, b.ue, b.uo,
-              b.uc, b.nu, tab->gate, tab->up, K, ffn, dim);
-    CU_LAUNCHED();
-    cu_launch(c->stream, k_moe_dn_e, dim3((unsigned)((dim + 8 * MOE_RD - 1) / (8 * MOE_RD)), ny), 256, 0, b.yo, b.h, b.ue, b.uo, b.uc,
-              b.nu, tab->down, ffn, dim);
-    CU_LAUNCHED();
-    cu_launch(c->stream, k_combine<float>, n, 256, 0, out, (const float *)b.yo, b.pos, wsel, K, dim);
+    if (tab->w4[0].on) { /* 4-bit experts (moe_w4.cu) */
+        cu_moe_w4_gate_up(c, tab, b.h, x, b.pslot, b.ue, b.uo, b.uc, b.nu, sel, K, ny);
+    } else {
+        cu_launch(c->stream, k_moe_gu_e, dim3((unsigned)((ffn + 8 * MOE_RG - 1) / (8 * MOE_RG)), ny), 256, 0, b.h, x, b.pslot, b.ue,
+                  b.uo, b.uc, b.nu, tab->gate, tab->up, K, ffn, dim);
+        CU_LAUNCHED();
+    }
+    if (tab->w4[2].on) {
+        cu_moe_w4_down(c, tab, b.yo, b.h, b.ue, b.uo, b.uc, b.nu, sel, ny);
+    } else {
+        cu_launch(c->stream, k_moe_dn_e, dim3((unsigned)((dim + 8 * MOE_RD - 1) / (8 * MOE_RD)), ny), 256, 0, b.yo, b.h, b.ue, b.uo,
+                  b.uc, b.nu, tab->down, ffn, dim);
+        CU_LAUNCHED();
+    }
+    cu_launch(c->stream, k_combine<float>, moe_combine_grid(n, dim), 256, 0, out, (const float *)b.yo, b.pos, wsel, K, dim);
     CU_LAUNCHED();
     batch_runs++;
 }

@@ -36,22 +36,9 @@
  * matrix and the matmul goes on as for a BF16 weight (cuBLAS). The bf16
  * rounding of s * (q - z) is the only difference from the decode path.
  */
-#include "backend/cuda/cuda.cuh"
-#include "backend/cuda/stream.cuh"
-
-extern "C" {
-#include "backend/cuda/w4pack.h"
-}
+#include "backend/cuda/w4.cuh"
 
 /* ==== host: the layout (w4pack.c) to the device ==== */
-
-struct cu_w4 {
-    uint4 *q;         /* device: the codes (w4pack.h) */
-    uint32_t *sc;     /* device: scales and zeros */
-    int32_t *perm;    /* device: act-order column order (x'[k] = x[perm[k]]), or NULL */
-    int n_out, n_in, nkb, ng, gsh, sbf; /* gsh: log2 of 32-column chunks per group; sbf: scales are bf16 */
-    size_t bytes;     /* device bytes of q, sc and perm */
-};
 
 static int upload(struct cuda_ctx *c, void **d, const void *h, size_t bytes, char *err, size_t errlen) {
     cudaError_t e = cudaMalloc(d, bytes);
@@ -100,31 +87,6 @@ int cu_w4_gsh(const struct cu_linear *L) { return L->q4->gsh; }
 
 /* ==== device ==== */
 
-/* two codes of word w (bits 4 i and 16 + 4 i) as a bf16 pair 128 + q
- * (0x4300 is 128, whose mantissa step is 1: exact for q < 128) */
-__device__ __forceinline__ unsigned w4_code(unsigned w, int i) {
-    unsigned v;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(v) : "r"(w >> (4 * i)), "r"(0x000F000Fu), "r"(0x43004300u)); /* (a & b) | c */
-    return v;
-}
-
-/* the same less the pair zz = (128 + z, 128 + z): q - z, exact */
-__device__ __forceinline__ unsigned w4_pair(unsigned w, int i, unsigned zz) {
-    const unsigned v = w4_code(w, i);
-    __nv_bfloat162 r = __hsub2(*(const __nv_bfloat162 *)&v, *(const __nv_bfloat162 *)&zz);
-    return *(unsigned *)&r;
-}
-
-__device__ __forceinline__ float w4_scale(unsigned sw, int sbf) {
-    return sbf ? __uint_as_float(sw << 16) : __half2float(__ushort_as_half((unsigned short)(sw & 0xFFFFu)));
-}
-
-struct w4_args {
-    const uint4 *q;
-    const uint32_t *sc;
-    int n_out, n_in, nkb, ng, gsh, sbf;
-};
-
 /* up to 3 matmuls over the same x in one launch (q / k / v), or gate and up
  * of a GLU (j[0], j[1]: out = silu(gate) * up into j[0].out, up into out2) */
 struct w4_job {
@@ -146,120 +108,25 @@ struct w4_jobs {
  * out_j[c][r] = sum_k x[c][k] w_j[r][k] + bias_j[r] for the columns c < n
  * <= 8 NT. Block T owns tile T of the jobs' concatenated 16-row tiles (GLU:
  * tile T of gate in warps 0-3 and of up in warps 4-7); its KS warps split
- * the 128-column blocks into contiguous ranges. U blocks in flight per lane:
- * their codes (the first U loaded before the wait) and their x chunks,
- * each slot reloaded U blocks ahead of its use.
- *
- * Each group's products go into fresh f32 sums, scaled once into acc: per
- * 32-column chunk, or with GB (groups of 128 columns or more, so one group
- * spans a block) once per block. ZF leaves the zero out of the codes (128 + q
- * instead of q - z: one bf16 subtract fewer per code pair) and takes it off
- * the group's sums instead, s (sum (128 + q) x - (128 + z) sum x), the sums
- * of x coming from the tensor cores too (an mma with all-ones weights).
+ * the 128-column blocks into contiguous ranges, each warp's K loop
+ * (w4_tile_dots, w4.cuh) with U blocks in flight per lane, the first U
+ * blocks' codes loaded before the wait.
  */
 template <int NT, bool GLU, bool GB, bool ZF>
 __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w4_jobs J, const bf16 *x, int n) {
     KTRACE();
     constexpr int U = NT == 1 ? 3 : 2, KS = GLU ? 4 : 8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     int T = blockIdx.x, ji = 0;
     if (GLU) ji = warp >= KS;
     else if (J.nj > 1 && T >= J.j[0].tiles) T -= J.j[0].tiles, ji = J.nj > 2 && T >= J.j[1].tiles ? (T -= J.j[1].tiles, 2) : 1;
     const int nkb = J.nkb, wk = warp % KS;
     const int kb0 = wk * nkb / KS, kb1 = (wk + 1) * nkb / KS;
-    const int ng = W4J(J, ji, ng), gsh = W4J(J, ji, gsh), sbf = W4J(J, ji, sbf);
     const uint4 *qp = W4J(J, ji, q) + ((size_t)T * nkb) * 64 + lane * 2;
-    const uint32_t *sp = W4J(J, ji, sc) + (size_t)T * ng * 16;
-    const int nch = J.n_in >> 5; /* chunks of 32 columns in x's rows */
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
-    uint4 ra[U], rb[U], xr[U][4][NT];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        if (kb0 + u < kb1) ra[u] = ld_stream(qp + (size_t)(kb0 + u) * 64), rb[u] = ld_stream(qp + (size_t)(kb0 + u) * 64 + 1);
-    pdl_wait_release();
-    /* x chunks (column block b, chunk c, x row g + 8 i) of this lane, or zeros */
-#define W4_XLOAD(dst, b)                                                                                                  \
-    _Pragma("unroll") for (int c = 0; c < 4; c++) {                                                                       \
-        const int ch = (b) * 4 + c;                                                                                       \
-        _Pragma("unroll") for (int i = 0; i < NT; i++) {                                                                  \
-            const int col = g + 8 * i;                                                                                    \
-            dst[c][i] = col < n && ch < nch ? __ldg((const uint4 *)(x + (size_t)col * J.n_in + (size_t)ch * 32 + 8 * t)) : z4; \
-        }                                                                                                                 \
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        if (kb0 + u < kb1) { W4_XLOAD(xr[u], kb0 + u) }
+    const uint32_t *sp = W4J(J, ji, sc) + (size_t)T * W4J(J, ji, ng) * 16;
     float acc[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[i][e] = 0.f;
-    const unsigned ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u}; /* ZF: bf16 1.0 pairs */
-    for (int kb = kb0; kb < kb1; kb += U) {
-#pragma unroll
-        for (int uu = 0; uu < U; uu++) {
-            const int b = kb + uu;
-            if (b >= kb1) break;
-            unsigned sa = 0, sb = 0, za = 0, zb = 0;
-            uint4 s4a = z4, s4b = z4;
-            float fa = 0.f, fb = 0.f, sum[NT][4], xs[NT][4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                if (!GB || u == 0) { /* a new group: its scales, zeros and fresh sums */
-                    if (!GB && gsh == 0) { /* groups of 32: the block's four per row in one load (w4pack.h) */
-                        if (u == 0) /* sp is tile T's: its words of rows g, g + 8 for chunks 0..3 of block b */
-                            s4a = __ldg((const uint4 *)(sp + W4_SC_INDEX(0, ng, 0, b, 0, g))),
-                            s4b = __ldg((const uint4 *)(sp + W4_SC_INDEX(0, ng, 0, b, 0, g + 8)));
-                        sa = u == 0 ? s4a.x : u == 1 ? s4a.y : u == 2 ? s4a.z : s4a.w;
-                        sb = u == 0 ? s4b.x : u == 1 ? s4b.y : u == 2 ? s4b.z : s4b.w;
-                    } else {
-                        const int gi = (b * 4 + u) >> gsh;
-                        sa = __ldg(sp + gi * 16 + g), sb = __ldg(sp + gi * 16 + g + 8);
-                    }
-                    za = __byte_perm(sa, 0, 0x3232), zb = __byte_perm(sb, 0, 0x3232);
-                    fa = w4_scale(sa, sbf), fb = w4_scale(sb, sbf);
-#pragma unroll
-                    for (int i = 0; i < NT; i++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) sum[i][e] = xs[i][e] = 0.f;
-                }
-                const unsigned wa = u == 0 ? ra[uu].x : u == 1 ? ra[uu].y : u == 2 ? ra[uu].z : ra[uu].w;
-                const unsigned wb = u == 0 ? rb[uu].x : u == 1 ? rb[uu].y : u == 2 ? rb[uu].z : rb[uu].w;
-                unsigned a0[4], a1[4];
-                if (ZF) {
-                    a0[0] = w4_code(wa, 0), a0[1] = w4_code(wb, 0), a0[2] = w4_code(wa, 1), a0[3] = w4_code(wb, 1);
-                    a1[0] = w4_code(wa, 2), a1[1] = w4_code(wb, 2), a1[2] = w4_code(wa, 3), a1[3] = w4_code(wb, 3);
-                } else {
-                    a0[0] = w4_pair(wa, 0, za), a0[1] = w4_pair(wb, 0, zb), a0[2] = w4_pair(wa, 1, za), a0[3] = w4_pair(wb, 1, zb);
-                    a1[0] = w4_pair(wa, 2, za), a1[1] = w4_pair(wb, 2, zb), a1[2] = w4_pair(wa, 3, za), a1[3] = w4_pair(wb, 3, zb);
-                }
-#pragma unroll
-                for (int i = 0; i < NT; i++) {
-                    const uint4 xv = xr[uu][u][i];
-                    mma16816(sum[i], a0, xv.x, xv.y);
-                    mma16816(sum[i], a1, xv.z, xv.w);
-                    if (ZF) mma16816(xs[i], ones, xv.x, xv.y), mma16816(xs[i], ones, xv.z, xv.w);
-                }
-                if (!GB || u == 3) { /* the group's end: scaled into acc */
-                    const float zfa = __uint_as_float(sa & 0xFFFF0000u), zfb = __uint_as_float(sb & 0xFFFF0000u);
-#pragma unroll
-                    for (int i = 0; i < NT; i++) {
-                        if (ZF) {
-                            sum[i][0] = fmaf(-zfa, xs[i][0], sum[i][0]), sum[i][1] = fmaf(-zfa, xs[i][1], sum[i][1]);
-                            sum[i][2] = fmaf(-zfb, xs[i][2], sum[i][2]), sum[i][3] = fmaf(-zfb, xs[i][3], sum[i][3]);
-                        }
-                        acc[i][0] = fmaf(sum[i][0], fa, acc[i][0]), acc[i][1] = fmaf(sum[i][1], fa, acc[i][1]);
-                        acc[i][2] = fmaf(sum[i][2], fb, acc[i][2]), acc[i][3] = fmaf(sum[i][3], fb, acc[i][3]);
-                    }
-                }
-            }
-            if (b + U < kb1) { /* this slot's next block, U blocks ahead */
-                ra[uu] = ld_stream(qp + (size_t)(b + U) * 64), rb[uu] = ld_stream(qp + (size_t)(b + U) * 64 + 1);
-                W4_XLOAD(xr[uu], b + U)
-            }
-        }
-    }
-#undef W4_XLOAD
+    w4_tile_dots<NT, U, GB, ZF, true>(acc, qp, sp, kb0, kb1, W4J(J, ji, ng), W4J(J, ji, gsh), W4J(J, ji, sbf), J.n_in >> 5,
+                                      [&](int i) { return g + 8 * i < n ? x + (size_t)(g + 8 * i) * J.n_in : (const bf16 *)NULL; });
     /* accumulator e of tile i, lane l: weight row (l / 4) + 8 (e / 2), x row 8 i + 2 (l % 4) + e % 2 */
     __shared__ float red[8][NT * 4][32];
 #pragma unroll
@@ -291,27 +158,13 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) k_w4_gemv(const struct w
 }
 
 /* k_w4_deq: w[r][k] = s (q - z) as bf16, the unpadded (n_out, n_in)
- * matrix; thread i owns 8 columns (one code word) of one row */
-__global__ void k_w4_deq(const struct w4_args A, bf16 *__restrict__ w) {
+ * matrix in the layout's column order (perm NULL) or the checkpoint's;
+ * thread i owns 8 columns (one code word) of one row */
+__global__ void k_w4_deq(const struct w4_args A, bf16 *__restrict__ w, const int32_t *__restrict__ perm) {
     KTRACE();
     pdl_wait();
-    const int wpr = A.n_in >> 3; /* words per row */
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)A.n_out * wpr) return;
-    const int r = (int)(i / wpr), k0 = (int)(i % wpr) * 8;
-    const int T = r >> 4, h = r & 15, g = h & 7, half = h >> 3;
-    const int b = k0 >> 7, u = (k0 >> 5) & 3, t = (k0 >> 3) & 3;
-    const unsigned wd = ((const unsigned *)A.q)[(((size_t)T * A.nkb + b) * 1024 + (size_t)(4 * g + t) * 32 + half * 16 + u * 4) / 4];
-    const unsigned sw = A.sc[W4_SC_INDEX(T, A.ng, A.gsh, b, u, h)];
-    const float s = w4_scale(sw, A.sbf), zf = __uint_as_float(sw & 0xFFFF0000u) - 128.f;
-    unsigned o[4];
-#pragma unroll
-    for (int i2 = 0; i2 < 4; i2++) {
-        const float lo = (float)((wd >> (4 * i2)) & 15u), hi = (float)((wd >> (16 + 4 * i2)) & 15u);
-        __nv_bfloat162 p = __floats2bfloat162_rn(s * (lo - zf), s * (hi - zf));
-        o[i2] = *(unsigned *)&p;
-    }
-    *(uint4 *)(w + (size_t)r * A.n_in + k0) = make_uint4(o[0], o[1], o[2], o[3]);
+    if (i < (size_t)A.n_out * (A.n_in >> 3)) w4_deq_word(A, w, i, perm);
 }
 
 /* k_w4_perm: x'[j][k] = x[j][perm[k]]; one thread per element */
@@ -410,7 +263,28 @@ const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L) {
     const size_t words = (size_t)q->n_out * (q->n_in / 8);
     bf16 *w = (bf16 *)cu_scratch(c, (void **)&c->w4_deq, &c->w4_deq_cap, words * 16);
     if (!w) return NULL;
-    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w);
+    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w, (const int32_t *)NULL);
     CU_LAUNCHED();
     return w;
+}
+
+int cu_w4_widen(struct cuda_ctx *c, struct cu_linear *L) {
+    const struct cu_w4 *q = L->q4;
+    const size_t words = (size_t)q->n_out * (q->n_in / 8);
+    bf16 *w = NULL;
+    if (cudaMalloc(&w, words * 16) != cudaSuccess) {
+        cudaGetLastError();
+        cu_fault(c, words * 16, 0);
+        return -1;
+    }
+    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w, (const int32_t *)q->perm);
+    CU_LAUNCHED();
+    if (CUDA_FAILED(cudaStreamSynchronize(c->stream))) { /* the codes are freed next */
+        cudaFree(w);
+        return -1;
+    }
+    cu_w4_release(c, L);
+    L->w = w;
+    c->bytes_weights += words * 16;
+    return 0;
 }
