@@ -2512,6 +2512,24 @@ static void check_lost_context(void) {
           WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 }
 
+/* KILN_TEST_CUDA_ONLY=a,b,...: only the parts whose names hold one of
+ * the comma-separated words (e.g. "moe,quant_pairs" to check an MoE change
+ * in a short GPU lease); unset: every part */
+static int part_on(const char *name) {
+    const char *only = getenv("KILN_TEST_CUDA_ONLY");
+    if (!only || !*only) return 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", only);
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save))
+        if (*w && strstr(name, w)) return 1;
+    return 0;
+}
+
+#define PART(call)                                  \
+    do {                                            \
+        if (part_on(#call)) call;                   \
+    } while (0)
+
 void test_cuda(void) {
     char err[256];
     struct pair p = {NULL, NULL};
@@ -2521,36 +2539,42 @@ void test_cuda(void) {
         return;
     }
     p.cpu = backend_create("cpu", 0, err, sizeof err);
-    test_matmul(&p);
-    test_matmul_quant(&p);
-    test_norms(&p);
-    test_rope(&p);
-    test_qkv_merge(&p);
-    test_attention(&p);
-    test_att_dec(&p);
-    test_fused_attention(&p);
-    test_misc(&p);
-    test_decode_fused(&p);
-    test_moe(&p);
-    test_moe_chunks(&p);
-    test_moe_paths(&p);
-    test_moe_w4(&p);
-    test_moe_reuse(&p);
-    test_scratch_oom(&p);
-    test_read_row(&p);
-    test_argmax(&p);
-    test_pinned_oom();
+    if (getenv("KILN_TEST_CUDA_ONLY") && *getenv("KILN_TEST_CUDA_ONLY"))
+        fprintf(stderr, "test_cuda: only the parts matching KILN_TEST_CUDA_ONLY=%s (not a full run)\n", getenv("KILN_TEST_CUDA_ONLY"));
+    PART(test_matmul(&p));
+    PART(test_matmul_quant(&p));
+    PART(test_norms(&p));
+    PART(test_rope(&p));
+    PART(test_qkv_merge(&p));
+    PART(test_attention(&p));
+    PART(test_att_dec(&p));
+    PART(test_fused_attention(&p));
+    PART(test_misc(&p));
+    PART(test_decode_fused(&p));
+    PART(test_moe(&p));
+    PART(test_moe_chunks(&p));
+    PART(test_moe_paths(&p));
+    PART(test_moe_w4(&p));
+    PART(test_moe_reuse(&p));
+    PART(test_scratch_oom(&p));
+    PART(test_read_row(&p));
+    PART(test_argmax(&p));
+    PART(test_pinned_oom());
     p.cpu->destroy(p.cpu);
     p.gpu->destroy(p.gpu);
-    check_load_refusals();
+    PART(check_load_refusals());
     const char *models[] = {"qwen3-dense-tiny", "qwen3-dense-small", "qwen3-moe-tiny", "qwen2-tiny", "llama-tiny", "qwen3-fp8-tiny"};
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_model(models[i]);
-    check_quant_pairs();
-    check_mixed_batches();
-    check_long_prefix();
-    check_serving();
-    check_step_kernel(LONG_CFG);
-    check_step_kernel("qwen3-0.6b");
-    check_failed_launch();
-    check_lost_context();
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "check_model %s", models[i]);
+        if (part_on(name)) check_model(models[i]);
+    }
+    PART(check_quant_pairs());
+    PART(check_mixed_batches());
+    PART(check_long_prefix());
+    PART(check_serving());
+    PART(check_step_kernel(LONG_CFG));
+    PART(check_step_kernel("qwen3-0.6b"));
+    PART(check_failed_launch());
+    PART(check_lost_context());
 }
