@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define KT_UNITS 16
+#define KT_UNITS 32
 #define KT_RECS ((size_t)KT_LAUNCHES * KT_BLOCKS)
 
 /* the translation units that include ktrace.cuh, in registration order (a
@@ -21,6 +21,7 @@ static int kt_n;
 
 extern "C" void ktrace_register(void (*set)(void *buf, unsigned file, cudaStream_t s), const char *name) {
     if (kt_n < KT_UNITS) kt_units[kt_n].set = set, kt_units[kt_n].name = name, kt_n++;
+    else fprintf(stderr, "kiln: ktrace: more than %d units; %s is not traced (raise KT_UNITS)\n", KT_UNITS, name);
 }
 
 static struct ktrace_rec *kt_buf;
