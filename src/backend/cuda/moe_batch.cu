@@ -23,9 +23,13 @@
  *   k_moe_dn_e   block (row block b, used expert y): a warp per row of the
  *                expert's down (MOE_RD rows in turn), streamed once; y[slot][r] = down_r . h[slot]
  *                in f32
- *   k_combine    (moe_combine.cuh) block per token: out[i] = sum_k
- *                wsel[i][k] y[pos[i K + k]] in slot order, y in f32,
- *                rounded once (as the direct path rounds)
+ *   k_combine    (moe_combine.cuh) block per (token, slice of d): out[i]
+ *                = sum_k wsel[i][k] y[pos[i K + k]] in slot order, y in
+ *                f32, rounded once (as the direct path rounds)
+ *
+ * A layer's 4-bit kinds (moe_w4.cu) take k_moe_w4 in place of k_moe_gu_e /
+ * k_moe_dn_e over the same grouping, up to cuda_ctx.moe_w4_batch tokens;
+ * with `pairs` (one token, both kinds 4-bit) there is no grouping at all.
  *
  * Measured on an H100 (Qwen3-30B-A3B, `kiln bench --profile batch`, 256
  * tokens in, ms per decode step; this path against the grouped GEMMs it
