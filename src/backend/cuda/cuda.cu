@@ -611,7 +611,7 @@ static int dense_dtype(enum kiln_dtype t) { return t == KILN_DTYPE_F32 || t == K
 static void say_dequant(struct cuda_ctx *c, const char *what) {
     if (c->deq_said++) return;
     kiln_log(KILN_LOG_INFO, "cuda: %s weights are dequantized to bf16 at load (the CUDA backend computes on GPTQ / AWQ int4 "
-                            "and Q4_0 as stored, but act-order MoE experts, and on every other format, FP8 included, in bf16)", what);
+                            "and Q4_0 as stored, but act-order ones of MoE models, and on every other format, FP8 included, in bf16)", what);
 }
 
 /* A quantized matrix the 4-bit kernels do not take, widened to bf16 on the
