@@ -674,10 +674,9 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
         L->shared = 1;
     } else if (dense) {
         L->w = upload_bf16(c, w->w.data, w->w.dtype, (size_t)w->n_out * w->n_in, err, errlen);
-    } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, err, errlen)) != 0 && !(rc > 0 && c->w4_noperm && cu_w4_permuted(L))) {
-        /* 4-bit, kept as stored (rc 1), or an upload error (-1) */
+    } else if (!c->w4_off && (rc = cu_w4_prepare(c, w, L, c->w4_noperm, err, errlen)) != 0) {
+        /* 4-bit, kept as stored (rc 1), or an upload error (-1); act-order in an MoE model (w4_noperm) is widened below */
     } else {
-        if (rc > 0) cu_w4_release(c, L), rc = 0; /* act-order in an MoE model: widened */
         char what[48];
         quant_linear_label(w, what, sizeof what);
         L->w = upload_widened(c, w, what, err, errlen);

@@ -596,8 +596,9 @@ void cu_matmul_f32_norm(struct cuda_ctx *c, float *out, const bf16 *x, const bf1
 int cu_swiglu_fused(struct cuda_ctx *c, void *out, const void *gate, const void *up, int n, int ffn);
 
 /* qgemm.cu: 4-bit weights. prepare: 1 when L now holds w in the W4 layout,
- * 0 when w is not a format (or group shape) W4 takes, -1 with err */
-int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, char *err, size_t errlen);
+ * 0 when w is not a format (or group shape) W4 takes, or is act-order and
+ * noperm is set, -1 with err */
+int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, int noperm, char *err, size_t errlen);
 void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L);
 size_t cu_w4_bytes(const struct cu_linear *L);
 /* x, or x with its columns in the act-order permutation (scratch); NULL when out of memory */

@@ -304,10 +304,10 @@ static int ptr_table(struct cuda_ctx *c, size_t n) {
     return cu_pinned(c, (void **)&c->moe_ptr_host, &c->moe_ptr_cap, bytes) ? -1 : 0;
 }
 
-/* The prefill's expert weights in bf16, hw[3 E] (gate | up | down): the
- * layer's own (tab->host), or 4-bit kinds' scratch copies (moe_w4.cu). */
-
-/* expert e's GEMMs, one cuBLAS call each: gate and up (part & 1), down (part & 2) */
+/* expert e's GEMMs, one cuBLAS call each: gate and up (part & 1), down (part
+ * & 2). hw[3 E] (gate | up | down), here and in the grouped and chunked
+ * calls below: the experts' bf16 weights, the layer's own (tab->host) or
+ * 4-bit kinds' scratch copies (moe_w4.cu) */
 static void expert_calls(struct cuda_ctx *c, const bf16 *const *hw, int E, const int *cnt, const int *off, bf16 *xg, bf16 *hg,
                          bf16 *hu, bf16 *y, int F, int dim, int part) {
     for (int e = 0; e < E; e++) {

@@ -51,10 +51,14 @@ static int upload(struct cuda_ctx *c, void **d, const void *h, size_t bytes, cha
     return 0;
 }
 
-int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, char *err, size_t errlen) {
+int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear *L, int noperm, char *err, size_t errlen) {
     struct w4_pack p;
     const int rc0 = w4_pack(&p, w, err, errlen);
     if (rc0 <= 0) return rc0;
+    if (noperm && p.perm) { /* act-order refused before anything goes up */
+        w4_pack_free(&p);
+        return 0;
+    }
     struct cu_w4 *q4 = (struct cu_w4 *)kiln_calloc(1, sizeof *q4);
     q4->n_out = p.n_out, q4->n_in = p.n_in, q4->nkb = p.nkb, q4->ng = p.ng, q4->gsh = p.gsh, q4->sbf = p.sbf;
     int rc = upload(c, (void **)&q4->q, p.q, p.q_bytes, err, errlen);
@@ -258,33 +262,36 @@ void cu_w4_gemv(struct cuda_ctx *c, bf16 *out, const bf16 *x, const struct cu_li
     cu_w4_gemv_multi(c, &out, &L, 1, 0, x, n);
 }
 
+/* k_w4_deq of q into w (n_out x n_in bf16), in the checkpoint's column order with perm */
+static void w4_deq_launch(struct cuda_ctx *c, const struct cu_w4 *q, bf16 *w, const int32_t *perm) {
+    const size_t words = (size_t)q->n_out * (q->n_in / 8);
+    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w, perm);
+    CU_LAUNCHED();
+}
+
 const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L) {
     const struct cu_w4 *q = L->q4;
-    const size_t words = (size_t)q->n_out * (q->n_in / 8);
-    bf16 *w = (bf16 *)cu_scratch(c, (void **)&c->w4_deq, &c->w4_deq_cap, words * 16);
-    if (!w) return NULL;
-    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w, (const int32_t *)NULL);
-    CU_LAUNCHED();
+    bf16 *w = (bf16 *)cu_scratch(c, (void **)&c->w4_deq, &c->w4_deq_cap, (size_t)q->n_out * q->n_in * 2);
+    if (w) w4_deq_launch(c, q, w, NULL);
     return w;
 }
 
 int cu_w4_widen(struct cuda_ctx *c, struct cu_linear *L) {
     const struct cu_w4 *q = L->q4;
-    const size_t words = (size_t)q->n_out * (q->n_in / 8);
+    const size_t bytes = (size_t)q->n_out * q->n_in * 2;
     bf16 *w = NULL;
-    if (cudaMalloc(&w, words * 16) != cudaSuccess) {
+    if (cudaMalloc(&w, bytes) != cudaSuccess) {
         cudaGetLastError();
-        cu_fault(c, words * 16, 0);
+        cu_fault(c, bytes, 0);
         return -1;
     }
-    cu_launch(c->stream, k_w4_deq, (unsigned)((words + 255) / 256), 256, 0, w4_args_of(q), w, (const int32_t *)q->perm);
-    CU_LAUNCHED();
+    w4_deq_launch(c, q, w, q->perm);
     if (CUDA_FAILED(cudaStreamSynchronize(c->stream))) { /* the codes are freed next */
         cudaFree(w);
         return -1;
     }
     cu_w4_release(c, L);
     L->w = w;
-    c->bytes_weights += words * 16;
+    c->bytes_weights += bytes;
     return 0;
 }
