@@ -1408,6 +1408,9 @@ static void moe_case_c(struct pair *p, int E, int K, int dim, int F, int router_
     experts_make(p, ex, &mc, &mg, E, F, dim);
     /* router logits spread over a few units so the top-k is not near-tied */
     mc.router = router.c, mg.router = router.g;
+    char err[256] = "no prepare_moe";
+    /* as at load: each kind's experts moved into one allocation, the tables up */
+    CHECK(p->gpu->prepare_moe && p->gpu->prepare_moe(p->gpu, &mg, err, sizeof err) == 0, "moe E=%d: prepare_moe: %s", E, err);
     static const char *const sw_ld[] = {"KILN_CUDA_MOE_LD", "KILN_CUDA_MOE_PTR", NULL};
     static const char *const sw[] = {"KILN_CUDA_MOE_BULK", "KILN_CUDA_MOE_PTR", NULL};
     const int ld = switches_on(sw_ld) && F <= 3072;

@@ -718,17 +718,6 @@ static int cu_check_model(struct kiln_backend *be, const struct kiln_config *cfg
     return 0;
 }
 
-/* an MoE layer at load: its expert kinds settled (moe_w4.cu) and its
- * pointer tables uploaded, so that running out of device memory here is
- * an error before serving starts */
-static int cu_prepare_moe(struct kiln_backend *be, const struct moe_ffn *m, char *err, size_t errlen) {
-    struct cuda_ctx *c = cu_ctx(be);
-    if (cu_moe_table(c, m) && !CUDA_FAILED(cudaStreamSynchronize(c->stream))) return 0;
-    const double mib = c->fault_bytes / 1048576.0;
-    c->fault_bytes = 0, c->fault_host = 0;
-    return kiln_errf(err, errlen, "cuda: preparing an MoE layer's %d experts failed (%.1f MiB of device memory wanted)", m->n_expert, mib);
-}
-
 /* the bytes a pass over w reads: its bf16 matrix, or its 4-bit codes and scales */
 static int64_t cu_linear_bytes(struct kiln_backend *be, const struct qlinear *w) {
     (void)be;
@@ -777,7 +766,8 @@ static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
  * weights whose row counts keep 16-byte alignment (biases stay where they
  * are); anything
  * else, or no device memory for the move, stays as it was (nothing fails).
- * The group's first linear owns the allocation.
+ * The group's first linear owns the allocation. Also an MoE layer's bf16
+ * experts of one kind (cu_prepare_moe), for the memory.
  */
 static int group_said;
 static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws, int count) {
@@ -819,7 +809,31 @@ static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws,
         off += (size_t)ws[i]->n_out * ws[i]->n_in;
     }
     if (!group_said++)
-        kiln_log(KILN_LOG_DEBUG, "cuda: linears that read the same x are stored as one matrix (one prefill GEMM for q/k/v)");
+        kiln_log(KILN_LOG_DEBUG, "cuda: linears are stored as one matrix (q/k/v: one prefill GEMM; MoE experts: no allocation each)");
+}
+
+/* an MoE layer at load: its expert kinds settled (moe_w4.cu), each bf16
+ * kind's experts moved into one allocation (cu_group_linears; on its own a
+ * 3 MiB expert of Qwen3-30B-A3B takes 4 MiB of device memory, cudaMalloc's
+ * 2 MiB granularity: ~18 GB over the model), and its pointer tables
+ * uploaded, so that running out of device memory here is an error before
+ * serving starts */
+static int cu_prepare_moe(struct kiln_backend *be, const struct moe_ffn *m, char *err, size_t errlen) {
+    struct cuda_ctx *c = cu_ctx(be);
+    const int E = m->n_expert;
+    if (!cu_moe_settle(c, m)) {
+        struct qlinear **ws = (struct qlinear **)kiln_malloc(sizeof *ws * (size_t)E);
+        struct qlinear *kinds[3] = {m->gate, m->up, m->down};
+        for (int k = 0; k < 3; k++) {
+            for (int e = 0; e < E; e++) ws[e] = &kinds[k][e];
+            cu_group_linears(be, ws, E);
+        }
+        free(ws);
+        if (cu_moe_table(c, m) && !CUDA_FAILED(cudaStreamSynchronize(c->stream))) return 0;
+    }
+    const double mib = c->fault_bytes / 1048576.0;
+    c->fault_bytes = 0, c->fault_host = 0;
+    return kiln_errf(err, errlen, "cuda: preparing an MoE layer's %d experts failed (%.1f MiB of device memory wanted)", E, mib);
 }
 
 static void cu_release_rope(struct kiln_backend *be, struct rope *r) {
