@@ -1690,6 +1690,8 @@ static void moe_w4_case(struct pair *p, int E, int K, int dim, int F, struct qex
                 for (size_t i = 0; i < (size_t)q->n_out * q->n_in; i++) w[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(w[i]));
         }
     }
+    char err[256] = "no prepare_moe";
+    CHECK(p->gpu->prepare_moe && p->gpu->prepare_moe(p->gpu, &mg, err, sizeof err) == 0, "moe E=%d: prepare_moe: %s", E, err);
     const int ns[] = {1, 4, 8, 9, 16, 33, 64, 100, 300};
     const int pmax = moe_env("KILN_CUDA_MOE_W4_PAIRS", 1), wmax = moe_env("KILN_CUDA_MOE_W4_BATCH", 128);
     const int dmax = moe_env("KILN_CUDA_MOE_DIRECT", 8), bmax = moe_env("KILN_CUDA_MOE_BATCH", 32); /* mb's paths */

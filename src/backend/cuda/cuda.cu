@@ -812,10 +812,10 @@ static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws,
         kiln_log(KILN_LOG_DEBUG, "cuda: linears are stored as one matrix (q/k/v: one prefill GEMM; MoE experts: no allocation each)");
 }
 
-/* an MoE layer at load: its expert kinds settled (moe_w4.cu), each bf16
- * kind's experts moved into one allocation (cu_group_linears; on its own a
- * 3 MiB expert of Qwen3-30B-A3B takes 4 MiB of device memory, cudaMalloc's
- * 2 MiB granularity: ~18 GB over the model), and its pointer tables
+/* an MoE layer at load: its expert kinds settled (moe_w4.cu), each kind's
+ * experts moved into one allocation (cu_group_linears, cu_w4_group; on its
+ * own a 3 MiB expert of Qwen3-30B-A3B takes 4 MiB of device memory,
+ * cudaMalloc's 2 MiB granularity: ~18 GB over the model), and its pointer tables
  * uploaded, so that running out of device memory here is an error before
  * serving starts */
 static int cu_prepare_moe(struct kiln_backend *be, const struct moe_ffn *m, char *err, size_t errlen) {
@@ -823,12 +823,14 @@ static int cu_prepare_moe(struct kiln_backend *be, const struct moe_ffn *m, char
     const int E = m->n_expert;
     if (!cu_moe_settle(c, m)) {
         struct qlinear **ws = (struct qlinear **)kiln_malloc(sizeof *ws * (size_t)E);
+        struct cu_linear **Ls = (struct cu_linear **)kiln_malloc(sizeof *Ls * (size_t)E);
         struct qlinear *kinds[3] = {m->gate, m->up, m->down};
         for (int k = 0; k < 3; k++) {
-            for (int e = 0; e < E; e++) ws[e] = &kinds[k][e];
-            cu_group_linears(be, ws, E);
+            for (int e = 0; e < E; e++) ws[e] = &kinds[k][e], Ls[e] = (struct cu_linear *)ws[e]->be;
+            if (Ls[0]->q4) cu_w4_group(c, Ls, E); /* 235B-A22B's 4-bit experts: 3 MiB of codes each */
+            else cu_group_linears(be, ws, E);
         }
-        free(ws);
+        free(ws), free(Ls);
         if (cu_moe_table(c, m) && !CUDA_FAILED(cudaStreamSynchronize(c->stream))) return 0;
     }
     const double mib = c->fault_bytes / 1048576.0;

@@ -620,6 +620,10 @@ int cu_w4_permuted(const struct cu_linear *L);
 int cu_w4_gsh(const struct cu_linear *L);
 /* the weight as bf16 (n_out, n_in) in scratch, for cuBLAS; NULL when out of memory */
 const bf16 *cu_w4_dequant(struct cuda_ctx *c, const struct cu_linear *L);
+/* the 4-bit linears' codes moved into one allocation and their scale words
+ * into another (the first linear owns them), as cu_group_linears does for
+ * bf16; anything else, or no memory for the move, stays as it was */
+void cu_w4_group(struct cuda_ctx *c, struct cu_linear *const *Ls, int count);
 /* L widened to bf16 on the device for good (its 4-bit copy freed): 0, or
  * -1 when device memory runs out (recorded by cu_fault) */
 int cu_w4_widen(struct cuda_ctx *c, struct cu_linear *L);

@@ -65,6 +65,7 @@ int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear 
     if (!rc) rc = upload(c, (void **)&q4->sc, p.sc, p.sc_words * 4, err, errlen);
     if (!rc && p.perm) rc = upload(c, (void **)&q4->perm, p.perm, (size_t)p.n_in * 4, err, errlen);
     q4->bytes = p.q_bytes + p.sc_words * 4 + (p.perm ? (size_t)p.n_in * 4 : 0);
+    q4->q_bytes = p.q_bytes, q4->sc_bytes = p.sc_words * 4;
     w4_pack_free(&p);
     if (rc) {
         cudaFree(q4->q), cudaFree(q4->sc), cudaFree(q4->perm);
@@ -79,10 +80,47 @@ int cu_w4_prepare(struct cuda_ctx *c, const struct qlinear *w, struct cu_linear 
 void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L) {
     struct cu_w4 *q4 = L->q4;
     if (!q4) return;
-    cudaFree(q4->q), cudaFree(q4->sc), cudaFree(q4->perm);
+    if (!q4->grouped) cudaFree(q4->q), cudaFree(q4->sc);
+    cudaFree(q4->perm);
     c->bytes_weights -= q4->bytes;
     free(q4);
     L->q4 = NULL;
+}
+
+void cu_w4_group(struct cuda_ctx *c, struct cu_linear *const *Ls, int count) {
+    size_t qb = 0, sb = 0;
+    for (int i = 0; i < count; i++) {
+        const struct cu_w4 *q = Ls[i]->q4;
+        if (!q || q->grouped || q->perm) return;
+        qb += q->q_bytes, sb += q->sc_bytes;
+    }
+    char *dq = NULL, *ds = NULL;
+    if (count < 2 || cudaMalloc(&dq, qb) != cudaSuccess || cudaMalloc(&ds, sb) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory: not sticky; the linears stay apart */
+        cudaFree(dq);
+        return;
+    }
+    cudaError_t e = cudaSuccess;
+    size_t oq = 0, os = 0;
+    for (int i = 0; i < count && e == cudaSuccess; i++) {
+        const struct cu_w4 *q = Ls[i]->q4;
+        e = cudaMemcpyAsync(dq + oq, q->q, q->q_bytes, cudaMemcpyDeviceToDevice, c->stream);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(ds + os, q->sc, q->sc_bytes, cudaMemcpyDeviceToDevice, c->stream);
+        oq += q->q_bytes, os += q->sc_bytes;
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(dq), cudaFree(ds);
+        return;
+    }
+    oq = os = 0;
+    for (int i = 0; i < count; i++) {
+        struct cu_w4 *q = Ls[i]->q4;
+        cudaFree(q->q), cudaFree(q->sc);
+        q->q = (uint4 *)(dq + oq), q->sc = (uint32_t *)(ds + os), q->grouped = i > 0;
+        oq += q->q_bytes, os += q->sc_bytes;
+    }
 }
 
 size_t cu_w4_bytes(const struct cu_linear *L) { return L->q4 ? L->q4->bytes : 0; }

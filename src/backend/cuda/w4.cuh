@@ -21,6 +21,8 @@ struct cu_w4 {
     int32_t *perm;    /* device: act-order column order (x'[k] = x[perm[k]]), or NULL */
     int n_out, n_in, nkb, ng, gsh, sbf; /* gsh: log2 of 32-column chunks per group; sbf: scales are bf16 */
     size_t bytes;     /* device bytes of q, sc and perm */
+    size_t q_bytes, sc_bytes;
+    int grouped;      /* q and sc lie inside the allocations of its group's first linear (cu_w4_group): not freed on their own */
 };
 
 /* two codes of word w (bits 4 i and 16 + 4 i) as a bf16 pair 128 + q
