@@ -278,7 +278,9 @@ static int bind(struct wsrc *s) {
 /* ==== preparing on the backend, and the walk over every weight ==== */
 
 /* Calls fn on every distinct linear of the model (lm_head once even when tied). */
-static int each_linear(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *), void *ctx) {
+/* fn on every linear; layer_fn (if given) after each layer's */
+static int each_linear_then(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *),
+                            int (*layer_fn)(struct kiln_model *, int, void *), void *ctx) {
     const struct kiln_config *c = &m->cfg;
     if (fn(m, &m->lm_head, ctx)) return -1;
     for (int l = 0; m->layers && l < c->n_layer; l++) {
@@ -291,8 +293,13 @@ static int each_linear(struct kiln_model *m, int (*fn)(struct kiln_model *, stru
             if (L->moe.up[x].w.data && fn(m, &L->moe.up[x], ctx)) return -1;
             if (L->moe.down[x].w.data && fn(m, &L->moe.down[x], ctx)) return -1;
         }
+        if (layer_fn && layer_fn(m, l, ctx)) return -1;
     }
     return 0;
+}
+
+static int each_linear(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *), void *ctx) {
+    return each_linear_then(m, fn, NULL, ctx);
 }
 
 static int each_vector(struct kiln_model *m, int (*fn)(struct kiln_model *, struct ktensor *, void *), void *ctx) {
@@ -347,6 +354,16 @@ static int prep_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
     struct errbuf *e = ctx;
     if (m->be->prepare_linear(m->be, w, e->err, e->errlen)) return -1;
     return drop_repacked(m, w, NULL);
+}
+
+/* an MoE layer as a whole, right after its linears (CUDA: its experts moved
+ * into one allocation per kind before the next layer's go up, so the load
+ * never holds the whole model in per-expert allocations) */
+static int prep_moe_layer(struct kiln_model *m, int l, void *ctx) {
+    struct errbuf *e = ctx;
+    if (!m->be->prepare_moe || !m->layers[l].is_moe) return 0;
+    if (m->be->prepare_moe(m->be, &m->layers[l].moe, e->err, e->errlen)) return kiln_err_prefix(e->err, e->errlen, "layer %d: ", l);
+    return 0;
 }
 
 static int prep_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
@@ -476,11 +493,9 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     if (bind(s)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};
-    if (each_vector(m, prep_vec, &e) || each_linear(m, prep_lin, &e) || be->prepare_rope(be, &m->rope, err, errlen))
+    if (each_vector(m, prep_vec, &e) || each_linear_then(m, prep_lin, prep_moe_layer, &e) ||
+        be->prepare_rope(be, &m->rope, err, errlen))
         return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
-    for (int l = 0; be->prepare_moe && l < m->cfg.n_layer; l++)
-        if (m->layers[l].is_moe && be->prepare_moe(be, &m->layers[l].moe, err, errlen))
-            return kiln_err_prefix(err, errlen, "%s: layer %d: ", m->path, l);
     if (be->group_linears) {
         const double t0 = kiln_now();
         for (int l = 0; l < m->cfg.n_layer; l++) {
