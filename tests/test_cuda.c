@@ -1763,13 +1763,14 @@ static void test_moe_w4(struct pair *p) {
     moe_w4_case(p, 32, 8, 512, 256, g128, pc, 1, 0, 1);     /* gate / up widened on the device; down per channel */
     /* other path limits, each on a backend made under them: every size
      * expert by expert (up to 300 tokens: many passes over an expert's
-     * codes), pairs up to 16 tokens and no expert-by-expert path, and
-     * neither (all dequantized) */
-    static const char *const set[][2] = {{"0", "300"}, {"16", "0"}, {"0", "0"}};
-    static const char *const names[2] = {"KILN_CUDA_MOE_W4_PAIRS", "KILN_CUDA_MOE_W4_BATCH"};
+     * codes), pairs up to 16 tokens and no expert-by-expert path, neither
+     * (all dequantized), and down with the warps splitting each tile's
+     * columns (KILN_CUDA_MOE_W4_WT=0, as for rows past 2,048) */
+    static const char *const set[][3] = {{"0", "300", NULL}, {"16", "0", NULL}, {"0", "0", NULL}, {NULL, NULL, "0"}};
+    static const char *const names[3] = {"KILN_CUDA_MOE_W4_PAIRS", "KILN_CUDA_MOE_W4_BATCH", "KILN_CUDA_MOE_W4_WT"};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
-        char *saved[2], err[256];
-        for (int j = 0; j < 2; j++) saved[j] = env_save(names[j]), env_restore(names[j], set[i][j]);
+        char *saved[3], err[256];
+        for (int j = 0; j < 3; j++) saved[j] = env_save(names[j]), env_restore(names[j], set[i][j]);
         struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
         CHECK(q.gpu != NULL, "%s", err);
         if (q.gpu) {
@@ -1779,7 +1780,7 @@ static void test_moe_w4(struct pair *p) {
             moe_w4_case(&q, 32, 8, 512, 256, g64a, q80, 0, 1, 0);
             q.gpu->destroy(q.gpu);
         }
-        for (int j = 0; j < 2; j++) env_restore(names[j], saved[j]), free(saved[j]);
+        for (int j = 0; j < 3; j++) env_restore(names[j], saved[j]), free(saved[j]);
     }
 }
 

@@ -42,6 +42,8 @@
  * one token (2.88 against 3.16 ms per step) and lose from two (2: 3.73
  * against 3.51, 4: 5.02 against 3.90).
  */
+#include <string.h>
+
 #include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/w4.cuh"
 
@@ -74,14 +76,18 @@ struct moe_w4_rows {
  * out h; down: x is h (slot s reads row s), out yo. 8 slots per pass (16,
  * NT = 2, ran slower on an H100: 30B-A3B GPTQ-Int4 pp128 7.9k against 8.2k
  * tok/s, decode 325 against 359). */
-template <bool GLU, bool GB>
+template <bool GLU, bool GB, bool WT>
 __global__ void __launch_bounds__(256, 2) k_moe_w4(const struct moe_w4_mat A, const struct moe_w4_mat B, const bf16 *__restrict__ x,
                                                    bf16 *__restrict__ h, float *__restrict__ yo, const struct moe_w4_rows R) {
     KTRACE();
-    constexpr int NT = 1, KS = GLU ? 4 : 8, U = 3;
+    /* WT (down only): each warp a whole tile, 8 tiles per block, no split
+     * of the columns and no reduction through shared memory */
+    static_assert(!(WT && GLU), "a warp per tile: down only");
+    constexpr int NT = 1, KS = WT ? 1 : GLU ? 4 : 8, U = 3;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     pdl_wait();
-    const int y = blockIdx.y, T = blockIdx.x;
+    const int y = blockIdx.y, T = WT ? blockIdx.x * 8 + warp : blockIdx.x;
+    if (WT && T * 16 >= A.n_out) return; /* no block barrier on this path */
     int e, o, cnt;
     if (R.ue) {
         if (y >= *R.nu) return;
@@ -101,6 +107,14 @@ __global__ void __launch_bounds__(256, 2) k_moe_w4(const struct moe_w4_mat A, co
             const int c = g + 8 * i, s = o + t0 + c;
             return c < nt ? x + (size_t)(GLU ? (R.ue ? R.pslot[s] : s) / R.K : s) * n_in : (const bf16 *)NULL;
         });
+        if (WT) { /* accumulator j of lane (g, t): row g + 8 (j / 2), slot 2 t + j % 2 */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = 2 * (lane & 3) + (j & 1), row = T * 16 + g + (j & 2 ? 8 : 0);
+                if (col < nt && row < n_out) yo[(size_t)(o + t0 + col) * n_out + row] = acc[0][j];
+            }
+            continue;
+        }
 #pragma unroll
         for (int i = 0; i < NT; i++)
 #pragma unroll
@@ -191,9 +205,9 @@ void cu_moe_w4_gate_up(struct cuda_ctx *c, const struct cu_moe_tab *tab, bf16 *h
     const struct moe_w4_rows R = {pslot, ue, uo, uc, nu, sel, K};
     const dim3 grid((unsigned)(A.n_out + 15) / 16, ny);
     if (A.gsh >= 2 && B.gsh >= 2)
-        cu_launch(c->stream, k_moe_w4<true, true>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
+        cu_launch(c->stream, k_moe_w4<true, true, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
     else
-        cu_launch(c->stream, k_moe_w4<true, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
+        cu_launch(c->stream, k_moe_w4<true, false, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
     CU_LAUNCHED();
     w4_moe_runs++;
 }
@@ -202,11 +216,21 @@ void cu_moe_w4_down(struct cuda_ctx *c, const struct cu_moe_tab *tab, float *yo,
                     const int *uc, const int *nu, const int *sel, unsigned ny) {
     const struct moe_w4_mat A = w4_mat(tab, 2);
     const struct moe_w4_rows R = {NULL, ue, uo, uc, nu, sel, 1};
-    const dim3 grid((unsigned)(A.n_out + 15) / 16, ny);
-    if (A.gsh >= 2)
-        cu_launch(c->stream, k_moe_w4<false, true>, grid, 256, 0, A, A, h, (bf16 *)NULL, yo, R);
-    else
-        cu_launch(c->stream, k_moe_w4<false, false>, grid, 256, 0, A, A, h, (bf16 *)NULL, yo, R);
+    /* short rows (ffn <= 2,048: 16 column blocks) a warp per tile, else a
+     * block per tile with its warps splitting the columns;
+     * KILN_CUDA_MOE_W4_WT=0 keeps the latter (read per launch) */
+    const char *wt_env = getenv("KILN_CUDA_MOE_W4_WT");
+    const int tiles = (A.n_out + 15) / 16, wt = A.nkb <= 16 && !(wt_env && !strcmp(wt_env, "0"));
+    const dim3 grid((unsigned)(wt ? (tiles + 7) / 8 : tiles), ny);
+#define GO(GB, WT) cu_launch(c->stream, k_moe_w4<false, GB, WT>, grid, 256, 0, A, A, h, (bf16 *)NULL, yo, R)
+    if (A.gsh >= 2) {
+        if (wt) GO(true, true);
+        else GO(true, false);
+    } else {
+        if (wt) GO(false, true);
+        else GO(false, false);
+    }
+#undef GO
     CU_LAUNCHED();
     w4_moe_runs++;
 }
