@@ -107,35 +107,35 @@ __global__ void __launch_bounds__(256, 2) k_moe_w4(const struct moe_w4_mat A, co
             const int c = g + 8 * i, s = o + t0 + c;
             return c < nt ? x + (size_t)(GLU ? (R.ue ? R.pslot[s] : s) / R.K : s) * n_in : (const bf16 *)NULL;
         });
-        if (WT) { /* accumulator j of lane (g, t): row g + 8 (j / 2), slot 2 t + j % 2 */
+        if constexpr (WT) { /* accumulator j of lane (g, t): row g + 8 (j / 2), slot 2 t + j % 2 */
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int col = 2 * (lane & 3) + (j & 1), row = T * 16 + g + (j & 2 ? 8 : 0);
                 if (col < nt && row < n_out) yo[(size_t)(o + t0 + col) * n_out + row] = acc[0][j];
             }
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int i = 0; i < NT; i++)
+            for (int i = 0; i < NT; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) red[warp][i * 4 + j][lane] = acc[i][j];
-        __syncthreads();
-        if (threadIdx.x < NT * 128) { /* accumulator j of tile i, lane l: row (l / 4) + 8 (j / 2), slot 8 i + 2 (l % 4) + j % 2 */
-            const int qd = threadIdx.x >> 5, l = threadIdx.x & 31;
-            const int col = (qd >> 2) * 8 + 2 * (l & 3) + (qd & 1), row = T * 16 + (l >> 2) + (qd & 2 ? 8 : 0);
-            if (col < nt && row < n_out) {
-                float s = 0.f, s2 = 0.f;
+                for (int j = 0; j < 4; j++) red[warp][i * 4 + j][lane] = acc[i][j];
+            __syncthreads();
+            if (threadIdx.x < NT * 128) { /* accumulator j of tile i, lane l: row (l / 4) + 8 (j / 2), slot 8 i + 2 (l % 4) + j % 2 */
+                const int qd = threadIdx.x >> 5, l = threadIdx.x & 31;
+                const int col = (qd >> 2) * 8 + 2 * (l & 3) + (qd & 1), row = T * 16 + (l >> 2) + (qd & 2 ? 8 : 0);
+                if (col < nt && row < n_out) {
+                    float s = 0.f, s2 = 0.f;
 #pragma unroll
-                for (int w = 0; w < KS; w++) {
-                    s += red[w][qd][l];
-                    if (GLU) s2 += red[KS + w][qd][l];
+                    for (int w = 0; w < KS; w++) {
+                        s += red[w][qd][l];
+                        if (GLU) s2 += red[KS + w][qd][l];
+                    }
+                    const size_t slot = (size_t)(o + t0 + col);
+                    if (GLU) h[slot * n_out + row] = __float2bfloat16(silu(s) * s2);
+                    else yo[slot * n_out + row] = s;
                 }
-                const size_t slot = (size_t)(o + t0 + col);
-                if (GLU) h[slot * n_out + row] = __float2bfloat16(silu(s) * s2);
-                else yo[slot * n_out + row] = s;
             }
+            __syncthreads(); /* red is reused by the next slots */
         }
-        __syncthreads(); /* red is reused by the next slots */
     }
 }
 
