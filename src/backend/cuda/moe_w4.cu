@@ -165,11 +165,12 @@ __device__ __forceinline__ void mw_cp16(void *dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(ok ? 16 : 0));
 }
 
-/* xs[u][j] = sum of x[j][k] over unit u of `unit` columns (f32); a thread per (row, unit) */
-__global__ void k_moe_w4_xsum(float *__restrict__ xs, const bf16 *__restrict__ x, int n, int n_in, int unit) {
+/* xs[u][j] = sum of x[j][k] over unit u of `unit` columns (f32), for nu
+ * units: those past n_in (the layout's padding to 128 columns, which the
+ * GEMM reads with scale 0) hold 0; a thread per (row, unit) */
+__global__ void k_moe_w4_xsum(float *__restrict__ xs, const bf16 *__restrict__ x, int n, int n_in, int unit, int nu) {
     KTRACE();
     pdl_wait();
-    const int nu = (n_in + unit - 1) / unit;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * nu) return;
     const int j = (int)(i % n), u = (int)(i / n);
@@ -433,13 +434,15 @@ static void w4_gemm_go(struct cuda_ctx *c, const struct moe_w4_mat &A0, const st
     CU_LAUNCHED();
 }
 
-/* the sums of x's rows over units of 128 (GB) or 32 columns, into scratch; NULL when out of memory */
-static const float *w4_xsum(struct cuda_ctx *c, const bf16 *x, int n, int n_in, int gb) {
-    const int unit = gb ? 128 : 32, nu = (n_in + unit - 1) / unit;
+/* the sums of x's rows over units of 128 (GB) or 32 columns, every unit of
+ * the nkb 128-column blocks the GEMM reads, into scratch; NULL when out of
+ * memory */
+static const float *w4_xsum(struct cuda_ctx *c, const bf16 *x, int n, int n_in, int nkb, int gb) {
+    const int unit = gb ? 128 : 32, nu = gb ? nkb : 4 * nkb;
     float *xs = (float *)cu_scratch(c, (void **)&c->w4_deq, &c->w4_deq_cap, (size_t)nu * n * 4);
     if (!xs) return NULL;
     const size_t total = (size_t)nu * n;
-    cu_launch(c->stream, k_moe_w4_xsum, (unsigned)((total + 255) / 256), 256, 0, xs, x, n, n_in, unit);
+    cu_launch(c->stream, k_moe_w4_xsum, (unsigned)((total + 255) / 256), 256, 0, xs, x, n, n_in, unit, nu);
     CU_LAUNCHED();
     return xs;
 }
@@ -448,12 +451,12 @@ int cu_moe_w4_gemm(struct cuda_ctx *c, const struct cu_moe_tab *tab, const int *
                    bf16 *hu, bf16 *y, int rows) {
     const struct moe_w4_mat G = w4_mat(tab, 0), U = w4_mat(tab, 1), D = w4_mat(tab, 2);
     const int gb = G.gsh >= 2 && U.gsh >= 2, gbd = D.gsh >= 2;
-    const float *xs = w4_xsum(c, xg, rows, G.n_in, gb);
+    const float *xs = w4_xsum(c, xg, rows, G.n_in, G.nkb, gb);
     if (!xs) return -1;
     if (gb) w4_gemm_go<true>(c, G, U, 2, dce, dcr, nc, xg, xs, rows, hg, hu);
     else w4_gemm_go<false>(c, G, U, 2, dce, dcr, nc, xg, xs, rows, hg, hu);
     cu_swiglu_raw(c, hg, hg, hu, (size_t)rows * G.n_out);
-    if (!(xs = w4_xsum(c, hg, rows, D.n_in, gbd))) return -1;
+    if (!(xs = w4_xsum(c, hg, rows, D.n_in, D.nkb, gbd))) return -1;
     if (gbd) w4_gemm_go<true>(c, D, D, 1, dce, dcr, nc, hg, xs, rows, y, y);
     else w4_gemm_go<false>(c, D, D, 1, dce, dcr, nc, hg, xs, rows, y, y);
     w4_gemm_runs++;
