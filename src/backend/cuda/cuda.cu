@@ -1264,6 +1264,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_batch = env_int("KILN_CUDA_MOE_BATCH", MOE_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_pairs = env_int("KILN_CUDA_MOE_W4_PAIRS", MOE_W4_PAIRS_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_batch = env_int("KILN_CUDA_MOE_W4_BATCH", MOE_W4_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
+    c->moe_w4_gemm = env_int("KILN_CUDA_MOE_W4_GEMM", 96, 0, 1 << 20);
     /* rows per chunk of the prefill expert GEMMs (0: one problem per expert; -1: by the row count) */
     c->moe_chunk = env_int("KILN_CUDA_MOE_CHUNK", -1, 0, 4096);
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");

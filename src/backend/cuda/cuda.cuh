@@ -246,6 +246,7 @@ struct cuda_ctx {
     int moe_batch;    /* ... above it and up to this many: expert by expert on the device (moe_batch.cu; KILN_CUDA_MOE_BATCH) */
     int moe_w4_pairs; /* 4-bit experts: pair by pair up to this many tokens (moe_w4.cu; KILN_CUDA_MOE_W4_PAIRS, default MOE_W4_PAIRS_MAX) */
     int moe_w4_batch; /* ... expert by expert up to this many (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_BATCH_MAX) */
+    int moe_w4_gemm;  /* ... above it on the codes (k_moe_w4_gemm) while the routed rows per expert average at most this many (KILN_CUDA_MOE_W4_GEMM, default 96; 0: dequantized always) */
     int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
 
     struct cu_moe_tab *moe_tabs;
@@ -646,6 +647,13 @@ void cu_moe_w4_down(struct cuda_ctx *c, const struct cu_moe_tab *tab, float *yo,
  * scratch; hw[3 E] = every expert's bf16 gate | up | down for cuBLAS; -1
  * when out of device memory */
 int cu_moe_w4_dequant(struct cuda_ctx *c, const struct cu_moe_tab *tab, const int *dcnt, const bf16 **hw);
+/* prefill with both kinds 4-bit, on the codes (k_moe_w4_gemm): chunk q of
+ * MOE_W4_GEMM_ROWS rows of xg (device tables: its expert dce[q], its first
+ * row dcr[q]), hg = silu(xg gate^T) * (xg up^T) (hu: scratch), y = hg
+ * down^T; rows: xg's rows (the chunks'); 0, or -1 out of device memory */
+#define MOE_W4_GEMM_ROWS 64
+int cu_moe_w4_gemm(struct cuda_ctx *c, const struct cu_moe_tab *tab, const int *dce, const int *dcr, int nc, bf16 *xg, bf16 *hg,
+                   bf16 *hu, bf16 *y, int rows);
 
 /* step.cu: the persistent decode step kernel */
 int cu_sk_enabled(struct cuda_ctx *c);

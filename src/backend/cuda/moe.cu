@@ -465,7 +465,10 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     const int direct = !w4 && n <= c->moe_direct;
     const int batch = !direct && (w4 ? w4_pairs || n <= c->moe_w4_batch : n <= c->moe_batch);
     /* grouped: each expert's rows start on a multiple of T (1: packed) */
-    const int T = direct || batch ? 0 : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
+    /* 4-bit gate/up and down with few rows per expert: GEMMs on the codes,
+     * each expert's rows in chunks of MOE_W4_GEMM_ROWS (moe_w4.cu) */
+    const int fused = !direct && !batch && tab->w4[0].on && tab->w4[2].on && c->moe_w4_gemm > 0 && nk <= (size_t)E * c->moe_w4_gemm;
+    const int T = direct || batch ? 0 : fused ? MOE_W4_GEMM_ROWS : moe_chunk_rows(c, nk, E), pad = T > 1 ? T : 1;
     const size_t rows = nk + (size_t)E * (pad - 1), ntab = 9 * (T ? rows / T : (size_t)E);
     /* scratch: logits | sel | wsel | (direct: h | chosen pointers) (grouped: pos | xg | hg | hu | y | counts | pointer tables) */
     size_t o_log = 0, o_sel = al256(o_log + (size_t)n * E * 4), o_w = al256(o_sel + nk * 4), o_end = al256(o_w + nk * 4);
@@ -516,7 +519,7 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
         CUDA_FAILED(cudaStreamSynchronize(c->stream)))
         return;
     const bf16 **hw = tab->host; /* the experts' bf16 weights for cuBLAS */
-    if (w4) {
+    if (w4 && !fused) {
         hw = (const bf16 **)kiln_malloc(sizeof *hw * 3 * (size_t)E);
         if (cu_moe_w4_dequant(c, tab, dcnt, hw)) {
             free(hw); /* out of device memory: cu_error reports it */
@@ -530,7 +533,20 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     CU_LAUNCHED();
     const void **dtab = (const void **)(buf + o_tab);
     int done = 0;
-    if (T) {
+    if (fused) { /* the chunks' experts and first rows, through the pinned table */
+        const int nc = off[E] / T;
+        if (ptr_table(c, (size_t)nc)) { /* no pinned memory: the batch fails (cu_error) */
+            cu_fault(c, sizeof(void *) * (size_t)nc, 1);
+            return;
+        }
+        int *h = (int *)c->moe_ptr_host, *dce = (int *)dtab;
+        for (int e = 0, q = 0; e < E; e++)
+            for (int r = off[e]; r < off[e + 1]; r += T, q++) h[q] = e, h[nc + q] = r;
+        if (CUDA_FAILED(cudaMemcpyAsync(dce, h, sizeof(int) * 2 * (size_t)nc, cudaMemcpyHostToDevice, c->stream)) ||
+            cu_moe_w4_gemm(c, tab, dce, dce + nc, nc, xg, hg, hu, y, off[E]))
+            return; /* the batch fails (cu_error) */
+        done = 1;
+    } else if (T) {
         done = moe_experts_chunked(c, hw, E, cnt, off, T, xg, hg, hu, y, F, dim, dtab);
         if (done == 0) c->moe_chunk = 0; /* cuBLAS refused: one problem per expert from now on */
     } else if (c->moe_grouped) {
