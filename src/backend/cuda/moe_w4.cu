@@ -29,9 +29,10 @@
  *    once per 8 of its tokens;
  *  - above, with both kinds 4-bit and at most moe_w4_gemm (96) routed rows
  *    per expert on average: k_moe_w4_gemm, GEMMs on the codes over chunks
- *    of 64 of an expert's rows (branch moe-w4-gemm: written, not yet run on
- *    a GPU; expected to win where the scratch copy's 2.4 GB of traffic per
- *    30B-A3B layer outweighs cuBLAS's faster tiles, ~129-1,500 tokens);
+ *    of 64 of an expert's rows. It wins while the scratch copy's 2.4 GB of
+ *    traffic per 30B-A3B layer outweighs cuBLAS's faster tiles (H200:
+ *    pp256 16.6k against 8.7k tok/s, pp1024 28.2k against 26.4k; pp2048
+ *    30.6k against 40.1k, so 96 rows = 1,536 tokens on 30B-A3B);
  *  - above that: the experts that have rows dequantized into bf16 scratch
  *    (k_moe_w4_deq; grid over (words, expert), blocks of unused experts
  *    exit), then moe.cu's chunked or grouped cuBLAS calls with the
@@ -46,6 +47,10 @@
  * widened 31.4k), 8,192 51.6k (widened 56.9k). Pairs beat the grouping at
  * one token (2.88 against 3.16 ms per step) and lose from two (2: 3.73
  * against 3.51, 4: 5.02 against 3.90).
+ * Since then (H200, 2026-12-06, forty-seventh session): down with a warp
+ * per tile (decode 425 -> 443 tok/s), the GEMMs on the codes (above), and
+ * each kind's experts in one allocation (cuda.cu's cu_prepare_moe: peak
+ * 22.8 -> 19.2 GB).
  */
 #include <string.h>
 
@@ -404,10 +409,10 @@ void cu_moe_w4_down(struct cuda_ctx *c, const struct cu_moe_tab *tab, float *yo,
     const struct moe_w4_mat A = w4_mat(tab, 2);
     const struct moe_w4_rows R = {NULL, ue, uo, uc, nu, sel, 1};
     /* short rows (ffn <= 2,048: 16 column blocks) a warp per tile, else a
-     * block per tile with its warps splitting the columns;
-     * KILN_CUDA_MOE_W4_WT=0 keeps the latter (read per launch) */
-    const char *wt_env = getenv("KILN_CUDA_MOE_W4_WT");
-    const int tiles = (A.n_out + 15) / 16, wt = A.nkb <= 16 && !(wt_env && !strcmp(wt_env, "0"));
+     * block per tile with its warps splitting the columns (always under
+     * KILN_CUDA_MOE_W4_WT=0; the warp per tile was 443 against 425 tok/s
+     * on 30B-A3B's decode) */
+    const int tiles = (A.n_out + 15) / 16, wt = A.nkb <= 16 && c->moe_w4_wt;
     const dim3 grid((unsigned)(wt ? (tiles + 7) / 8 : tiles), ny);
 #define GO(GB, WT) cu_launch(c->stream, k_moe_w4<false, GB, WT>, grid, 256, 0, A, A, h, (bf16 *)NULL, yo, R)
     if (A.gsh >= 2) {
