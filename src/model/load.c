@@ -215,11 +215,11 @@ static int get_linear(struct wsrc *s, struct qlinear *w, const char *prefix, int
     return 0;
 }
 
-static int bind(struct wsrc *s) {
+/* the model's own tensors: the embedding, the final norm, lm_head, and
+ * the layers' table (each layer is bound by bind_layer) */
+static int bind_top(struct wsrc *s) {
     struct kiln_model *m = s->m;
     const struct kiln_config *c = &m->cfg;
-    char p[256];
-    int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
     if (get(s, &m->embed, "model.embed_tokens.weight", c->vocab, c->dim, W_LINEAR)) return -1;
     if (get(s, &m->norm, "model.norm.weight", 0, c->dim, W_NORM)) return -1;
     if (c->tie_embed) {
@@ -235,82 +235,89 @@ static int bind(struct wsrc *s) {
         return -1;
     }
     m->layers = kiln_calloc((size_t)c->n_layer, sizeof *m->layers);
-    int ab = c->attn_bias || c->qkv_bias;
-    for (int l = 0; l < c->n_layer; l++) {
-        struct layer *L = &m->layers[l];
+    return 0;
+}
+
+static int bind_layer(struct wsrc *s, int l) {
+    struct kiln_model *m = s->m;
+    const struct kiln_config *c = &m->cfg;
+    char p[256];
+    const int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim, ab = c->attn_bias || c->qkv_bias;
+    struct layer *L = &m->layers[l];
 #define P(fmt, ...) (snprintf(p, sizeof p, "model.layers.%d." fmt, l, ##__VA_ARGS__), p)
-        if (get(s, &L->attn_norm, P("input_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
-        if (get(s, &L->ffn_norm, P("post_attention_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
-        if (get_linear(s, &L->wq, P("self_attn.q_proj"), qd, c->dim, ab)) return -1;
-        if (get_linear(s, &L->wk, P("self_attn.k_proj"), kvd, c->dim, ab)) return -1;
-        if (get_linear(s, &L->wv, P("self_attn.v_proj"), kvd, c->dim, ab)) return -1;
-        if (get_linear(s, &L->wo, P("self_attn.o_proj"), c->dim, qd, c->attn_bias)) return -1;
-        if (c->qk_norm) {
-            if (get(s, &L->q_norm, P("self_attn.q_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
-            if (get(s, &L->k_norm, P("self_attn.k_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
-        }
-        L->is_moe = c->layer_moe[l];
-        if (L->is_moe) {
-            struct moe_ffn *e = &L->moe;
-            e->n_expert = c->n_expert;
-            e->n_used = c->n_expert_used;
-            e->ffn = c->moe_ffn;
-            e->norm_topk = c->norm_topk_prob;
-            if (get_linear(s, &e->router, P("mlp.gate"), c->n_expert, c->dim, 0)) return -1;
-            e->gate = kiln_calloc((size_t)c->n_expert, sizeof *e->gate);
-            e->up = kiln_calloc((size_t)c->n_expert, sizeof *e->up);
-            e->down = kiln_calloc((size_t)c->n_expert, sizeof *e->down);
-            for (int x = 0; x < c->n_expert; x++) {
-                if (get_linear(s, &e->gate[x], P("mlp.experts.%d.gate_proj", x), c->moe_ffn, c->dim, 0)) return -1;
-                if (get_linear(s, &e->up[x], P("mlp.experts.%d.up_proj", x), c->moe_ffn, c->dim, 0)) return -1;
-                if (get_linear(s, &e->down[x], P("mlp.experts.%d.down_proj", x), c->dim, c->moe_ffn, 0)) return -1;
-            }
-        } else {
-            if (get_linear(s, &L->gate, P("mlp.gate_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
-            if (get_linear(s, &L->up, P("mlp.up_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
-            if (get_linear(s, &L->down, P("mlp.down_proj"), c->dim, c->ffn, c->mlp_bias)) return -1;
-        }
-#undef P
+    if (get(s, &L->attn_norm, P("input_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
+    if (get(s, &L->ffn_norm, P("post_attention_layernorm.weight"), 0, c->dim, W_NORM)) return -1;
+    if (get_linear(s, &L->wq, P("self_attn.q_proj"), qd, c->dim, ab)) return -1;
+    if (get_linear(s, &L->wk, P("self_attn.k_proj"), kvd, c->dim, ab)) return -1;
+    if (get_linear(s, &L->wv, P("self_attn.v_proj"), kvd, c->dim, ab)) return -1;
+    if (get_linear(s, &L->wo, P("self_attn.o_proj"), c->dim, qd, c->attn_bias)) return -1;
+    if (c->qk_norm) {
+        if (get(s, &L->q_norm, P("self_attn.q_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
+        if (get(s, &L->k_norm, P("self_attn.k_norm.weight"), 0, c->head_dim, W_NORM)) return -1;
     }
+    L->is_moe = c->layer_moe[l];
+    if (L->is_moe) {
+        struct moe_ffn *e = &L->moe;
+        e->n_expert = c->n_expert;
+        e->n_used = c->n_expert_used;
+        e->ffn = c->moe_ffn;
+        e->norm_topk = c->norm_topk_prob;
+        if (get_linear(s, &e->router, P("mlp.gate"), c->n_expert, c->dim, 0)) return -1;
+        e->gate = kiln_calloc((size_t)c->n_expert, sizeof *e->gate);
+        e->up = kiln_calloc((size_t)c->n_expert, sizeof *e->up);
+        e->down = kiln_calloc((size_t)c->n_expert, sizeof *e->down);
+        for (int x = 0; x < c->n_expert; x++) {
+            if (get_linear(s, &e->gate[x], P("mlp.experts.%d.gate_proj", x), c->moe_ffn, c->dim, 0)) return -1;
+            if (get_linear(s, &e->up[x], P("mlp.experts.%d.up_proj", x), c->moe_ffn, c->dim, 0)) return -1;
+            if (get_linear(s, &e->down[x], P("mlp.experts.%d.down_proj", x), c->dim, c->moe_ffn, 0)) return -1;
+        }
+    } else {
+        if (get_linear(s, &L->gate, P("mlp.gate_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
+        if (get_linear(s, &L->up, P("mlp.up_proj"), c->ffn, c->dim, c->mlp_bias)) return -1;
+        if (get_linear(s, &L->down, P("mlp.down_proj"), c->dim, c->ffn, c->mlp_bias)) return -1;
+    }
+#undef P
     return 0;
 }
 
 /* ==== preparing on the backend, and the walk over every weight ==== */
 
-/* Calls fn on every distinct linear of the model (lm_head once even when tied). */
-/* fn on every linear; layer_fn (if given) after each layer's */
-static int each_linear_then(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *),
-                            int (*layer_fn)(struct kiln_model *, int, void *), void *ctx) {
-    const struct kiln_config *c = &m->cfg;
-    if (fn(m, &m->lm_head, ctx)) return -1;
-    for (int l = 0; m->layers && l < c->n_layer; l++) {
-        struct layer *L = &m->layers[l];
-        struct qlinear *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->moe.router};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->w.data && fn(m, ws[i], ctx)) return -1;
-        for (int x = 0; L->moe.gate && x < L->moe.n_expert; x++) {
-            if (L->moe.gate[x].w.data && fn(m, &L->moe.gate[x], ctx)) return -1;
-            if (L->moe.up[x].w.data && fn(m, &L->moe.up[x], ctx)) return -1;
-            if (L->moe.down[x].w.data && fn(m, &L->moe.down[x], ctx)) return -1;
-        }
-        if (layer_fn && layer_fn(m, l, ctx)) return -1;
+/* fn on every linear of layer l */
+static int layer_linears(struct kiln_model *m, int l, int (*fn)(struct kiln_model *, struct qlinear *, void *), void *ctx) {
+    struct layer *L = &m->layers[l];
+    struct qlinear *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->moe.router};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (ws[i]->w.data && fn(m, ws[i], ctx)) return -1;
+    for (int x = 0; L->moe.gate && x < L->moe.n_expert; x++) {
+        if (L->moe.gate[x].w.data && fn(m, &L->moe.gate[x], ctx)) return -1;
+        if (L->moe.up[x].w.data && fn(m, &L->moe.up[x], ctx)) return -1;
+        if (L->moe.down[x].w.data && fn(m, &L->moe.down[x], ctx)) return -1;
     }
     return 0;
 }
 
+/* fn on every vector (norm weights) of layer l */
+static int layer_vectors(struct kiln_model *m, int l, int (*fn)(struct kiln_model *, struct ktensor *, void *), void *ctx) {
+    struct layer *L = &m->layers[l];
+    struct ktensor *ts[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->data && fn(m, ts[i], ctx)) return -1;
+    return 0;
+}
+
+/* Calls fn on every distinct linear of the model (lm_head once even when tied). */
 static int each_linear(struct kiln_model *m, int (*fn)(struct kiln_model *, struct qlinear *, void *), void *ctx) {
-    return each_linear_then(m, fn, NULL, ctx);
+    if (m->lm_head.w.data && fn(m, &m->lm_head, ctx)) return -1;
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++)
+        if (layer_linears(m, l, fn, ctx)) return -1;
+    return 0;
 }
 
 static int each_vector(struct kiln_model *m, int (*fn)(struct kiln_model *, struct ktensor *, void *), void *ctx) {
     if (m->embed.data && fn(m, &m->embed, ctx)) return -1;
     if (m->norm.data && fn(m, &m->norm, ctx)) return -1;
-    for (int l = 0; m->layers && l < m->cfg.n_layer; l++) {
-        struct layer *L = &m->layers[l];
-        struct ktensor *ts[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            if (ts[i]->data && fn(m, ts[i], ctx)) return -1;
-    }
+    for (int l = 0; m->layers && l < m->cfg.n_layer; l++)
+        if (layer_vectors(m, l, fn, ctx)) return -1;
     return 0;
 }
 
@@ -320,19 +327,20 @@ struct errbuf {
 };
 
 /* The CPU backend repacks GPTQ/AWQ linears, and on x86 Q4_0 / Q8_0 ones
- * (cpu_qprepare_linear) and BF16 ones (in 12 bits, b12.c), at load and
- * never reads the stored tensors again (qlinear.repacked): drop their pages right after each linear's repack,
- * so resident memory is the repacked size, not stored + repacked, at the
- * end and along the way (a dummy model's anonymous pages cannot be evicted
- * to make room). From a checkpoint they are the file
- * mapping's (read-only), and a later read (kiln quantize's reference
+ * (cpu_qprepare_linear) and BF16 ones (in 12 bits, b12.c), at load, and
+ * the CUDA backend uploads every linear; neither reads the stored tensors
+ * again (qlinear.repacked). Their pages are dropped right after each
+ * linear is prepared, so resident memory is the prepared size, not stored
+ * + prepared, at the end and along the way (a dummy model's anonymous
+ * pages cannot be evicted to make room). From a checkpoint they are the
+ * file mapping's (read-only), and a later read (kiln quantize's reference
  * dequantization) faults them back in from the file. Dummy weights are the
  * model's own anonymous memory, one buffer per tensor (owned_alloc), so only
  * whole pages inside each tensor go and its neighbours keep theirs; they
  * come back as zeros, which nothing reads (0.6B GPTQ-int4 --dummy: 767 ->
  * 553 MiB peak RSS in a tg run, Q4_0's 552). A tied lm_head's weight is the
- * embedding, which the lookup still reads: from a file its pages go too
- * (the lookup faults back the rows it gathers), a dummy's stay. */
+ * embedding, which the CPU's lookup still reads: from a file its pages go
+ * too (the lookup faults back the rows it gathers), a dummy's stay. */
 static int drop_repacked(struct kiln_model *m, struct qlinear *w, void *ctx) {
     (void)ctx;
     if (!w->repacked) return 0;
@@ -487,15 +495,24 @@ void model_describe_formats(const struct kiln_model *m, FILE *f) {
         fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
 }
 
+/* Binds and prepares the weights. Each layer is bound, then prepared,
+ * before the next is read, so a dummy model's weights (generated in host
+ * memory) never all exist at once when the backend computes on its own
+ * copy and drops the stored pages (drop_repacked): Qwen3-235B-A22B's
+ * GPTQ-Int4 dummy is ~124 GB of host memory whole. */
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
     if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
-    if (bind(s)) return -1;
+    if (bind_top(s)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};
-    if (each_vector(m, prep_vec, &e) || each_linear_then(m, prep_lin, prep_moe_layer, &e) ||
-        be->prepare_rope(be, &m->rope, err, errlen))
-        return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
+    /* the embedding before lm_head: a tied lm_head shares its backend copy */
+    if (prep_vec(m, &m->embed, &e) || prep_vec(m, &m->norm, &e) || prep_lin(m, &m->lm_head, &e)) goto prep_fail;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        if (bind_layer(s, l)) return -1;
+        if (layer_vectors(m, l, prep_vec, &e) || layer_linears(m, l, prep_lin, &e) || prep_moe_layer(m, l, &e)) goto prep_fail;
+    }
+    if (be->prepare_rope(be, &m->rope, err, errlen)) goto prep_fail;
     if (be->group_linears) {
         const double t0 = kiln_now();
         for (int l = 0; l < m->cfg.n_layer; l++) {
@@ -506,6 +523,8 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
                  1e3 * (kiln_now() - t0));
     }
     return 0;
+prep_fail:
+    return kiln_err_prefix(err, errlen, "%s: preparing weights: ", m->path);
 }
 
 /* A single GGUF file: metadata -> config, tensors -> the Hugging Face names

@@ -692,6 +692,7 @@ static int cu_prepare_linear(struct kiln_backend *be, struct qlinear *w, char *e
         return -1;
     }
     w->be = L;
+    w->repacked = 1; /* computed on the device copy: the loader may drop the stored pages */
     return 0;
 }
 
