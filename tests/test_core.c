@@ -321,6 +321,42 @@ void test_config(void) {
           strstr(err, "model.layers.0.input_layernorm.weight"), "%s", err);
     write_st("model.safetensors", "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[2,4],\"data_offsets\":[0,32]}}", 32);
     CHECK(model_load_dir(&m, tmpdir, be, err, sizeof err) < 0 && strstr(err, "I32"), "%s", err);
+    /* two layers, each bound and then prepared before the next is read
+     * (load.c finish_load): complete, the model loads; without layer 1's
+     * down_proj the error names it after layer 0 went to the backend, and
+     * nothing of the half-loaded model stays (make test-asan: no leak) */
+    const char *cfg2 = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":4,\"num_hidden_layers\":2,\"num_attention_heads\":1,"
+                       "\"intermediate_size\":4,\"vocab_size\":2,\"tie_word_embeddings\":true}";
+    write_bytes("config.json", cfg2, strlen(cfg2));
+    for (int drop = 0; drop < 2; drop++) {
+        static const char *const lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                          "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+        char hdr[4096];
+        size_t off = 48;
+        int hn = snprintf(hdr, sizeof hdr, "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
+                                           "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[32,48]}");
+        for (int l = 0; l < 2; l++) {
+            const char *norms[] = {"input_layernorm", "post_attention_layernorm"};
+            for (int i = 0; i < 2; i++, off += 16)
+                hn += snprintf(hdr + hn, sizeof hdr - (size_t)hn, ",\"model.layers.%d.%s.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[%zu,%zu]}",
+                               l, norms[i], off, off + 16);
+            for (int i = 0; i < 7; i++) {
+                if (drop && l == 1 && i == 6) continue;
+                hn += snprintf(hdr + hn, sizeof hdr - (size_t)hn, ",\"model.layers.%d.%s.weight\":{\"dtype\":\"F32\",\"shape\":[4,4],\"data_offsets\":[%zu,%zu]}",
+                               l, lin[i], off, off + 64);
+                off += 64;
+            }
+        }
+        snprintf(hdr + hn, sizeof hdr - (size_t)hn, "}");
+        write_st("model.safetensors", hdr, off);
+        const int rc = model_load_dir(&m, tmpdir, be, err, sizeof err);
+        if (!drop) {
+            CHECK(rc == 0 && m.cfg.n_layer == 2 && m.layers[1].down.w.data, "%s", err);
+            if (rc == 0) model_free(&m);
+        } else {
+            CHECK(rc < 0 && strstr(err, "missing tensor") && strstr(err, "model.layers.1.mlp.down_proj.weight"), "%s", err);
+        }
+    }
     rm_tmp("model.safetensors");
     CHECK(model_load_dir(&m, tmpdir, be, err, sizeof err) < 0 && strstr(err, "safetensors"), "%s", err);
     rm_tmp("config.json");
