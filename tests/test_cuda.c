@@ -1777,6 +1777,7 @@ static void test_moe_w4(struct pair *p) {
     moe_w4_case(p, 16, 4, 256, 160, q40, g32, 0, 1, 1);     /* rows and columns padded in the layout */
     moe_w4_case(p, 32, 8, 512, 256, g64a, q80, 0, 1, 0);    /* down widened at load (Q8_0) */
     moe_w4_case(p, 32, 8, 512, 256, g128, pc, 1, 0, 1);     /* gate / up widened on the device; down per channel */
+    moe_w4_case(p, 8, 2, 4096, 1536, g128, g128, 0, 1, 1);  /* Qwen3-235B-A22B's dim and expert ffn (E, K cut for the f64 reference's time) */
     /* other path limits, each on a backend made under them: every size
      * expert by expert (up to 300 tokens: many passes over an expert's
      * codes), pairs up to 16 tokens and no expert-by-expert path, neither
