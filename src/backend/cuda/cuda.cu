@@ -770,39 +770,48 @@ static void cu_release_linear(struct kiln_backend *be, struct qlinear *w) {
  * The group's first linear owns the allocation. Also an MoE layer's bf16
  * experts of one kind (cu_prepare_moe), for the memory.
  */
+/* one allocation holding the buffers back to back (cuda.cuh); the linears'
+ * groupings below and cu_w4_group move weights with it */
+char *cu_dev_concat(struct cuda_ctx *c, const void *const *src, const size_t *bytes, int count, size_t tail) {
+    size_t total = tail;
+    for (int i = 0; i < count; i++) total += bytes[i];
+    char *d = NULL;
+    if (cudaMalloc(&d, total) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    cudaError_t e = cudaSuccess;
+    size_t off = 0;
+    for (int i = 0; i < count && e == cudaSuccess; off += bytes[i++])
+        e = cudaMemcpyAsync(d + off, src[i], bytes[i], cudaMemcpyDeviceToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        return NULL;
+    }
+    return d;
+}
+
 static int group_said;
 static void cu_group_linears(struct kiln_backend *be, struct qlinear *const *ws, int count) {
     struct cuda_ctx *c = cu_ctx(be);
     if (count < 2) return;
-    size_t total = 0;
     for (int i = 0; i < count; i++) {
         const struct cu_linear *L = (const struct cu_linear *)ws[i]->be;
         if (!L || !L->w || L->q4 || L->shared || L->grouped || ws[i]->n_in != ws[0]->n_in || ws[i]->n_out % 8 ||
             ws[i]->n_in % 8)
             return;
-        total += (size_t)ws[i]->n_out * ws[i]->n_in;
     }
     cu_flush(c);
-    bf16 *d = NULL;
-    if (cudaMalloc(&d, total * 2 + 16) != cudaSuccess) {
-        cudaGetLastError(); /* out of memory: not sticky; the linears stay apart */
-        return;
-    }
-    size_t off = 0;
-    cudaError_t e = cudaSuccess;
-    for (int i = 0; i < count && e == cudaSuccess; i++) {
-        const size_t n = (size_t)ws[i]->n_out * ws[i]->n_in;
-        e = cudaMemcpyAsync(d + off, ((const struct cu_linear *)ws[i]->be)->w, n * 2, cudaMemcpyDeviceToDevice, c->stream);
-        off += n;
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        cudaFree(d);
-        return;
-    }
+    const void **src = (const void **)kiln_malloc(sizeof *src * (size_t)count);
+    size_t *bytes = (size_t *)kiln_malloc(sizeof *bytes * (size_t)count);
+    for (int i = 0; i < count; i++) src[i] = ((const struct cu_linear *)ws[i]->be)->w, bytes[i] = (size_t)ws[i]->n_out * ws[i]->n_in * 2;
+    bf16 *d = (bf16 *)cu_dev_concat(c, src, bytes, count, 16);
+    free(src), free(bytes);
+    if (!d) return; /* the linears stay apart */
     graphs_drop(c);
-    off = 0;
+    size_t off = 0;
     for (int i = 0; i < count; i++) {
         struct cu_linear *L = (struct cu_linear *)ws[i]->be;
         cudaFree(L->w);

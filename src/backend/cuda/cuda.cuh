@@ -410,6 +410,10 @@ int *cu_att_cnt(struct cuda_ctx *c, size_t n);
  * dropped): 0, or -1 when the host cannot pin that much; a caller whose
  * batch fails then records it (cu_fault) and skips its work */
 int cu_pinned(struct cuda_ctx *c, void **p, size_t *cap, size_t bytes);
+/* count device buffers copied back to back into one new allocation of
+ * their bytes plus tail (cuda.cu; stream order, then a sync); NULL when it
+ * cannot be made (out of memory is not sticky) */
+char *cu_dev_concat(struct cuda_ctx *c, const void *const *src, const size_t *bytes, int count, size_t tail);
 
 /* ops, one family per file */
 void cu_matmul(struct kiln_backend *be, void *out, const void *x, const struct qlinear *w, int n);

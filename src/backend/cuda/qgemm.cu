@@ -88,33 +88,22 @@ void cu_w4_release(struct cuda_ctx *c, struct cu_linear *L) {
 }
 
 void cu_w4_group(struct cuda_ctx *c, struct cu_linear *const *Ls, int count) {
-    size_t qb = 0, sb = 0;
+    if (count < 2) return;
+    for (int i = 0; i < count; i++)
+        if (!Ls[i]->q4 || Ls[i]->q4->grouped || Ls[i]->q4->perm) return;
+    const void **src = (const void **)kiln_malloc(sizeof *src * 2 * (size_t)count);
+    size_t *bytes = (size_t *)kiln_malloc(sizeof *bytes * 2 * (size_t)count);
     for (int i = 0; i < count; i++) {
         const struct cu_w4 *q = Ls[i]->q4;
-        if (!q || q->grouped || q->perm) return;
-        qb += q->q_bytes, sb += q->sc_bytes;
+        src[i] = q->q, bytes[i] = q->q_bytes, src[count + i] = q->sc, bytes[count + i] = q->sc_bytes;
     }
-    char *dq = NULL, *ds = NULL;
-    if (count < 2 || cudaMalloc(&dq, qb) != cudaSuccess || cudaMalloc(&ds, sb) != cudaSuccess) {
-        cudaGetLastError(); /* out of memory: not sticky; the linears stay apart */
+    char *dq = cu_dev_concat(c, src, bytes, count, 0), *ds = dq ? cu_dev_concat(c, src + count, bytes + count, count, 0) : NULL;
+    free(src), free(bytes);
+    if (!ds) { /* the linears stay apart */
         cudaFree(dq);
         return;
     }
-    cudaError_t e = cudaSuccess;
     size_t oq = 0, os = 0;
-    for (int i = 0; i < count && e == cudaSuccess; i++) {
-        const struct cu_w4 *q = Ls[i]->q4;
-        e = cudaMemcpyAsync(dq + oq, q->q, q->q_bytes, cudaMemcpyDeviceToDevice, c->stream);
-        if (e == cudaSuccess) e = cudaMemcpyAsync(ds + os, q->sc, q->sc_bytes, cudaMemcpyDeviceToDevice, c->stream);
-        oq += q->q_bytes, os += q->sc_bytes;
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        cudaFree(dq), cudaFree(ds);
-        return;
-    }
-    oq = os = 0;
     for (int i = 0; i < count; i++) {
         struct cu_w4 *q = Ls[i]->q4;
         cudaFree(q->q), cudaFree(q->sc);
