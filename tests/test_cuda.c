@@ -1697,9 +1697,10 @@ static void moe_w4_case(struct pair *p, int E, int K, int dim, int F, struct qex
     char err[256] = "no prepare_moe";
     CHECK(p->gpu->prepare_moe && p->gpu->prepare_moe(p->gpu, &mg, err, sizeof err) == 0, "moe E=%d: prepare_moe: %s", E, err);
     const int ns[] = {1, 4, 8, 9, 16, 33, 64, 100, 300};
-    const int pmax = moe_env("KILN_CUDA_MOE_W4_PAIRS", 1), wmax = moe_env("KILN_CUDA_MOE_W4_BATCH", 128);
-    const int dmax = moe_env("KILN_CUDA_MOE_DIRECT", 8), bmax = moe_env("KILN_CUDA_MOE_BATCH", 32); /* mb's paths */
+    const int pmax = moe_env("KILN_CUDA_MOE_W4_PAIRS", 1), dmax = moe_env("KILN_CUDA_MOE_DIRECT", 8), bmax = moe_env("KILN_CUDA_MOE_BATCH", 32); /* mb's paths */
     const int gmax = moe_env("KILN_CUDA_MOE_W4_GEMM", 96);
+    /* expert by expert up to 96 tokens where the GEMMs on the codes follow, else 128 (cuda.cuh) */
+    const int wmax = moe_env("KILN_CUDA_MOE_W4_BATCH", want_gu && want_dn && gmax > 0 ? 96 : 128);
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         const int n = ns[k];
         float *x = rand_vec((size_t)n * dim, 3.f);

@@ -52,8 +52,8 @@
  * wait), KILN_CUDA_GEMV_TC=N (decode matmuls of 3..N rows on gemm.cu's
  * tensor-core GEMV, default 16; 0: cuBLAS), KILN_CUDA_MOE_W4_PAIRS=N and
  * KILN_CUDA_MOE_W4_BATCH=N (4-bit MoE experts: pair by pair up to N tokens,
- * expert by expert up to N, defaults MOE_W4_PAIRS_MAX / MOE_W4_BATCH_MAX;
- * moe_w4.cu), KILN_CUDA_MOE_W4_GEMM=N (above those, GEMMs on the codes
+ * expert by expert up to N, defaults MOE_W4_PAIRS_MAX / MOE_W4_BATCH_MAX,
+ * MOE_W4_MIXED_MAX where no GEMMs on the codes follow; moe_w4.cu), KILN_CUDA_MOE_W4_GEMM=N (above those, GEMMs on the codes
  * while the routed rows per expert average at most N, default 96; 0: the
  * bf16 scratch copy), KILN_CUDA_MOE_W4_WT=0 (4-bit down: a block per tile,
  * not a warp).
@@ -1078,7 +1078,7 @@ static int cu_begin(struct kiln_backend *be, const struct kiln_batch *b) {
     for (int i = 0; i < c->n_moe_tabs; i++) { /* as far as every MoE layer's paths without a host wait go (moe.cu cu_moe) */
         const struct cu_moe_w4 *k = c->moe_tabs[i].w4;
         int most = c->moe_batch > c->moe_direct ? c->moe_batch : c->moe_direct;
-        if (k[0].on || k[2].on) most = k[0].on && k[2].on && c->moe_w4_pairs > c->moe_w4_batch ? c->moe_w4_pairs : c->moe_w4_batch;
+        if (k[0].on || k[2].on) most = cu_moe_w4_most(c, k);
         if (most < graph_max) graph_max = most;
     }
     if (c->no_graphs || n > graph_max || max_n > 1 || no == 0 || c->use_flash) return 0;
@@ -1278,6 +1278,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_batch = env_int("KILN_CUDA_MOE_BATCH", MOE_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_pairs = env_int("KILN_CUDA_MOE_W4_PAIRS", MOE_W4_PAIRS_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_batch = env_int("KILN_CUDA_MOE_W4_BATCH", MOE_W4_BATCH_MAX, 0, GRAPH_MAX_TOKENS);
+    c->moe_w4_mixed = env_int("KILN_CUDA_MOE_W4_BATCH", MOE_W4_MIXED_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_gemm = env_int("KILN_CUDA_MOE_W4_GEMM", 96, 0, 1 << 20);
     c->moe_w4_wt = env_int("KILN_CUDA_MOE_W4_WT", 1, 0, 1);
     /* rows per chunk of the prefill expert GEMMs (0: one problem per expert; -1: by the row count) */

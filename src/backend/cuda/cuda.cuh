@@ -175,10 +175,17 @@ struct cu_qkv_bias {
 #define MOE_DIRECT_MAX 8
 #define MOE_BATCH_MAX 32
 /* 4-bit experts (moe_w4.cu): pair by pair up to MOE_W4_PAIRS_MAX tokens,
- * expert by expert up to MOE_W4_BATCH_MAX, above it dequantized to bf16
- * scratch for the grouped GEMMs (cuda_ctx.moe_w4_pairs, moe_w4_batch) */
+ * expert by expert up to MOE_W4_BATCH_MAX, above it GEMMs on the codes or
+ * the grouped GEMMs on bf16 scratch (cuda_ctx.moe_w4_pairs, moe_w4_batch,
+ * moe_w4_gemm). 96: on 30B-A3B (H100, forty-eighth session) the GEMMs on
+ * the codes win from ~100 tokens, for prompts and decode batches alike
+ * (b128 8,763 -> 9,582 tok/s, pp128 8,993 -> 10,644), and tie at 96 */
 #define MOE_W4_PAIRS_MAX 1
-#define MOE_W4_BATCH_MAX 128
+#define MOE_W4_BATCH_MAX 96
+/* ... and up to MOE_W4_MIXED_MAX where nothing but the bf16 scratch waits
+ * above (a kind widened to bf16, or KILN_CUDA_MOE_W4_GEMM=0): the limit
+ * before the forty-eighth session, kept for them (cu_moe_w4_most) */
+#define MOE_W4_MIXED_MAX 128
 
 struct sk_prog; /* step.cu: a decode step compiled for the persistent kernel */
 
@@ -246,6 +253,7 @@ struct cuda_ctx {
     int moe_batch;    /* ... above it and up to this many: expert by expert on the device (moe_batch.cu; KILN_CUDA_MOE_BATCH) */
     int moe_w4_pairs; /* 4-bit experts: pair by pair up to this many tokens (moe_w4.cu; KILN_CUDA_MOE_W4_PAIRS, default MOE_W4_PAIRS_MAX) */
     int moe_w4_batch; /* ... expert by expert up to this many (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_BATCH_MAX) */
+    int moe_w4_mixed; /* ... or this many without GEMMs on the codes above (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_MIXED_MAX) */
     int moe_w4_gemm;  /* ... above it on the codes (k_moe_w4_gemm) while the routed rows per expert average at most this many (KILN_CUDA_MOE_W4_GEMM, default 96; 0: dequantized always) */
     int moe_w4_wt;    /* 4-bit down of <= 2,048 columns with a warp per 16-row tile (KILN_CUDA_MOE_W4_WT, default 1; 0: a block per tile) */
     int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
@@ -370,6 +378,15 @@ struct cuda_ctx {
     const void *embed_host;
     bf16 *embed_dev;
 };
+
+/* the most tokens a 4-bit MoE layer (kinds k[3]) runs expert by expert,
+ * the CUDA graphs' limit too (no host wait): moe_w4_batch when both kinds
+ * are 4-bit and the GEMMs on the codes take over above it, else
+ * moe_w4_mixed; pairs, where they go further, are host-free as well */
+static inline int cu_moe_w4_most(const struct cuda_ctx *c, const struct cu_moe_w4 *k) {
+    const int both = k[0].on && k[2].on, most = both && c->moe_w4_gemm > 0 ? c->moe_w4_batch : c->moe_w4_mixed;
+    return both && c->moe_w4_pairs > most ? c->moe_w4_pairs : most;
+}
 
 static inline struct cuda_ctx *cu_ctx(struct kiln_backend *be) { return (struct cuda_ctx *)be->ctx; }
 

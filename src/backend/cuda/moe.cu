@@ -459,11 +459,12 @@ void cu_moe(struct kiln_backend *be, void *out, const void *x_, const struct moe
     if (!tab) return; /* out of device memory: cu_error reports it */
     const size_t nk = (size_t)n * K;
     /* 4-bit experts (moe_w4.cu): pair by pair up to moe_w4_pairs tokens when
-     * both kinds are 4-bit, expert by expert up to moe_w4_batch (the bf16
-     * direct path's kernels do not take them), dequantized above it */
+     * both kinds are 4-bit, expert by expert up to cu_moe_w4_most (the bf16
+     * direct path's kernels do not take them), then the GEMMs on the codes
+     * or the dequantized copy */
     const int w4 = tab->w4[0].on || tab->w4[2].on, w4_pairs = tab->w4[0].on && tab->w4[2].on && n <= c->moe_w4_pairs;
     const int direct = !w4 && n <= c->moe_direct;
-    const int batch = !direct && (w4 ? w4_pairs || n <= c->moe_w4_batch : n <= c->moe_batch);
+    const int batch = !direct && (w4 ? w4_pairs || n <= cu_moe_w4_most(c, tab->w4) : n <= c->moe_batch);
     /* grouped: each expert's rows start on a multiple of T (1: packed) */
     /* 4-bit gate/up and down with few rows per expert: GEMMs on the codes,
      * each expert's rows in chunks of MOE_W4_GEMM_ROWS (moe_w4.cu) */

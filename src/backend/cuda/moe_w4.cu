@@ -24,7 +24,7 @@
  *
  *  - one token (moe_w4_pairs, MOE_W4_PAIRS_MAX): each routed pair its own
  *    block, no grouping (both kinds 4-bit);
- *  - up to moe_w4_batch tokens (MOE_W4_BATCH_MAX 128): expert by expert
+ *  - up to moe_w4_batch tokens (MOE_W4_BATCH_MAX 96): expert by expert
  *    over moe_batch.cu's k_moe_sort grouping, each used expert's codes read
  *    once per 8 of its tokens;
  *  - above, with both kinds 4-bit and at most moe_w4_gemm (96) routed rows
