@@ -246,6 +246,14 @@ static const char *cfg_try(struct kiln_config *c, const char *json) {
     return err;
 }
 
+
+/* the CPU backend's prepare_linear, counted (the load-order check below) */
+static int (*prep_inner)(struct kiln_backend *, struct qlinear *, char *, size_t);
+static int n_prepared;
+static int prep_counted(struct kiln_backend *be, struct qlinear *w, char *err, size_t errlen) {
+    n_prepared++;
+    return prep_inner(be, w, err, errlen);
+}
 void test_config(void) {
     struct kiln_config c;
     /* transformers 4.x spelling */
@@ -321,10 +329,12 @@ void test_config(void) {
           strstr(err, "model.layers.0.input_layernorm.weight"), "%s", err);
     write_st("model.safetensors", "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[2,4],\"data_offsets\":[0,32]}}", 32);
     CHECK(model_load_dir(&m, tmpdir, be, err, sizeof err) < 0 && strstr(err, "I32"), "%s", err);
-    /* two layers, each bound and then prepared before the next is read
-     * (load.c finish_load): complete, the model loads; without layer 1's
-     * down_proj the error names it after layer 0 went to the backend, and
-     * nothing of the half-loaded model stays (make test-asan: no leak) */
+    /* two layers (load.c finish_load binds a checkpoint's layers before
+     * any weight goes to the backend): complete, the model loads; without
+     * layer 1's down_proj the error names it and no linear was prepared,
+     * and nothing of the half-loaded model stays (make test-asan: no leak) */
+    prep_inner = be->prepare_linear;
+    be->prepare_linear = prep_counted;
     const char *cfg2 = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":4,\"num_hidden_layers\":2,\"num_attention_heads\":1,"
                        "\"intermediate_size\":4,\"vocab_size\":2,\"tie_word_embeddings\":true}";
     write_bytes("config.json", cfg2, strlen(cfg2));
@@ -349,14 +359,17 @@ void test_config(void) {
         }
         snprintf(hdr + hn, sizeof hdr - (size_t)hn, "}");
         write_st("model.safetensors", hdr, off);
+        n_prepared = 0;
         const int rc = model_load_dir(&m, tmpdir, be, err, sizeof err);
-        if (!drop) {
-            CHECK(rc == 0 && m.cfg.n_layer == 2 && m.layers[1].down.w.data, "%s", err);
+        if (!drop) { /* the tied lm_head and 7 per layer */
+            CHECK(rc == 0 && m.cfg.n_layer == 2 && m.layers[1].down.w.data && n_prepared == 15, "%s (%d linears prepared)", err, n_prepared);
             if (rc == 0) model_free(&m);
         } else {
             CHECK(rc < 0 && strstr(err, "missing tensor") && strstr(err, "model.layers.1.mlp.down_proj.weight"), "%s", err);
+            CHECK(n_prepared == 0, "a broken checkpoint: %d linears went to the backend before the error", n_prepared);
         }
     }
+    be->prepare_linear = prep_inner;
     rm_tmp("model.safetensors");
     CHECK(model_load_dir(&m, tmpdir, be, err, sizeof err) < 0 && strstr(err, "safetensors"), "%s", err);
     rm_tmp("config.json");

@@ -495,21 +495,28 @@ void model_describe_formats(const struct kiln_model *m, FILE *f) {
         fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
 }
 
-/* Binds and prepares the weights. Each layer is bound, then prepared,
- * before the next is read, so a dummy model's weights (generated in host
- * memory) never all exist at once when the backend computes on its own
- * copy and drops the stored pages (drop_repacked): Qwen3-235B-A22B's
- * GPTQ-Int4 dummy is ~124 GB of host memory whole. */
+/* Binds and prepares the weights. A dummy model's layer is generated (in
+ * host memory) as it is bound, so each is bound, then prepared, before the
+ * next: its weights never all exist at once when the backend computes on
+ * its own copy and drops the stored pages (drop_repacked); Qwen3-235B-A22B's
+ * GPTQ-Int4 dummy is ~124 GB of host memory whole. A checkpoint's binding
+ * only points into the mapped files and checks names, shapes and dtypes,
+ * so all its layers are bound first: a tensor missing from the last layer
+ * fails the load before anything went to the backend, not after minutes
+ * of upload. */
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
     if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
     if (bind_top(s)) return -1;
+    const int ahead = !s->dummy;
+    for (int l = 0; ahead && l < m->cfg.n_layer; l++)
+        if (bind_layer(s, l)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};
     /* the embedding before lm_head: a tied lm_head shares its backend copy */
     if (prep_vec(m, &m->embed, &e) || prep_vec(m, &m->norm, &e) || prep_lin(m, &m->lm_head, &e)) goto prep_fail;
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        if (bind_layer(s, l)) return -1;
+        if (!ahead && bind_layer(s, l)) return -1;
         if (layer_vectors(m, l, prep_vec, &e) || layer_linears(m, l, prep_lin, &e) || prep_moe_layer(m, l, &e)) goto prep_fail;
     }
     if (be->prepare_rope(be, &m->rope, err, errlen)) goto prep_fail;
