@@ -254,6 +254,12 @@ static int prep_counted(struct kiln_backend *be, struct qlinear *w, char *err, s
     n_prepared++;
     return prep_inner(be, w, err, errlen);
 }
+/* a device with fake_free bytes free (the fit check below) */
+static size_t fake_free;
+static void fake_mem_info(struct kiln_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    *free_bytes = fake_free, *total_bytes = 2 * fake_free;
+}
 void test_config(void) {
     struct kiln_config c;
     /* transformers 4.x spelling */
@@ -364,6 +370,24 @@ void test_config(void) {
         if (!drop) { /* the tied lm_head and 7 per layer */
             CHECK(rc == 0 && m.cfg.n_layer == 2 && m.layers[1].down.w.data && n_prepared == 15, "%s (%d linears prepared)", err, n_prepared);
             if (rc == 0) model_free(&m);
+            /* on a device that holds its weights: refused before any
+             * upload when the floor (2 bytes a dense element: embedding 8,
+             * final norm 4, per layer 2 norms of 4 and 7 linears of 16, so
+             * 504 bytes; the tied lm_head shares the embedding) is more
+             * than is free, loaded when it is just that */
+            void (*mem_info)(struct kiln_backend *, size_t *, size_t *) = be->mem_info;
+            be->device_weights = 1, be->mem_info = fake_mem_info;
+            for (fake_free = 503; fake_free <= 504; fake_free++) {
+                n_prepared = 0;
+                const int r2 = model_load_dir(&m, tmpdir, be, err, sizeof err);
+                if (fake_free == 503)
+                    CHECK(r2 < 0 && strstr(err, "need at least") && strstr(err, "(504 bytes)") && n_prepared == 0, "%s (%d linears prepared)",
+                          err, n_prepared);
+                else
+                    CHECK(r2 == 0 && n_prepared == 15, "%s", err);
+                if (r2 == 0) model_free(&m);
+            }
+            be->device_weights = 0, be->mem_info = mem_info;
         } else {
             CHECK(rc < 0 && strstr(err, "missing tensor") && strstr(err, "model.layers.1.mlp.down_proj.weight"), "%s", err);
             CHECK(n_prepared == 0, "a broken checkpoint: %d linears went to the backend before the error", n_prepared);

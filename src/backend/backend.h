@@ -98,6 +98,10 @@ struct kiln_backend {
      * a backend whose scratch is scarce device memory, sized by the first
      * forward of a shape */
     int warm_at_open;
+    /* set by a backend whose weights live in the memory mem_info reports
+     * and cannot page (a GPU's): the loader refuses a checkpoint whose
+     * weights cannot fit there before it uploads any (load.c) */
+    int device_weights;
     /* set before a model's load by a caller that reads the stored weights
      * after it (kiln quantize): the backend then computes on them as they
      * are and stores no smaller copy of its own in their place */

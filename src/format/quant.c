@@ -435,7 +435,7 @@ int quant_widen_bf16(const struct qlinear *w, uint16_t *out, char *err, size_t e
     return 0;
 }
 
-static int64_t tbytes(const struct ktensor *t) {
+int64_t quant_tensor_bytes(const struct ktensor *t) {
     if (!t->data) return 0;
     size_t rb = quant_row_bytes(t->dtype, t->cols);
     if (!rb) rb = (size_t)t->cols * dtype_size(t->dtype);
@@ -443,7 +443,8 @@ static int64_t tbytes(const struct ktensor *t) {
 }
 
 int64_t quant_linear_bytes(const struct qlinear *w) {
-    return tbytes(&w->w) + tbytes(&w->bias) + tbytes(&w->scales) + tbytes(&w->zeros) + tbytes(&w->g_idx);
+    return quant_tensor_bytes(&w->w) + quant_tensor_bytes(&w->bias) + quant_tensor_bytes(&w->scales) + quant_tensor_bytes(&w->zeros) +
+           quant_tensor_bytes(&w->g_idx);
 }
 
 void quant_linear_label(const struct qlinear *w, char *buf, size_t len) {

@@ -86,6 +86,9 @@ void quant_dequant_linear(const struct qlinear *w, float *out);
  * with err (an act-order g_idx out of range). */
 int quant_widen_bf16(const struct qlinear *w, uint16_t *out, char *err, size_t errlen);
 
+/* Bytes a tensor occupies as stored (block-quantized rows included; 0
+ * when it has no data). */
+int64_t quant_tensor_bytes(const struct ktensor *t);
 /* Bytes the linear's weight occupies as stored (weight, scales, zeros,
  * g_idx, bias). */
 int64_t quant_linear_bytes(const struct qlinear *w);

@@ -495,6 +495,37 @@ void model_describe_formats(const struct kiln_model *m, FILE *f) {
         fprintf(f, "  %-34s %5d linears %10.2f MiB\n", c.label[i], c.n[i], c.bytes[i] / (double)(1 << 20));
 }
 
+/* The least device memory the bound weights can take on a backend that
+ * computes in 16 bits or more: 2 bytes per element of a dense tensor (a
+ * GPU keeps them in bf16, f32 norms included), the stored codes of a
+ * quantized linear or table (kept so, repacked with their scales, or
+ * widened: never smaller); a tied lm_head shares the embedding's copy. A
+ * floor, so it refuses no model that fits (the CUDA backend's weights of
+ * Qwen3-8B BF16 are 15.26 GiB against a floor of 15.26). */
+static int64_t elem2(const struct ktensor *t) { return t->data ? 2 * t->rows * t->cols : 0; }
+static int floor_lin(struct kiln_model *m, struct qlinear *w, void *ctx) {
+    if (w == &m->lm_head && m->cfg.tie_embed) return 0;
+    *(int64_t *)ctx += (w->fmt == KILN_WFMT_DENSE ? elem2(&w->w) : quant_tensor_bytes(&w->w)) + elem2(&w->bias);
+    return 0;
+}
+static int floor_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
+    *(int64_t *)ctx += dtype_size(t->dtype) ? elem2(t) : quant_tensor_bytes(t); /* a GGUF embedding's blocks as stored */
+    return 0;
+}
+
+static int check_fit(struct kiln_model *m, struct kiln_backend *be, char *err, size_t errlen) {
+    if (!be->device_weights || !be->mem_info) return 0;
+    int64_t need = 0;
+    each_linear(m, floor_lin, &need);
+    each_vector(m, floor_vec, &need);
+    size_t free_b = 0, total_b = 0;
+    be->mem_info(be, &free_b, &total_b);
+    if (need <= (int64_t)free_b) return 0;
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    return kiln_errf(err, errlen, "%s: the weights need at least %.2f GiB (%lld bytes) of %s memory, %.2f GiB of its %.2f GiB are free",
+                     m->path, need / G, (long long)need, be->name, free_b / G, total_b / G);
+}
+
 /* Binds and prepares the weights. A dummy model's layer is generated (in
  * host memory) as it is bound, so each is bound, then prepared, before the
  * next: its weights never all exist at once when the backend computes on
@@ -511,6 +542,7 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     const int ahead = !s->dummy;
     for (int l = 0; ahead && l < m->cfg.n_layer; l++)
         if (bind_layer(s, l)) return -1;
+    if (ahead && check_fit(m, be, err, errlen)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};
     /* the embedding before lm_head: a tied lm_head shares its backend copy */

@@ -1297,6 +1297,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
 
     be->name = "cuda";
     be->warm_at_open = 1;
+    be->device_weights = 1;
     be->act_size = 2;
     be->kv_dtypes = 1u << KILN_DTYPE_BF16;
     be->ctx = c;
