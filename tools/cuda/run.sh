@@ -3,12 +3,21 @@
 # time is scarce). Run from the repository root on the GPU machine with a
 # directory of binaries carried over (B, default build-gpu: kiln, test-kiln,
 # optionally kiln-base = the previous version, and gpulibs/ = the Debian .so
-# files the image lacks). Steps, in the order given:
+# files the image lacks: libcjson.so.1, libpcre2-8.so.0, libutf8proc.so.2,
+# libmicrohttpd.so.12 and its chain, libgnutls.so.30, libp11-kit.so.0,
+# libidn2.so.0, libunistring.so.2, libtasn1.so.6, libnettle.so.8,
+# libhogweed.so.6, libgmp.so.10, libffi.so.8, copied with cp -L from
+# /lib/x86_64-linux-gnu; the image has CUDA 13's cuBLAS). Steps, in the order given:
 #   test                     ./test-kiln cuda (summary lines)
 #   tg MODEL BIN [ENV=V ...] pp128 + tg128 of $B/BIN (kiln, or kiln-base = the previous version)
 #   bench MODEL ARGS...      kiln bench --profile pp-tg with ARGS (one word, commas)
 #   ncu MODEL SKIP COUNT BIN per-kernel durations of COUNT kernels of a decode
 #                            run (graphs off) after SKIP, into $OUT/ncu-MODEL-BIN.csv
+#   mem MODEL ARGS...        bench as above under /usr/bin/time -v, host RSS and GPU
+#                            memory sampled every 10 s into $OUT/mem-MODEL.log (MODEL:
+#                            a built-in name or a config.json, e.g. configs/ cut to fewer
+#                            layers; the forty-eighth session's 235B-A22B run:
+#                            "mem qwen3-235b-a22b --quant gptq-int4 -p 128,2048 -n 32 -r 1")
 #   q4 MODEL                 a Q4_0 GGUF of MODEL's shape with a bf16 embedding / head
 #                            (tools/make_dummy_gguf.py --random-codes; gguf from
 #                            $B/pylib when the image lacks it) into build-gg/, then
@@ -46,6 +55,14 @@ for step in "$@"; do
             --launch-skip $skip --launch-count $cnt ./$B/$bin bench --profile pp-tg --dummy $m --backend cuda -p 1 -n 64 -r 1 \
             >$OUT/ncu-$m-$bin.csv 2>$OUT/ncu-$m-$bin.err
         tail -2 $OUT/ncu-$m-$bin.err; wc -l $OUT/ncu-$m-$bin.csv ;;
+    mem)
+        m=$1; shift; n=$(basename $m .json)
+        echo "== mem $m $*"
+        ( while :; do echo "$(date +%s) host $(free -m | awk '/Mem/{print $3}') MiB gpu $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits) MiB"; sleep 10; done ) > $OUT/mem-$n.log &
+        sampler=$!
+        /usr/bin/time -v ./$B/kiln bench --profile pp-tg --dummy $m --backend cuda "$@" 2>$OUT/mem-$n.err | grep -E "^\| "
+        kill $sampler
+        grep -E "Maximum resident|Elapsed|rror" $OUT/mem-$n.err | grep -v debug | tail -4 ;;
     q4)
         m=$1; mkdir -p build-gg; f=build-gg/$m-q4_0.gguf
         [ -f $f ] || PYTHONPATH=$PWD/$B/pylib python3 tools/make_dummy_gguf.py configs/$m.json q4_0 $f --head bf16 --random-codes
