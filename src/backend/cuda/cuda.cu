@@ -53,7 +53,8 @@
  * tensor-core GEMV, default 16; 0: cuBLAS), KILN_CUDA_MOE_W4_PAIRS=N and
  * KILN_CUDA_MOE_W4_BATCH=N (4-bit MoE experts: pair by pair up to N tokens,
  * expert by expert up to N, defaults MOE_W4_PAIRS_MAX / MOE_W4_BATCH_MAX,
- * MOE_W4_MIXED_MAX where no GEMMs on the codes follow; moe_w4.cu), KILN_CUDA_MOE_W4_GEMM=N (above those, GEMMs on the codes
+ * MOE_W4_MIXED_MAX where no GEMMs on the codes follow; moe_w4.cu),
+ * KILN_CUDA_MOE_W4_GEMM=N (above those, GEMMs on the codes
  * while the routed rows per expert average at most N, default 96; 0: the
  * bf16 scratch copy), KILN_CUDA_MOE_W4_WT=0 (4-bit down: a block per tile,
  * not a warp).
