@@ -374,19 +374,25 @@ void test_config(void) {
              * upload when the floor (2 bytes a dense element: embedding 8,
              * final norm 4, per layer 2 norms of 4 and 7 linears of 16, so
              * 504 bytes; the tied lm_head shares the embedding) is more
-             * than is free, loaded when it is just that */
+             * than is free, loaded when it is just that; the checkpoint,
+             * then a --dummy of the same config (layer 0 generated, the
+             * other counted as it) */
             void (*mem_info)(struct kiln_backend *, size_t *, size_t *) = be->mem_info;
             be->device_weights = 1, be->mem_info = fake_mem_info;
-            for (fake_free = 503; fake_free <= 504; fake_free++) {
-                n_prepared = 0;
-                const int r2 = model_load_dir(&m, tmpdir, be, err, sizeof err);
-                if (fake_free == 503)
-                    CHECK(r2 < 0 && strstr(err, "need at least") && strstr(err, "(504 bytes)") && n_prepared == 0, "%s (%d linears prepared)",
-                          err, n_prepared);
-                else
-                    CHECK(r2 == 0 && n_prepared == 15, "%s", err);
-                if (r2 == 0) model_free(&m);
-            }
+            char cfg_path[600];
+            snprintf(cfg_path, sizeof cfg_path, "%s/config.json", tmpdir);
+            for (int dummy = 0; dummy < 2; dummy++)
+                for (fake_free = 503; fake_free <= 504; fake_free++) {
+                    n_prepared = 0;
+                    const int r2 = dummy ? model_load_dummy(&m, cfg_path, KILN_DTYPE_BF16, 0, be, err, sizeof err)
+                                         : model_load_dir(&m, tmpdir, be, err, sizeof err);
+                    if (fake_free == 503)
+                        CHECK(r2 < 0 && strstr(err, "need at least") && strstr(err, "(504 bytes)") && n_prepared == 0,
+                              "%s%s (%d linears prepared)", dummy ? "dummy: " : "", err, n_prepared);
+                    else
+                        CHECK(r2 == 0 && n_prepared == 15, "%s%s", dummy ? "dummy: " : "", err);
+                    if (r2 == 0) model_free(&m);
+                }
             be->device_weights = 0, be->mem_info = mem_info;
         } else {
             CHECK(rc < 0 && strstr(err, "missing tensor") && strstr(err, "model.layers.1.mlp.down_proj.weight"), "%s", err);

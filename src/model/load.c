@@ -513,11 +513,21 @@ static int floor_vec(struct kiln_model *m, struct ktensor *t, void *ctx) {
     return 0;
 }
 
+/* Refuses, on a backend with device_weights, bound weights whose floor
+ * exceeds the free memory. A layer not bound yet (a dummy's, generated as
+ * it is bound) counts as a bound one of its kind (dense or MoE), or 0. */
 static int check_fit(struct kiln_model *m, struct kiln_backend *be, char *err, size_t errlen) {
     if (!be->device_weights || !be->mem_info) return 0;
-    int64_t need = 0;
-    each_linear(m, floor_lin, &need);
-    each_vector(m, floor_vec, &need);
+    int64_t need = 0, kind[2] = {0, 0};
+    floor_vec(m, &m->embed, &need), floor_vec(m, &m->norm, &need), floor_lin(m, &m->lm_head, &need);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        int64_t f = 0;
+        layer_linears(m, l, floor_lin, &f), layer_vectors(m, l, floor_vec, &f);
+        if (f) kind[m->cfg.layer_moe[l] != 0] = f;
+        need += f;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        if (!m->layers[l].attn_norm.data) need += kind[m->cfg.layer_moe[l] != 0];
     size_t free_b = 0, total_b = 0;
     be->mem_info(be, &free_b, &total_b);
     if (need <= (int64_t)free_b) return 0;
@@ -534,21 +544,22 @@ static int check_fit(struct kiln_model *m, struct kiln_backend *be, char *err, s
  * only points into the mapped files and checks names, shapes and dtypes,
  * so all its layers are bound first: a tensor missing from the last layer
  * fails the load before anything went to the backend, not after minutes
- * of upload. */
+ * of upload. Either way check_fit runs before the first upload (a dummy's
+ * layer 0 bound: the others count as it does). */
 static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend *be, char *err, size_t errlen) {
     m->be = be;
     if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
     if (bind_top(s)) return -1;
     const int ahead = !s->dummy;
-    for (int l = 0; ahead && l < m->cfg.n_layer; l++)
+    for (int l = 0; l < (ahead ? m->cfg.n_layer : 1); l++)
         if (bind_layer(s, l)) return -1;
-    if (ahead && check_fit(m, be, err, errlen)) return -1;
+    if (check_fit(m, be, err, errlen)) return -1;
     rope_init(&m->rope, &m->cfg);
     struct errbuf e = {err, errlen};
     /* the embedding before lm_head: a tied lm_head shares its backend copy */
     if (prep_vec(m, &m->embed, &e) || prep_vec(m, &m->norm, &e) || prep_lin(m, &m->lm_head, &e)) goto prep_fail;
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        if (!ahead && bind_layer(s, l)) return -1;
+        if (!ahead && l > 0 && bind_layer(s, l)) return -1;
         if (layer_vectors(m, l, prep_vec, &e) || layer_linears(m, l, prep_lin, &e) || prep_moe_layer(m, l, &e)) goto prep_fail;
     }
     if (be->prepare_rope(be, &m->rope, err, errlen)) goto prep_fail;
