@@ -530,7 +530,7 @@ static int check_fit(struct kiln_model *m, struct kiln_backend *be, char *err, s
         if (!m->layers[l].attn_norm.data) need += kind[m->cfg.layer_moe[l] != 0];
     size_t free_b = 0, total_b = 0;
     be->mem_info(be, &free_b, &total_b);
-    if (need <= (int64_t)free_b) return 0;
+    if (need <= (int64_t)free_b || !total_b) return 0; /* total 0: the backend could not tell */
     const double G = 1024.0 * 1024.0 * 1024.0;
     return kiln_errf(err, errlen, "%s: the weights need at least %.2f GiB (%lld bytes) of %s memory, %.2f GiB of its %.2f GiB are free",
                      m->path, need / G, (long long)need, be->name, free_b / G, total_b / G);
