@@ -1784,13 +1784,17 @@ static void test_moe_w4(struct pair *p) {
      * codes), pairs up to 16 tokens and no expert-by-expert path, neither
      * (the GEMMs on the codes from 1 token), neither and no GEMMs on the
      * codes (all dequantized), the GEMMs on the codes at every prefill
-     * size, and down with the warps splitting each tile's columns
-     * (KILN_CUDA_MOE_W4_WT=0, as for rows past 2,048) */
-    static const char *const set[][4] = {{"0", "300", NULL, NULL}, {"16", "0", NULL, NULL}, {"0", "0", NULL, NULL}, {"0", "0", "0", NULL}, {NULL, NULL, "1000", NULL}, {NULL, NULL, NULL, "0"}};
-    static const char *const names[4] = {"KILN_CUDA_MOE_W4_PAIRS", "KILN_CUDA_MOE_W4_BATCH", "KILN_CUDA_MOE_W4_GEMM", "KILN_CUDA_MOE_W4_WT"};
+     * size, down with the warps splitting each tile's columns
+     * (KILN_CUDA_MOE_W4_WT=0, as for rows past 2,048), and gate/up in
+     * blocks of 4 warps (KILN_CUDA_MOE_W4_GU_WARPS=4) */
+    static const char *const set[][5] = {{"0", "300", NULL, NULL, NULL}, {"16", "0", NULL, NULL, NULL}, {"0", "0", NULL, NULL, NULL},
+                                         {"0", "0", "0", NULL, NULL},    {NULL, NULL, "1000", NULL, NULL}, {NULL, NULL, NULL, "0", NULL},
+                                         {NULL, NULL, NULL, NULL, "4"}};
+    static const char *const names[5] = {"KILN_CUDA_MOE_W4_PAIRS", "KILN_CUDA_MOE_W4_BATCH", "KILN_CUDA_MOE_W4_GEMM", "KILN_CUDA_MOE_W4_WT",
+                                         "KILN_CUDA_MOE_W4_GU_WARPS"};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
-        char *saved[4], err[256];
-        for (int j = 0; j < 4; j++) saved[j] = env_save(names[j]), env_restore(names[j], set[i][j]);
+        char *saved[5], err[256];
+        for (int j = 0; j < 5; j++) saved[j] = env_save(names[j]), env_restore(names[j], set[i][j]);
         struct pair q = {p->cpu, backend_create("cuda", 0, err, sizeof err)};
         CHECK(q.gpu != NULL, "%s", err);
         if (q.gpu) {
@@ -1800,7 +1804,7 @@ static void test_moe_w4(struct pair *p) {
             moe_w4_case(&q, 32, 8, 512, 256, g64a, q80, 0, 1, 0);
             q.gpu->destroy(q.gpu);
         }
-        for (int j = 0; j < 4; j++) env_restore(names[j], saved[j]), free(saved[j]);
+        for (int j = 0; j < 5; j++) env_restore(names[j], saved[j]), free(saved[j]);
     }
 }
 

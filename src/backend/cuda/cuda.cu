@@ -57,7 +57,8 @@
  * KILN_CUDA_MOE_W4_GEMM=N (above those, GEMMs on the codes
  * while the routed rows per expert average at most N, default 96; 0: the
  * bf16 scratch copy), KILN_CUDA_MOE_W4_WT=0 (4-bit down: a block per tile,
- * not a warp).
+ * not a warp), KILN_CUDA_MOE_W4_GU_WARPS=4 (4-bit gate/up in blocks of 4
+ * warps, 4 per SM, instead of 8; unmeasured, for an A/B).
  */
 #include <limits.h>
 #include <pthread.h>
@@ -1282,6 +1283,7 @@ extern "C" struct kiln_backend *cuda_backend_create(char *err, size_t errlen) {
     c->moe_w4_mixed = env_int("KILN_CUDA_MOE_W4_BATCH", MOE_W4_MIXED_MAX, 0, GRAPH_MAX_TOKENS);
     c->moe_w4_gemm = env_int("KILN_CUDA_MOE_W4_GEMM", 96, 0, 1 << 20);
     c->moe_w4_wt = env_int("KILN_CUDA_MOE_W4_WT", 1, 0, 1);
+    c->moe_w4_gu_warps = env_int("KILN_CUDA_MOE_W4_GU_WARPS", 8, 4, 8) == 4 ? 4 : 8;
     /* rows per chunk of the prefill expert GEMMs (0: one problem per expert; -1: by the row count) */
     c->moe_chunk = env_int("KILN_CUDA_MOE_CHUNK", -1, 0, 4096);
     const char *gr = getenv("KILN_CUDA_GEMV_ROWS");

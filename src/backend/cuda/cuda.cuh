@@ -255,6 +255,7 @@ struct cuda_ctx {
     int moe_w4_batch; /* ... expert by expert up to this many (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_BATCH_MAX) */
     int moe_w4_mixed; /* ... or this many without GEMMs on the codes above (KILN_CUDA_MOE_W4_BATCH, default MOE_W4_MIXED_MAX) */
     int moe_w4_gemm;  /* ... above it on the codes (k_moe_w4_gemm) while the routed rows per expert average at most this many (KILN_CUDA_MOE_W4_GEMM, default 96; 0: dequantized always) */
+    int moe_w4_gu_warps; /* 4-bit gate/up blocks of this many warps (KILN_CUDA_MOE_W4_GU_WARPS: 8, or 4) */
     int moe_w4_wt;    /* 4-bit down of <= 2,048 columns with a warp per 16-row tile (KILN_CUDA_MOE_W4_WT, default 1; 0: a block per tile) */
     int moe_chunk;    /* expert GEMMs of prefill in chunks of this many rows (moe.cu moe_chunk_rows): -1 by the row count, 0 never (KILN_CUDA_MOE_CHUNK) */
 

@@ -86,14 +86,16 @@ struct moe_w4_rows {
  * out h; down: x is h (slot s reads row s), out yo. 8 slots per pass (16,
  * NT = 2, ran slower on an H100: 30B-A3B GPTQ-Int4 pp128 7.9k against 8.2k
  * tok/s, decode 325 against 359). */
-template <bool GLU, bool GB, bool WT>
-__global__ void __launch_bounds__(256, 2) k_moe_w4(const struct moe_w4_mat A, const struct moe_w4_mat B, const bf16 *__restrict__ x,
-                                                   bf16 *__restrict__ h, float *__restrict__ yo, const struct moe_w4_rows R) {
+template <bool GLU, bool GB, bool WT, int NW = 8>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) k_moe_w4(const struct moe_w4_mat A, const struct moe_w4_mat B, const bf16 *__restrict__ x,
+                                                            bf16 *__restrict__ h, float *__restrict__ yo, const struct moe_w4_rows R) {
     KTRACE();
     /* WT (down only): each warp a whole tile, 8 tiles per block, no split
-     * of the columns and no reduction through shared memory */
+     * of the columns and no reduction through shared memory. NW: warps per
+     * block (4: GLU only, gate and up two warps each, 4 blocks per SM) */
     static_assert(!(WT && GLU), "a warp per tile: down only");
-    constexpr int NT = 1, KS = WT ? 1 : GLU ? 4 : 8, U = 3;
+    static_assert(NW == 8 || (NW == 4 && GLU), "4 warps: gate/up only");
+    constexpr int NT = 1, KS = WT ? 1 : GLU ? NW / 2 : NW, U = 3;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
     pdl_wait();
     const int y = blockIdx.y, T = WT ? blockIdx.x * 8 + warp : blockIdx.x;
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_w4(const struct moe_w4_mat A, co
     const int ng = hi ? B.ng : A.ng, gsh = hi ? B.gsh : A.gsh, sbf = hi ? B.sbf : A.sbf, n_in = A.n_in, n_out = A.n_out;
     const uint4 *qp = (hi ? B.q : A.q)[e] + (size_t)T * nkb * 64 + lane * 2;
     const uint32_t *sp = (hi ? B.sc : A.sc)[e] + (size_t)T * ng * 16;
-    __shared__ float red[8][NT * 4][32];
+    __shared__ float red[NW][NT * 4][32];
     for (int t0 = 0; t0 < cnt; t0 += 8 * NT) {
         const int nt = min(8 * NT, cnt - t0);
         float acc[NT][4];
@@ -396,7 +398,13 @@ void cu_moe_w4_gate_up(struct cuda_ctx *c, const struct cu_moe_tab *tab, bf16 *h
     const struct moe_w4_mat A = w4_mat(tab, 0), B = w4_mat(tab, 1);
     const struct moe_w4_rows R = {pslot, ue, uo, uc, nu, sel, K};
     const dim3 grid((unsigned)(A.n_out + 15) / 16, ny);
-    if (A.gsh >= 2 && B.gsh >= 2)
+    /* KILN_CUDA_MOE_W4_GU_WARPS=4: blocks of 4 warps, 4 per SM, so one
+     * token's 384 blocks (30B-A3B) are resident at once instead of 264 + 120 */
+    const bool gb = A.gsh >= 2 && B.gsh >= 2;
+    if (c->moe_w4_gu_warps == 4) {
+        if (gb) cu_launch(c->stream, k_moe_w4<true, true, false, 4>, grid, 128, 0, A, B, x, h, (float *)NULL, R);
+        else cu_launch(c->stream, k_moe_w4<true, false, false, 4>, grid, 128, 0, A, B, x, h, (float *)NULL, R);
+    } else if (gb)
         cu_launch(c->stream, k_moe_w4<true, true, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
     else
         cu_launch(c->stream, k_moe_w4<true, false, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
