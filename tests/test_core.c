@@ -246,7 +246,6 @@ static const char *cfg_try(struct kiln_config *c, const char *json) {
     return err;
 }
 
-
 /* the CPU backend's prepare_linear, counted (the load-order check below) */
 static int (*prep_inner)(struct kiln_backend *, struct qlinear *, char *, size_t);
 static int n_prepared;

@@ -550,8 +550,8 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     m->be = be;
     if (be->check_model && be->check_model(be, &m->cfg, err, errlen)) return kiln_err_prefix(err, errlen, "%s: ", m->path);
     if (bind_top(s)) return -1;
-    const int ahead = !s->dummy;
-    for (int l = 0; l < (ahead ? m->cfg.n_layer : 1); l++)
+    const int bound = s->dummy ? 1 : m->cfg.n_layer; /* a dummy generates the rest as it binds them, below */
+    for (int l = 0; l < bound; l++)
         if (bind_layer(s, l)) return -1;
     if (check_fit(m, be, err, errlen)) return -1;
     rope_init(&m->rope, &m->cfg);
@@ -559,7 +559,7 @@ static int finish_load(struct kiln_model *m, struct wsrc *s, struct kiln_backend
     /* the embedding before lm_head: a tied lm_head shares its backend copy */
     if (prep_vec(m, &m->embed, &e) || prep_vec(m, &m->norm, &e) || prep_lin(m, &m->lm_head, &e)) goto prep_fail;
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        if (!ahead && l > 0 && bind_layer(s, l)) return -1;
+        if (l >= bound && bind_layer(s, l)) return -1;
         if (layer_vectors(m, l, prep_vec, &e) || layer_linears(m, l, prep_lin, &e) || prep_moe_layer(m, l, &e)) goto prep_fail;
     }
     if (be->prepare_rope(be, &m->rope, err, errlen)) goto prep_fail;

@@ -204,6 +204,17 @@ __global__ void k_moe_w4_xsum(float *__restrict__ xs, const bf16 *__restrict__ x
     xs[(size_t)u * n + j] = a;
 }
 
+/* a warp's accumulators (2 weight tiles x NT column tiles) to 0 */
+template <int NT>
+__device__ __forceinline__ void mw_zero(float (&a)[2][NT][4]) {
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) a[m][i][j] = 0.f;
+}
+
 template <bool GB>
 __global__ void __launch_bounds__(256, 2) k_moe_w4_gemm(const struct moe_w4_mat A0, const struct moe_w4_mat A1, const int *__restrict__ ce,
                                                         const int *__restrict__ cr, const bf16 *__restrict__ x,
@@ -244,12 +255,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_w4_gemm(const struct moe_w4_mat 
         asm volatile("cp.async.commit_group;");
     }
     float acc[2][NT][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int i = 0; i < NT; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc[m][i][j] = 0.f;
+    mw_zero(acc);
     const int Tw = T0 + 2 * wr;
     const uint32_t *sp[2];
 #pragma unroll
@@ -289,13 +295,7 @@ __global__ void __launch_bounds__(256, 2) k_moe_w4_gemm(const struct moe_w4_mat 
         float sum[2][NT][4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            if (!GB || u == 0)
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int i = 0; i < NT; i++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++) sum[m][i][j] = 0.f;
+            if (!GB || u == 0) mw_zero(sum);
             uint4 xv[NT];
 #pragma unroll
             for (int i = 0; i < NT; i++) xv[i] = xs[(xrow + 8 * i) * 16 + ((4 * u + t) ^ xsw)];
@@ -401,13 +401,15 @@ void cu_moe_w4_gate_up(struct cuda_ctx *c, const struct cu_moe_tab *tab, bf16 *h
     /* KILN_CUDA_MOE_W4_GU_WARPS=4: blocks of 4 warps, 4 per SM, so one
      * token's 384 blocks (30B-A3B) are resident at once instead of 264 + 120 */
     const bool gb = A.gsh >= 2 && B.gsh >= 2;
+#define GO(GB, NW) cu_launch(c->stream, k_moe_w4<true, GB, false, NW>, grid, NW * 32, 0, A, B, x, h, (float *)NULL, R)
     if (c->moe_w4_gu_warps == 4) {
-        if (gb) cu_launch(c->stream, k_moe_w4<true, true, false, 4>, grid, 128, 0, A, B, x, h, (float *)NULL, R);
-        else cu_launch(c->stream, k_moe_w4<true, false, false, 4>, grid, 128, 0, A, B, x, h, (float *)NULL, R);
-    } else if (gb)
-        cu_launch(c->stream, k_moe_w4<true, true, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
-    else
-        cu_launch(c->stream, k_moe_w4<true, false, false>, grid, 256, 0, A, B, x, h, (float *)NULL, R);
+        if (gb) GO(true, 4);
+        else GO(false, 4);
+    } else {
+        if (gb) GO(true, 8);
+        else GO(false, 8);
+    }
+#undef GO
     CU_LAUNCHED();
     w4_moe_runs++;
 }
